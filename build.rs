@@ -1,0 +1,16 @@
+//! Compiles proto/ into the gRPC server types with protox (no system protoc needed).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/vserve/v1/vserve.proto"];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        // Chunks are slices of one buffer: Bytes makes them zero-copy.
+        .bytes(".vserve.v1.GetClipsResponse.data")
+        .compile_fds(fds)?;
+    Ok(())
+}

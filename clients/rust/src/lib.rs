@@ -1,0 +1,258 @@
+//! Rust client for the vserve daemon.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), vserve_client::ClientError> {
+//! use vserve_client::{proto, Client};
+//! let mut client = Client::connect("unix:/run/vserve/vserve.sock").await?;
+//! let batch = client
+//!     .get_clips(proto::GetClipsRequest {
+//!         dataset: "kin".into(),
+//!         clips: vec![vserve_client::clip_frames("a/b.mp4", &[0, 5, 9])],
+//!         transform: None,
+//!     })
+//!     .await?;
+//! assert_eq!(batch.data.len() as u64, batch.header.nbytes);
+//! # Ok(()) }
+//! ```
+//!
+//! Addresses are `unix:/path/to.sock`, `HOST:PORT` or `http://HOST:PORT`. `GetClips` replies arrive as
+//! chunks; [`Client::get_clips`] reassembles them into one [`Batch`].
+
+use std::path::PathBuf;
+
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Generated protobuf and gRPC client types of `vserve.v1`.
+pub mod proto {
+    tonic::include_proto!("vserve.v1");
+}
+
+use proto::v_serve_client::VServeClient;
+
+/// The largest single message the client accepts; the daemon sends 8 MiB chunks.
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("UNAVAILABLE: cannot connect to {addr:?}: {reason}")]
+    Connect { addr: String, reason: String },
+    #[error("INVALID_ARGUMENT: bad address {0:?}: expected unix:/path.sock, HOST:PORT or http://HOST:PORT")]
+    BadAddress(String),
+    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    Status(#[from] tonic::Status),
+    #[error("INTERNAL: malformed reply: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The gRPC status name (`NOT_FOUND`, ...) this error carries.
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            ClientError::Connect { .. } => "UNAVAILABLE",
+            ClientError::BadAddress(_) => "INVALID_ARGUMENT",
+            ClientError::Status(s) => code_name(s.code()),
+            ClientError::Protocol(_) => "INTERNAL",
+        }
+    }
+}
+
+/// The canonical upper-case name of a gRPC status code, as other gRPC implementations print it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Where the daemon listens when `--listen` is not given: `$XDG_RUNTIME_DIR/vserve/vserve.sock`, else
+/// `/run/vserve/vserve.sock` for root, else `/tmp/vserve-$USER/vserve.sock`.
+pub fn default_socket_path() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("vserve").join("vserve.sock");
+    }
+    let user = std::env::var("USER").unwrap_or_default();
+    if user == "root" || (user.is_empty() && std::path::Path::new("/run").is_dir()) {
+        return PathBuf::from("/run/vserve/vserve.sock");
+    }
+    PathBuf::from(format!("/tmp/vserve-{user}/vserve.sock"))
+}
+
+/// The default address clients use: the default Unix socket.
+pub fn default_addr() -> String {
+    format!("unix:{}", default_socket_path().display())
+}
+
+/// A clip of explicit frame indices.
+pub fn clip_frames(video: &str, frames: &[u64]) -> proto::ClipSpec {
+    proto::ClipSpec {
+        video: video.to_owned(),
+        positions: Some(proto::clip_spec::Positions::Frames(proto::FrameIndices {
+            indices: frames.to_vec(),
+        })),
+        stream: None,
+    }
+}
+
+/// A clip of timestamps in seconds.
+pub fn clip_times(video: &str, seconds: &[f64]) -> proto::ClipSpec {
+    proto::ClipSpec {
+        video: video.to_owned(),
+        positions: Some(proto::clip_spec::Positions::Times(proto::Timestamps {
+            seconds: seconds.to_vec(),
+        })),
+        stream: None,
+    }
+}
+
+/// One reassembled `GetClips` reply: the header and the array's bytes (little-endian, C order).
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub header: proto::BatchHeader,
+    pub data: Vec<u8>,
+}
+
+impl Batch {
+    pub fn shape(&self) -> &[u64] {
+        &self.header.shape
+    }
+
+    pub fn dtype(&self) -> proto::DType {
+        self.header.dtype()
+    }
+}
+
+/// A connection to one daemon. Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: VServeClient<Channel>,
+}
+
+impl Client {
+    pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        let connect_err = |e: tonic::transport::Error| ClientError::Connect {
+            addr: addr.to_owned(),
+            reason: source_chain(&e),
+        };
+        let channel = if let Some(path) = addr.strip_prefix("unix:") {
+            let path = PathBuf::from(path);
+            // The URI is required by the HTTP layer but never dialled: the connector below opens the socket.
+            let endpoint = Endpoint::from_static("http://localhost");
+            endpoint
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        let stream = tokio::net::UnixStream::connect(path).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                    }
+                }))
+                .await
+                .map_err(connect_err)?
+        } else {
+            let uri = if addr.starts_with("http://") || addr.starts_with("https://") {
+                addr.to_owned()
+            } else {
+                format!("http://{addr}")
+            };
+            let endpoint =
+                Endpoint::from_shared(uri).map_err(|_| ClientError::BadAddress(addr.to_owned()))?;
+            endpoint.connect().await.map_err(connect_err)?
+        };
+        let inner = VServeClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Client { inner })
+    }
+
+    pub async fn probe(
+        &mut self,
+        req: proto::ProbeRequest,
+    ) -> Result<proto::ProbeResponse, ClientError> {
+        Ok(self.inner.probe(req).await?.into_inner())
+    }
+
+    pub async fn list_datasets(&mut self) -> Result<proto::ListDatasetsResponse, ClientError> {
+        Ok(self
+            .inner
+            .list_datasets(proto::ListDatasetsRequest {})
+            .await?
+            .into_inner())
+    }
+
+    pub async fn stats(&mut self) -> Result<proto::GetStatsResponse, ClientError> {
+        Ok(self
+            .inner
+            .get_stats(proto::GetStatsRequest {})
+            .await?
+            .into_inner())
+    }
+
+    /// Fetches clips and reassembles the chunked reply into one array.
+    pub async fn get_clips(&mut self, req: proto::GetClipsRequest) -> Result<Batch, ClientError> {
+        let mut stream = self.inner.get_clips(req).await?.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| ClientError::Protocol("empty reply stream".into()))?;
+        let header = first
+            .header
+            .clone()
+            .ok_or_else(|| ClientError::Protocol("first message has no header".into()))?;
+        let nbytes = usize::try_from(header.nbytes)
+            .map_err(|_| ClientError::Protocol(format!("array of {} bytes", header.nbytes)))?;
+        let mut data = Vec::with_capacity(nbytes);
+        let mut append = |msg: proto::GetClipsResponse| -> Result<(), ClientError> {
+            if msg.offset != data.len() as u64 {
+                return Err(ClientError::Protocol(format!(
+                    "chunk at offset {} but {} bytes received",
+                    msg.offset,
+                    data.len()
+                )));
+            }
+            if data.len() + msg.data.len() > nbytes {
+                return Err(ClientError::Protocol(format!(
+                    "chunks exceed the announced {nbytes} bytes"
+                )));
+            }
+            data.extend_from_slice(&msg.data);
+            Ok(())
+        };
+        append(first)?;
+        while let Some(msg) = stream.message().await? {
+            append(msg)?;
+        }
+        if data.len() != nbytes {
+            return Err(ClientError::Protocol(format!(
+                "received {} of {nbytes} bytes",
+                data.len()
+            )));
+        }
+        Ok(Batch { header, data })
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}

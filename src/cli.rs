@@ -1,0 +1,345 @@
+//! Command-line flags (raw), and their validation into a [`Config`].
+//!
+//! `vserve` with no subcommand serves. Every serve flag has a `VSERVE_*` environment twin and a key of the
+//! same name in the `--config` TOML file (flag > env > file > default).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{
+    parse_bytes, parse_dataset, parse_listen, CacheConfig, Config, ConfigError, DecodeConfig,
+    Limits,
+};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vserve",
+    version,
+    about = "Per-host video decoding daemon serving frame-exact training batches over gRPC",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve datasets (the default command).
+    Serve(ServeArgs),
+    /// Print the effective configuration as TOML and exit.
+    Config(ServeArgs),
+    /// Print a video's stream facts as JSON.
+    Probe(ProbeArgs),
+    /// Fetch frames of one video and write them as a uint8 [T,H,W,3] .npy file.
+    Get(GetArgs),
+    /// List the datasets a daemon serves, as JSON.
+    Datasets(AddrArgs),
+    /// Print a daemon's counters as JSON.
+    Stats(AddrArgs),
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// TOML file with the same settings as the flags.
+    #[arg(long, env = "VSERVE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to serve on: HOST:PORT or unix:/path.sock (repeatable). Default: a Unix socket under the
+    /// runtime directory.
+    #[arg(
+        long,
+        env = "VSERVE_LISTEN",
+        value_delimiter = ',',
+        value_name = "ADDR"
+    )]
+    pub listen: Vec<String>,
+    /// A dataset as NAME=DIR (repeatable).
+    #[arg(
+        long,
+        env = "VSERVE_DATASET",
+        value_delimiter = ',',
+        value_name = "NAME=DIR"
+    )]
+    pub dataset: Vec<String>,
+    /// Decoded-frame cache size (e.g. 8GiB).
+    #[arg(long, env = "VSERVE_CACHE_BYTES", value_name = "SIZE")]
+    pub cache_bytes: Option<String>,
+    /// Decode threads (default: the number of cores).
+    #[arg(long, env = "VSERVE_DECODE_THREADS", value_name = "N")]
+    pub decode_threads: Option<usize>,
+    /// GOP runs allowed to wait for a decode thread; beyond it requests get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "VSERVE_DECODE_QUEUE", value_name = "N")]
+    pub decode_queue: Option<usize>,
+    /// Largest number of frames in one request.
+    #[arg(long, env = "VSERVE_MAX_FRAMES", value_name = "N")]
+    pub max_frames: Option<usize>,
+    /// Largest output side in pixels.
+    #[arg(long, env = "VSERVE_MAX_SIDE", value_name = "PIXELS")]
+    pub max_side: Option<u32>,
+    /// Largest array one request may return (e.g. 4GiB).
+    #[arg(long, env = "VSERVE_MAX_OUTPUT_BYTES", value_name = "SIZE")]
+    pub max_output_bytes: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct AddrArgs {
+    /// Daemon address: unix:/path.sock or HOST:PORT.
+    #[arg(long, env = "VSERVE_ADDR", default_value_t = vserve_client::default_addr())]
+    pub addr: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ProbeArgs {
+    #[command(flatten)]
+    pub addr: AddrArgs,
+    #[arg(long)]
+    pub dataset: String,
+    /// Video path relative to the dataset root.
+    #[arg(long)]
+    pub video: String,
+    /// Container stream index (default: FFmpeg's best video stream).
+    #[arg(long)]
+    pub stream: Option<u32>,
+    /// Include every frame's pts.
+    #[arg(long)]
+    pub pts: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GetArgs {
+    #[command(flatten)]
+    pub addr: AddrArgs,
+    #[arg(long)]
+    pub dataset: String,
+    #[arg(long)]
+    pub video: String,
+    /// Frame indices, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "times",
+        required_unless_present = "times"
+    )]
+    pub frames: Vec<u64>,
+    /// Timestamps in seconds, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub times: Vec<f64>,
+    /// Exact output size WxH.
+    #[arg(long, conflicts_with = "short_side")]
+    pub size: Option<String>,
+    /// Resize so the short side has N pixels, keeping the aspect ratio.
+    #[arg(long)]
+    pub short_side: Option<u32>,
+    /// Keep the stored orientation (do not apply the display rotation).
+    #[arg(long)]
+    pub no_rotate: bool,
+    #[arg(long)]
+    pub stream: Option<u32>,
+    /// Output .npy file.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// The subset of settings a TOML file may hold, named as the flags.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    listen: Option<Vec<String>>,
+    dataset: Option<Vec<String>>,
+    cache_bytes: Option<toml::Value>,
+    decode_threads: Option<usize>,
+    decode_queue: Option<usize>,
+    max_frames: Option<usize>,
+    max_side: Option<u32>,
+    max_output_bytes: Option<toml::Value>,
+}
+
+fn size_value(key: &str, v: &toml::Value) -> Result<u64, ConfigError> {
+    match v {
+        toml::Value::Integer(i) if *i >= 0 => Ok(*i as u64),
+        toml::Value::String(s) => parse_bytes(key, s),
+        other => Err(ConfigError::new(key, other.to_string(), "expected a size")),
+    }
+}
+
+impl ServeArgs {
+    /// Merges flags/env with the config file and validates everything.
+    pub fn to_config(&self) -> Result<Config, ConfigError> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::new("config", path.display().to_string(), e.to_string())
+                })?;
+                toml::from_str::<FileConfig>(&text).map_err(|e| {
+                    ConfigError::new("config", path.display().to_string(), e.to_string())
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        let listen_raw = if !self.listen.is_empty() {
+            self.listen.clone()
+        } else {
+            file.listen.clone().unwrap_or_default()
+        };
+        let mut listen = listen_raw
+            .iter()
+            .map(|s| parse_listen(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        if listen.is_empty() {
+            listen.push(crate::config::ListenAddr::Unix(
+                vserve_client::default_socket_path(),
+            ));
+        }
+        let dataset_raw = if !self.dataset.is_empty() {
+            self.dataset.clone()
+        } else {
+            file.dataset.clone().unwrap_or_default()
+        };
+        let datasets = dataset_raw
+            .iter()
+            .map(|s| parse_dataset(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, d) in datasets.iter().enumerate() {
+            if datasets[..i].iter().any(|o| o.name == d.name) {
+                return Err(ConfigError::new("dataset", &d.name, "name given twice"));
+            }
+        }
+        let cache_bytes = match (&self.cache_bytes, &file.cache_bytes) {
+            (Some(s), _) => parse_bytes("cache-bytes", s)?,
+            (None, Some(v)) => size_value("cache-bytes", v)?,
+            (None, None) => 2 << 30,
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = self.decode_threads.or(file.decode_threads).unwrap_or(cores);
+        if threads == 0 || threads > 1024 {
+            return Err(ConfigError::new(
+                "decode-threads",
+                threads.to_string(),
+                "must be 1..=1024",
+            ));
+        }
+        let queue = self.decode_queue.or(file.decode_queue).unwrap_or(4096);
+        if queue == 0 {
+            return Err(ConfigError::new("decode-queue", "0", "must be at least 1"));
+        }
+        let defaults = Limits::default();
+        let max_output_bytes = match (&self.max_output_bytes, &file.max_output_bytes) {
+            (Some(s), _) => parse_bytes("max-output-bytes", s)?,
+            (None, Some(v)) => size_value("max-output-bytes", v)?,
+            (None, None) => defaults.max_output_bytes,
+        };
+        let limits = Limits {
+            max_frames: self
+                .max_frames
+                .or(file.max_frames)
+                .unwrap_or(defaults.max_frames),
+            max_clips: defaults.max_clips,
+            max_side: self.max_side.or(file.max_side).unwrap_or(defaults.max_side),
+            max_output_bytes,
+        };
+        if limits.max_frames == 0 {
+            return Err(ConfigError::new("max-frames", "0", "must be at least 1"));
+        }
+        if limits.max_side == 0 {
+            return Err(ConfigError::new("max-side", "0", "must be at least 1"));
+        }
+        Ok(Config {
+            listen,
+            datasets,
+            cache: CacheConfig {
+                bytes: cache_bytes,
+                index_bytes: 256 << 20,
+            },
+            decode: DecodeConfig {
+                threads,
+                queue,
+                threads_per_decoder: 1,
+            },
+            limits,
+        })
+    }
+}
+
+/// The configuration as a TOML file would state it (`vserve config`).
+pub fn config_to_toml(c: &Config) -> String {
+    let list = |v: Vec<String>| {
+        let quoted: Vec<String> = v.iter().map(|s| format!("{s:?}")).collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    format!(
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\n",
+        list(c.listen.iter().map(|l| l.to_string()).collect()),
+        list(
+            c.datasets
+                .iter()
+                .map(|d| format!("{}={}", d.name, d.root.display()))
+                .collect()
+        ),
+        c.cache.bytes,
+        c.decode.threads,
+        c.decode.queue,
+        c.limits.max_frames,
+        c.limits.max_side,
+        c.limits.max_output_bytes,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_fills_what_flags_leave_open_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        std::fs::write(
+            &path,
+            "listen = [\"127.0.0.1:7000\"]\ndataset = [\"a=/x\"]\ncache-bytes = \"1GiB\"\ndecode-threads = 3\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            decode_threads: Some(5),
+            ..ServeArgs::default()
+        };
+        let c = args.to_config().unwrap();
+        assert_eq!(c.cache.bytes, 1 << 30);
+        assert_eq!(c.decode.threads, 5);
+        assert_eq!(c.datasets[0].name, "a");
+        assert_eq!(c.listen[0].to_string(), "127.0.0.1:7000");
+        // What `vserve config` prints reads back as the same configuration.
+        let printed = dir.path().join("p.toml");
+        std::fs::write(&printed, config_to_toml(&c)).unwrap();
+        let again = ServeArgs {
+            config: Some(printed),
+            ..ServeArgs::default()
+        }
+        .to_config()
+        .unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        std::fs::write(&path, "decode-threadz = 3\n").unwrap();
+        let e = ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        }
+        .to_config()
+        .unwrap_err();
+        assert!(e.to_string().contains("decode-threadz"), "{e}");
+        let e = ServeArgs {
+            decode_threads: Some(0),
+            ..ServeArgs::default()
+        }
+        .to_config()
+        .unwrap_err();
+        assert_eq!(e.key, "decode-threads");
+    }
+}

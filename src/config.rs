@@ -1,0 +1,184 @@
+//! Validated configuration: one sub-config per stage, built from flags, `VSERVE_*` env and a TOML file.
+//!
+//! Precedence: flag > environment > config file > default. The file uses the flags' names:
+//!
+//! ```toml
+//! listen = ["unix:/run/vserve/vserve.sock", "127.0.0.1:7070"]
+//! dataset = ["kin=/data/k400"]
+//! cache-bytes = "8GiB"
+//! decode-threads = 16
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatasetConfig {
+    pub name: String,
+    pub root: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Decoded-frame cache budget.
+    pub bytes: u64,
+    /// Video-index cache budget.
+    pub index_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeConfig {
+    /// Decode threads (the fleet's parallelism).
+    pub threads: usize,
+    /// GOP runs that may wait for a decode thread before requests are refused.
+    pub queue: usize,
+    /// libavcodec threads inside each decoder context.
+    pub threads_per_decoder: usize,
+}
+
+/// Per-request bounds, checked before any allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_frames: usize,
+    pub max_clips: usize,
+    pub max_side: u32,
+    pub max_output_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frames: 16_384,
+            max_clips: 4_096,
+            max_side: 8_192,
+            max_output_bytes: 4 << 30,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub listen: Vec<ListenAddr>,
+    pub datasets: Vec<DatasetConfig>,
+    pub cache: CacheConfig,
+    pub decode: DecodeConfig,
+    pub limits: Limits,
+}
+
+/// A bad setting: which key, which value, what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {key} {value:?}: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub value: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn new(key: &str, value: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.to_owned(),
+            value: value.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+pub fn parse_listen(s: &str) -> Result<ListenAddr, ConfigError> {
+    if let Some(path) = s.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(ConfigError::new("listen", s, "empty socket path"));
+        }
+        return Ok(ListenAddr::Unix(PathBuf::from(path)));
+    }
+    s.parse::<SocketAddr>()
+        .map(ListenAddr::Tcp)
+        .map_err(|_| ConfigError::new("listen", s, "expected HOST:PORT or unix:/path.sock"))
+}
+
+pub fn parse_dataset(s: &str) -> Result<DatasetConfig, ConfigError> {
+    let (name, root) = s
+        .split_once('=')
+        .ok_or_else(|| ConfigError::new("dataset", s, "expected NAME=DIR"))?;
+    if name.is_empty() || name.contains(['/', '\0']) {
+        return Err(ConfigError::new(
+            "dataset",
+            s,
+            "name must be non-empty without '/'",
+        ));
+    }
+    if root.is_empty() {
+        return Err(ConfigError::new("dataset", s, "empty directory"));
+    }
+    Ok(DatasetConfig {
+        name: name.to_owned(),
+        root: PathBuf::from(root),
+    })
+}
+
+/// Parses a byte size: `1073741824`, `512MiB`, `8GiB`, `1.5G`, `100M` (K/M/G/T, optional `iB`/`B`;
+/// powers of 1024).
+pub fn parse_bytes(key: &str, s: &str) -> Result<u64, ConfigError> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(ConfigError::new(key, s, "unknown unit (use K, M, G, T)")),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| ConfigError::new(key, s, "not a size"))?;
+    let v = n * mult as f64;
+    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
+        return Err(ConfigError::new(key, s, "out of range"));
+    }
+    Ok(v as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes_addresses_and_datasets() {
+        assert_eq!(parse_bytes("cache-bytes", "512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("cache-bytes", "2G").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("cache-bytes", "1000").unwrap(), 1000);
+        let e = parse_bytes("cache-bytes", "12 parsecs").unwrap_err();
+        assert_eq!(e.key, "cache-bytes");
+        assert_eq!(e.value, "12 parsecs");
+        assert_eq!(
+            parse_listen("unix:/tmp/a.sock").unwrap(),
+            ListenAddr::Unix("/tmp/a.sock".into())
+        );
+        assert_eq!(
+            parse_listen("127.0.0.1:7070").unwrap(),
+            ListenAddr::Tcp("127.0.0.1:7070".parse().unwrap())
+        );
+        assert!(parse_listen("localhost").is_err());
+        assert_eq!(parse_dataset("kin=/data/k").unwrap().name, "kin");
+        assert!(parse_dataset("kin").is_err());
+    }
+}

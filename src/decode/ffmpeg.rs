@@ -1,0 +1,562 @@
+//! CPU decoding through libavcodec (FFmpeg), and the conversion to RGB24 through libswscale.
+//!
+//! Inputs: a [`VideoSource`], a [`GopRun`], a [`Geometry`]. Outputs: the run's wanted frames as packed
+//! RGB24. Frame k is found as the index defines it: by pts after a seek to the run's keyframe
+//! ([`SeekMode::ByPts`]), or by counting from the start of the file ([`SeekMode::FromStart`]).
+//!
+//! Colour: swscale is given the frame's colour matrix and range (`sws_setColorspaceDetails`, destination
+//! full range), as FFmpeg's scale filter does, so native-size output equals `ffmpeg -pix_fmt rgb24` bit
+//! for bit. Resizing happens in the same swscale call with the BILINEAR filter (FFmpeg's `scale` filter
+//! with `flags=bilinear`; its support widens with the scale factor, so downscaling is antialiased).
+//!
+//! A [`FfmpegBackend`] lives on one decode thread and keeps a few videos open, so consecutive runs of one
+//! video skip reopening, and a run that starts where the previous one stopped skips the seek.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once};
+
+use ffmpeg_next as ff;
+
+use super::{rotate_rgb, Backend, DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
+use crate::index::{ScannedFrame, SeekMode, VideoIndex};
+
+/// Videos a backend keeps open between runs.
+const OPEN_VIDEOS: usize = 4;
+
+static INIT: Once = Once::new();
+
+/// Initialises FFmpeg once per process and quiets its own logging (errors are reported by vserve; set
+/// `VSERVE_FFMPEG_LOG=error|warning|info|debug` to see FFmpeg's messages).
+pub fn init() {
+    INIT.call_once(|| {
+        if let Err(e) = ff::init() {
+            tracing::warn!(error = %e, "ffmpeg init failed");
+        }
+        let level = match std::env::var("VSERVE_FFMPEG_LOG").as_deref() {
+            Ok("error") => ff::ffi::AV_LOG_ERROR,
+            Ok("warning") => ff::ffi::AV_LOG_WARNING,
+            Ok("info") => ff::ffi::AV_LOG_INFO,
+            Ok("debug") => ff::ffi::AV_LOG_DEBUG,
+            _ => ff::ffi::AV_LOG_QUIET,
+        };
+        // SAFETY: sets a process-global integer; FFmpeg reads it without other requirements.
+        unsafe { ff::ffi::av_log_set_level(level) };
+    });
+}
+
+/// The video stream to use: `wanted` when given (it must be a video stream), else FFmpeg's best video
+/// stream, the one `ffmpeg -i F` picks without `-map`.
+pub fn pick_stream(
+    input: &ff::format::context::Input,
+    wanted: Option<usize>,
+) -> Result<usize, String> {
+    match wanted {
+        Some(i) => {
+            let st = input
+                .stream(i)
+                .ok_or_else(|| format!(": stream {i} does not exist"))?;
+            if st.parameters().medium() != ff::media::Type::Video {
+                return Err(format!(": stream {i} is not a video stream"));
+            }
+            Ok(i)
+        }
+        None => input
+            .streams()
+            .best(ff::media::Type::Video)
+            .map(|s| s.index())
+            .ok_or_else(String::new),
+    }
+}
+
+/// What the index records about a stream, read from the container.
+pub struct StreamFacts {
+    pub codec: String,
+    pub pixel_format: String,
+    pub width: u32,
+    pub height: u32,
+    pub rotation: u32,
+    pub time_base: (i32, i32),
+    pub avg_fps: f64,
+    pub nb_frames: i64,
+    /// Bytes of each NAL unit's length prefix for AVCC/HVCC-framed H.264/HEVC, None otherwise.
+    pub nal_length_size: Option<usize>,
+}
+
+pub fn stream_facts(
+    input: &ff::format::context::Input,
+    index: usize,
+) -> Result<StreamFacts, String> {
+    let st = input
+        .stream(index)
+        .ok_or_else(|| format!("stream {index} does not exist"))?;
+    let params = st.parameters();
+    let id = params.id();
+    // SAFETY: `params` wraps the stream's valid AVCodecParameters for the life of `input`.
+    let (width, height, format, extradata) = unsafe {
+        let p = &*params.as_ptr();
+        let extra = if p.extradata.is_null() || p.extradata_size <= 0 {
+            &[][..]
+        } else {
+            std::slice::from_raw_parts(p.extradata, p.extradata_size as usize)
+        };
+        (p.width, p.height, p.format, extra.to_vec())
+    };
+    if width <= 0 || height <= 0 {
+        return Err(format!(
+            "stream {index} has no frame size ({width}x{height})"
+        ));
+    }
+    // SAFETY: av_get_pix_fmt_name returns a static string or null for any integer.
+    let pixel_format = unsafe {
+        let name = ff::ffi::av_get_pix_fmt_name(
+            std::mem::transmute::<i32, ff::ffi::AVPixelFormat>(format),
+        );
+        if name.is_null() {
+            "unknown".to_owned()
+        } else {
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned()
+        }
+    };
+    let nal_length_size = match id {
+        ff::codec::Id::H264 if extradata.len() >= 7 && extradata[0] == 1 => {
+            Some((extradata[4] & 3) as usize + 1)
+        }
+        ff::codec::Id::HEVC if extradata.len() >= 23 && extradata[0] == 1 => {
+            Some((extradata[21] & 3) as usize + 1)
+        }
+        _ => None,
+    };
+    let tb = st.time_base();
+    let rate = st.avg_frame_rate();
+    let avg_fps = if rate.denominator() != 0 && rate.numerator() > 0 {
+        rate.numerator() as f64 / rate.denominator() as f64
+    } else {
+        let r = st.rate();
+        if r.denominator() != 0 {
+            r.numerator() as f64 / r.denominator() as f64
+        } else {
+            0.0
+        }
+    };
+    Ok(StreamFacts {
+        codec: id.name().to_owned(),
+        pixel_format,
+        width: width as u32,
+        height: height as u32,
+        rotation: display_rotation(input, index),
+        time_base: (tb.numerator(), tb.denominator()),
+        avg_fps,
+        nb_frames: st.frames(),
+        nal_length_size,
+    })
+}
+
+/// Clockwise display rotation from the stream's display matrix, normalised as the FFmpeg CLI's
+/// autorotation does (`-theta`, snapped to 0/90/180/270).
+fn display_rotation(input: &ff::format::context::Input, index: usize) -> u32 {
+    // SAFETY: `input` is a valid, open AVFormatContext and `index` < nb_streams (checked by the caller).
+    // av_stream_get_side_data returns a pointer into the stream's own side data or null.
+    let theta = unsafe {
+        let st = *(*input.as_ptr()).streams.add(index);
+        let mut size: usize = 0;
+        let data = ff::ffi::av_stream_get_side_data(
+            st,
+            ff::ffi::AVPacketSideDataType::AV_PKT_DATA_DISPLAYMATRIX,
+            &mut size,
+        );
+        if data.is_null() || size < 9 * 4 {
+            return 0;
+        }
+        -ff::ffi::av_display_rotation_get(data as *const i32)
+    };
+    if !theta.is_finite() {
+        return 0;
+    }
+    let theta = theta - 360.0 * (theta / 360.0 + 0.9 / 360.0).floor();
+    for cw in [90u32, 180, 270] {
+        if (theta - cw as f64).abs() < 1.0 {
+            return cw;
+        }
+    }
+    0
+}
+
+fn open_decoder(
+    input: &ff::format::context::Input,
+    index: usize,
+    threads: usize,
+) -> Result<ff::decoder::Video, String> {
+    let st = input
+        .stream(index)
+        .ok_or_else(|| format!("stream {index} does not exist"))?;
+    let mut ctx =
+        ff::codec::context::Context::from_parameters(st.parameters()).map_err(|e| e.to_string())?;
+    ctx.set_threading(ff::codec::threading::Config::count(threads));
+    let tb = st.time_base();
+    // SAFETY: `ctx` owns a valid AVCodecContext not yet opened; pkt_timebase is a plain field that
+    // avcodec_open2 reads.
+    unsafe {
+        (*ctx.as_mut_ptr()).pkt_timebase = tb.into();
+    }
+    ctx.decoder()
+        .video()
+        .map_err(|e| format!("no decoder for {}: {e}", st.parameters().id().name()))
+}
+
+/// Indexes a stream by decoding all of it: the table of what the decoder really outputs.
+pub fn scan_by_decoding(path: &Path, index: usize) -> Result<Vec<ScannedFrame>, DecodeError> {
+    init();
+    let mut input = ff::format::input(&path).map_err(|e| DecodeError::Open {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let mut decoder =
+        open_decoder(&input, index, 0).map_err(|reason| DecodeError::Unsupported {
+            path: path.to_owned(),
+            reason,
+        })?;
+    let mut frames = Vec::new();
+    let mut frame = ff::frame::Video::empty();
+    let mut packet = ff::Packet::empty();
+    let mut drain = |decoder: &mut ff::decoder::Video, frames: &mut Vec<ScannedFrame>| {
+        while decoder.receive_frame(&mut frame).is_ok() {
+            // SAFETY: `frame` holds a frame just returned by the decoder.
+            let duration = unsafe { (*frame.as_ptr()).pkt_duration };
+            frames.push(ScannedFrame {
+                pts: frame.pts(),
+                duration,
+                key: frame.is_key(),
+            });
+        }
+    };
+    while packet.read(&mut input).is_ok() {
+        if packet.stream() != index {
+            continue;
+        }
+        if let Err(e) = decoder.send_packet(&packet) {
+            tracing::trace!(path = %path.display(), error = %e, "packet rejected during scan");
+        }
+        drain(&mut decoder, &mut frames);
+    }
+    let _ = decoder.send_eof();
+    drain(&mut decoder, &mut frames);
+    Ok(frames)
+}
+
+/// A cached swscale context for one (input format, size, colour) → (RGB24, size) conversion.
+struct Converter {
+    key: (i32, u32, u32, i32, i32, u32, u32),
+    ctx: ff::software::scaling::Context,
+    out: ff::frame::Video,
+}
+
+impl Converter {
+    fn convert(
+        slot: &mut Option<Converter>,
+        frame: &ff::frame::Video,
+        width: u32,
+        height: u32,
+    ) -> Result<Frame, String> {
+        // SAFETY: `frame` holds a decoded frame; colorspace/color_range/format are plain fields.
+        let (fmt, cs, range) = unsafe {
+            let f = &*frame.as_ptr();
+            (f.format, f.colorspace as i32, f.color_range as i32)
+        };
+        let key = (fmt, frame.width(), frame.height(), cs, range, width, height);
+        if slot.as_ref().map(|c| c.key) != Some(key) {
+            let mut ctx = ff::software::scaling::Context::get(
+                frame.format(),
+                frame.width(),
+                frame.height(),
+                ff::format::Pixel::RGB24,
+                width,
+                height,
+                ff::software::scaling::Flags::BILINEAR,
+            )
+            .map_err(|e| format!("swscale cannot convert {:?}: {e}", frame.format()))?;
+            let src_full = (range == ff::ffi::AVColorRange::AVCOL_RANGE_JPEG as i32) as i32;
+            // SAFETY: `ctx` is a valid initialised SwsContext; sws_getCoefficients returns a static table for
+            // any integer (unknown colour spaces map to the default, BT.601).
+            unsafe {
+                let ret = ff::ffi::sws_setColorspaceDetails(
+                    ctx.as_mut_ptr(),
+                    ff::ffi::sws_getCoefficients(cs),
+                    src_full,
+                    ff::ffi::sws_getCoefficients(ff::ffi::SWS_CS_DEFAULT),
+                    1,
+                    0,
+                    1 << 16,
+                    1 << 16,
+                );
+                if ret < 0 {
+                    tracing::debug!(
+                        cs,
+                        range,
+                        "sws_setColorspaceDetails refused; using defaults"
+                    );
+                }
+            }
+            *slot = Some(Converter {
+                key,
+                ctx,
+                out: ff::frame::Video::new(ff::format::Pixel::RGB24, width, height),
+            });
+        }
+        let Some(conv) = slot.as_mut() else {
+            return Err("converter missing".into());
+        };
+        conv.ctx
+            .run(frame, &mut conv.out)
+            .map_err(|e| format!("swscale failed: {e}"))?;
+        let row = width as usize * 3;
+        let stride = conv.out.stride(0);
+        let plane = conv.out.data(0);
+        let mut data = Vec::with_capacity(row * height as usize);
+        for y in 0..height as usize {
+            data.extend_from_slice(&plane[y * stride..y * stride + row]);
+        }
+        Ok(Frame {
+            width,
+            height,
+            data,
+        })
+    }
+}
+
+/// One open video: demuxer, decoder, and where the decoder stands.
+struct OpenVideo {
+    path: PathBuf,
+    stream: usize,
+    input: ff::format::context::Input,
+    decoder: ff::decoder::Video,
+    /// Index of the frame the decoder will output next, when it is positioned mid-stream.
+    next_frame: Option<usize>,
+    converter: Option<Converter>,
+}
+
+/// The CPU backend. One per decode thread.
+pub struct FfmpegBackend {
+    /// libavcodec threads per decoder context (1 = the fleet's threads are the parallelism).
+    threads_per_decoder: usize,
+    open: VecDeque<OpenVideo>,
+}
+
+impl FfmpegBackend {
+    pub fn new(threads_per_decoder: usize) -> Self {
+        init();
+        FfmpegBackend {
+            threads_per_decoder,
+            open: VecDeque::new(),
+        }
+    }
+
+    fn open_video(&mut self, path: &Path, stream: usize) -> Result<OpenVideo, DecodeError> {
+        if let Some(pos) = self
+            .open
+            .iter()
+            .position(|v| v.path == path && v.stream == stream)
+        {
+            if let Some(v) = self.open.remove(pos) {
+                return Ok(v);
+            }
+        }
+        let input = ff::format::input(&path).map_err(|e| DecodeError::Open {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let decoder = open_decoder(&input, stream, self.threads_per_decoder).map_err(|reason| {
+            DecodeError::Unsupported {
+                path: path.to_owned(),
+                reason,
+            }
+        })?;
+        Ok(OpenVideo {
+            path: path.to_owned(),
+            stream,
+            input,
+            decoder,
+            next_frame: None,
+            converter: None,
+        })
+    }
+
+    fn keep(&mut self, video: OpenVideo) {
+        self.open.push_front(video);
+        self.open.truncate(OPEN_VIDEOS);
+    }
+}
+
+impl Backend for FfmpegBackend {
+    fn decode_run(
+        &mut self,
+        source: &VideoSource,
+        run: &GopRun,
+        geometry: Geometry,
+    ) -> Result<RunOutput, DecodeError> {
+        let index = &source.index;
+        let mut video = self.open_video(&source.path, index.stream)?;
+        let result = decode_in(&mut video, index, run, geometry);
+        match &result {
+            // A video that failed mid-run is reopened next time rather than trusted.
+            Ok(_) => self.keep(video),
+            Err(_) => drop(video),
+        }
+        result
+    }
+}
+
+fn decode_in(
+    video: &mut OpenVideo,
+    index: &VideoIndex,
+    run: &GopRun,
+    geometry: Geometry,
+) -> Result<RunOutput, DecodeError> {
+    let (Some(&first), Some(&last)) = (run.wanted.first(), run.wanted.last()) else {
+        return Ok(RunOutput::default());
+    };
+    let path = video.path.clone();
+    let backend_err = |reason: String| DecodeError::Backend {
+        path: path.clone(),
+        reason,
+    };
+    let continue_here = video
+        .next_frame
+        .is_some_and(|n| run.keyframe <= n && n <= first);
+    if !continue_here {
+        reposition(video, index, run.keyframe).map_err(backend_err)?;
+    }
+    let mut out = RunOutput::default();
+    let mut emitted = vec![false; run.wanted.len()];
+    let mut frame = ff::frame::Video::empty();
+    let mut packet = ff::Packet::empty();
+    let mut eof = false;
+    let mut done = false;
+    let last_pts = index.frames[last].pts;
+    while !done {
+        while video.decoder.receive_frame(&mut frame).is_ok() {
+            out.decoded += 1;
+            let k = match index.seek {
+                SeekMode::ByPts => {
+                    let pts = frame.pts().or(frame.timestamp());
+                    match pts.and_then(|p| index.frame_of_pts(p)) {
+                        Some(k) => k,
+                        None => {
+                            // Not in the table (a leading frame of an open GOP, or unknown pts). Past the last
+                            // wanted pts means the wanted frames are not coming.
+                            if pts.is_some_and(|p| p > last_pts) {
+                                done = true;
+                                break;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                SeekMode::FromStart => video.next_frame.unwrap_or(0),
+            };
+            video.next_frame = Some(k + 1);
+            if let Ok(slot) = run.wanted.binary_search(&k) {
+                if !emitted[slot] {
+                    emitted[slot] = true;
+                    let converted = Converter::convert(
+                        &mut video.converter,
+                        &frame,
+                        geometry.scaled_width,
+                        geometry.scaled_height,
+                    )
+                    .map_err(backend_err)?;
+                    out.frames
+                        .push((k, Arc::new(rotate_rgb(converted, geometry.rotation))));
+                }
+            }
+            if k >= last {
+                done = true;
+                break;
+            }
+        }
+        if done || eof {
+            break;
+        }
+        match packet.read(&mut video.input) {
+            Ok(()) => {
+                if packet.stream() != video.stream {
+                    continue;
+                }
+                if let Err(e) = video.decoder.send_packet(&packet) {
+                    tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");
+                }
+            }
+            Err(e) => {
+                if !matches!(e, ff::Error::Eof) {
+                    tracing::debug!(path = %video.path.display(), error = %e, "read stopped early");
+                }
+                let _ = video.decoder.send_eof();
+                eof = true;
+            }
+        }
+    }
+    if eof {
+        // The decoder is drained; the next run must flush and seek.
+        video.next_frame = None;
+    }
+    out.frames.sort_by_key(|(k, _)| *k);
+    let missing: Vec<usize> = run
+        .wanted
+        .iter()
+        .zip(&emitted)
+        .filter(|(_, e)| !**e)
+        .map(|(k, _)| *k)
+        .collect();
+    if !missing.is_empty() {
+        video.next_frame = None;
+        return Err(DecodeError::MissingFrames {
+            path: video.path.clone(),
+            frames: missing,
+            detail: format!(
+                " (decoded {} frames from keyframe {} without producing them)",
+                out.decoded, run.keyframe
+            ),
+        });
+    }
+    Ok(out)
+}
+
+/// Puts the decoder just before `keyframe`: a pts seek for ByPts tables, a reopen for FromStart ones.
+fn reposition(video: &mut OpenVideo, index: &VideoIndex, keyframe: usize) -> Result<(), String> {
+    video.decoder.flush();
+    match index.seek {
+        SeekMode::ByPts => {
+            let target = index.frames[keyframe].pts;
+            // SAFETY: `input` is a valid open AVFormatContext and `stream` one of its streams.
+            let ret = unsafe {
+                ff::ffi::avformat_seek_file(
+                    video.input.as_mut_ptr(),
+                    video.stream as i32,
+                    i64::MIN,
+                    target,
+                    target,
+                    0,
+                )
+            };
+            if ret < 0 {
+                // Some demuxers cannot seek backwards by pts; reading from the start always works.
+                tracing::debug!(path = %video.path.display(), target, ret, "seek failed; reopening");
+                reopen(video)?;
+            }
+            video.next_frame = None;
+        }
+        SeekMode::FromStart => {
+            reopen(video)?;
+            video.next_frame = Some(0);
+        }
+    }
+    Ok(())
+}
+
+fn reopen(video: &mut OpenVideo) -> Result<(), String> {
+    video.input = ff::format::input(&video.path).map_err(|e| e.to_string())?;
+    video.decoder.flush();
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! Decoding: turns one GOP run of one video into RGB frames.
+//!
+//! Inputs: a video's path and [`crate::index::VideoIndex`], a [`GopRun`] (a keyframe and the frames wanted
+//! after it) and a [`Geometry`] (output size and orientation). Outputs: one [`Frame`] per wanted frame,
+//! packed RGB24, in display orientation unless the geometry says otherwise.
+//!
+//! Invariants: a backend emits exactly the wanted frames of a run, each once, identified by the index's
+//! frame numbering (frame k = the k-th frame FFmpeg's decoder outputs in presentation order); a wanted frame
+//! it cannot produce is an error naming that frame, never a silently substituted neighbour.
+//!
+//! Backends live one per module behind [`Backend`]: [`ffmpeg`] (CPU, libavcodec) and [`fake`] (deterministic
+//! synthetic frames for tests that need no media). [`fleet`] runs a backend on named OS threads.
+
+pub mod fake;
+pub mod ffmpeg;
+pub mod fleet;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::index::VideoIndex;
+
+/// One decoded, converted frame: packed RGB24, rows of `width * 3` bytes, no padding.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub width: u32,
+    pub height: u32,
+    pub data: Vec<u8>,
+}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Frame({}x{}, {} bytes)",
+            self.width,
+            self.height,
+            self.data.len()
+        )
+    }
+}
+
+impl Frame {
+    /// Bytes the frame holds, for cache weighting.
+    pub fn nbytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// How frames leave the decoder: size after scaling, in stored orientation, and whether the display
+/// rotation is then applied. Part of the frame cache key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    /// Scaled size before rotation (stored orientation). Equal to the coded size for native output.
+    pub scaled_width: u32,
+    pub scaled_height: u32,
+    /// Clockwise rotation applied after scaling: 0, 90, 180 or 270.
+    pub rotation: u32,
+}
+
+/// Frames of one video decoded in one pass: from `keyframe` up to the last of `wanted`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GopRun {
+    /// Frame index where decoding starts (a keyframe, or 0 for videos that can only be read from the start).
+    pub keyframe: usize,
+    /// Wanted frame indices, sorted, unique, all >= `keyframe`.
+    pub wanted: Vec<usize>,
+}
+
+impl GopRun {
+    /// Frames a pass decodes: keyframe through the last wanted frame.
+    pub fn span(&self) -> usize {
+        self.wanted
+            .last()
+            .map_or(0, |last| last + 1 - self.keyframe)
+    }
+}
+
+/// What a decode job needs to know about its video.
+#[derive(Clone, Debug)]
+pub struct VideoSource {
+    pub path: PathBuf,
+    pub index: Arc<VideoIndex>,
+}
+
+/// The outcome of decoding one run.
+#[derive(Debug, Default)]
+pub struct RunOutput {
+    /// (frame index, frame), in index order.
+    pub frames: Vec<(usize, Arc<Frame>)>,
+    /// Frames the decoder produced, wanted or not.
+    pub decoded: u64,
+}
+
+#[derive(Debug, thiserror::Error, Clone)]
+pub enum DecodeError {
+    #[error("cannot open {path:?}: {reason}")]
+    Open { path: PathBuf, reason: String },
+    #[error("{path:?} has no decodable video stream{detail}")]
+    NoVideo { path: PathBuf, detail: String },
+    #[error("unsupported media {path:?}: {reason}")]
+    Unsupported { path: PathBuf, reason: String },
+    #[error("corrupt media {path:?}: frames {frames:?} could not be decoded{detail}")]
+    MissingFrames {
+        path: PathBuf,
+        frames: Vec<usize>,
+        detail: String,
+    },
+    #[error("decoder failure on {path:?}: {reason}")]
+    Backend { path: PathBuf, reason: String },
+    #[error("decode queue full ({0} runs waiting)")]
+    Overloaded(usize),
+    #[error("decode fleet is shutting down")]
+    ShuttingDown,
+}
+
+/// A decoder backend: decodes runs of one video at a time. Implementations keep whatever per-video state
+/// (open demuxers, decoder contexts) makes consecutive runs cheap; one instance lives on one thread.
+pub trait Backend {
+    fn decode_run(
+        &mut self,
+        source: &VideoSource,
+        run: &GopRun,
+        geometry: Geometry,
+    ) -> Result<RunOutput, DecodeError>;
+}
+
+/// Rotates a packed RGB24 image clockwise by 90, 180 or 270 degrees. Lossless, so it equals FFmpeg's
+/// `transpose`/`hflip,vflip` autorotation filters exactly.
+pub fn rotate_rgb(frame: Frame, rotation: u32) -> Frame {
+    let (w, h) = (frame.width as usize, frame.height as usize);
+    let src = &frame.data;
+    match rotation {
+        90 | 270 => {
+            // Output is h wide and w high.
+            let mut out = vec![0u8; src.len()];
+            for y in 0..h {
+                for x in 0..w {
+                    // Clockwise: source (x, y) goes to column h-1-y, row x.
+                    // Counter-clockwise: source (x, y) goes to column y, row w-1-x.
+                    let (ox, oy) = if rotation == 90 {
+                        (h - 1 - y, x)
+                    } else {
+                        (y, w - 1 - x)
+                    };
+                    let s = (y * w + x) * 3;
+                    let d = (oy * h + ox) * 3;
+                    out[d..d + 3].copy_from_slice(&src[s..s + 3]);
+                }
+            }
+            Frame {
+                width: frame.height,
+                height: frame.width,
+                data: out,
+            }
+        }
+        180 => {
+            let mut out = vec![0u8; src.len()];
+            let n = w * h;
+            for i in 0..n {
+                let d = (n - 1 - i) * 3;
+                out[d..d + 3].copy_from_slice(&src[i * 3..i * 3 + 3]);
+            }
+            Frame {
+                width: frame.width,
+                height: frame.height,
+                data: out,
+            }
+        }
+        _ => frame,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbered(w: u32, h: u32) -> Frame {
+        let data = (0..w * h).flat_map(|i| [i as u8, 0, 0]).collect();
+        Frame {
+            width: w,
+            height: h,
+            data,
+        }
+    }
+
+    fn px(f: &Frame, x: u32, y: u32) -> u8 {
+        f.data[((y * f.width + x) * 3) as usize]
+    }
+
+    #[test]
+    fn rotations_move_corners_where_ffmpeg_transpose_does() {
+        // 3x2 image, values 0..6 row-major: [0 1 2; 3 4 5].
+        let cw = rotate_rgb(numbered(3, 2), 90);
+        assert_eq!((cw.width, cw.height), (2, 3));
+        // transpose=clock: [3 0; 4 1; 5 2].
+        let got: Vec<u8> = (0..3)
+            .flat_map(|y| (0..2).map(move |x| (x, y)))
+            .map(|(x, y)| px(&cw, x, y))
+            .collect();
+        assert_eq!(got, vec![3, 0, 4, 1, 5, 2]);
+        let ccw = rotate_rgb(numbered(3, 2), 270);
+        let got: Vec<u8> = (0..3)
+            .flat_map(|y| (0..2).map(move |x| (x, y)))
+            .map(|(x, y)| px(&ccw, x, y))
+            .collect();
+        assert_eq!(got, vec![2, 5, 1, 4, 0, 3]);
+        let r180 = rotate_rgb(numbered(3, 2), 180);
+        let got: Vec<u8> = (0..6).map(|i| r180.data[i * 3]).collect();
+        assert_eq!(got, vec![5, 4, 3, 2, 1, 0]);
+    }
+
+    #[test]
+    fn gop_run_span_counts_keyframe_through_last_wanted() {
+        let run = GopRun {
+            keyframe: 10,
+            wanted: vec![12, 15],
+        };
+        assert_eq!(run.span(), 6);
+    }
+}

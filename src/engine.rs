@@ -1,0 +1,728 @@
+//! The engine: one request's path through the stages, in domain types (no protobuf).
+//!
+//! resolve (dataset) → index (cached per file identity) → positions to frame numbers → geometry → frame
+//! cache → plan (GOP runs) → decode fleet, with single flight per run → batch assembly.
+//!
+//! Single flight: a GOP run in progress is registered under (video, keyframe, geometry). A request that
+//! needs frames from a registered run waits for that pass and takes the frames it needs from its output;
+//! whatever it still lacks (frames past the other request's stopping point) it decodes in a second round
+//! of its own. Decoded frames enter the cache on the decode thread, whether or not the requester is still
+//! there, so cancelled work is never wasted; a run nobody waits for any more is skipped before it starts.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::batch::{self, BatchSpec};
+use crate::cache::{FrameCache, FrameKey, VideoId};
+use crate::config::{Config, Limits};
+use crate::dataset::Dataset;
+use crate::decode::fleet::{BackendFactory, Fleet, Job};
+use crate::decode::{DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
+use crate::error::Error;
+use crate::index::{self, Lookup, VideoIndex};
+use crate::plan;
+
+/// Where in a video a clip's frames are.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Positions {
+    Frames(Vec<u64>),
+    Times(Vec<f64>),
+}
+
+impl Positions {
+    fn len(&self) -> usize {
+        match self {
+            Positions::Frames(v) => v.len(),
+            Positions::Times(v) => v.len(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClipRequest {
+    pub video: String,
+    pub stream: Option<u32>,
+    pub positions: Positions,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resize {
+    Native,
+    Exact { width: u32, height: u32 },
+    ShortSide(u32),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transform {
+    pub resize: Resize,
+    pub rotate: bool,
+    pub batch: BatchSpec,
+}
+
+impl Default for Transform {
+    fn default() -> Self {
+        Transform {
+            resize: Resize::Native,
+            rotate: true,
+            batch: BatchSpec::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClipsRequest {
+    pub dataset: String,
+    pub clips: Vec<ClipRequest>,
+    pub transform: Transform,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestStats {
+    pub frames_decoded: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub gop_runs: u64,
+    pub shared_frames: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ClipMeta {
+    pub video: String,
+    pub frames: Vec<u64>,
+    pub pts: Vec<i64>,
+    pub pts_seconds: Vec<f64>,
+}
+
+#[derive(Debug)]
+pub struct ClipsReply {
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+    pub clips: Vec<ClipMeta>,
+    pub stats: RequestStats,
+}
+
+#[derive(Clone, Debug)]
+pub struct DatasetSummary {
+    pub name: String,
+    pub root: String,
+    pub video_count: u64,
+}
+
+/// Counters since start-up.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    pub frames_decoded: u64,
+    pub gop_runs: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_bytes: u64,
+    pub cache_entries: u64,
+    pub index_builds: u64,
+    pub requests: u64,
+    pub decode_queue_depth: u64,
+    pub shared_frames: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    index_builds: AtomicU64,
+    shared_frames: AtomicU64,
+}
+
+type RunResult = Result<Arc<RunOutput>, DecodeError>;
+type RunSender = Arc<watch::Sender<Option<RunResult>>>;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RunKey {
+    video: Arc<VideoId>,
+    keyframe: usize,
+    geometry: Geometry,
+}
+
+pub struct Engine {
+    datasets: BTreeMap<String, Dataset>,
+    indexes: moka::sync::Cache<Arc<VideoId>, Arc<VideoIndex>>,
+    frames: FrameCache,
+    fleet: Fleet,
+    /// GOP runs being decoded now, for single flight.
+    inflight: Arc<Mutex<HashMap<RunKey, RunSender>>>,
+    counters: Counters,
+    limits: Limits,
+}
+
+impl Engine {
+    /// Opens the datasets and starts the decode fleet.
+    pub fn new(config: &Config, factory: BackendFactory) -> Result<Arc<Engine>, String> {
+        let mut datasets = BTreeMap::new();
+        for d in &config.datasets {
+            let ds = Dataset::new(&d.name, &d.root)
+                .map_err(|e| format!("dataset {:?}: root {:?}: {e}", d.name, d.root))?;
+            datasets.insert(d.name.clone(), ds);
+        }
+        let fleet = Fleet::start(config.decode.threads, config.decode.queue, factory)
+            .map_err(|e| format!("cannot start decode threads: {e}"))?;
+        let indexes = moka::sync::Cache::builder()
+            .max_capacity(config.cache.index_bytes)
+            .weigher(|_k: &Arc<VideoId>, v: &Arc<VideoIndex>| {
+                u32::try_from(v.approx_bytes()).unwrap_or(u32::MAX)
+            })
+            .build();
+        Ok(Arc::new(Engine {
+            datasets,
+            indexes,
+            frames: FrameCache::new(config.cache.bytes),
+            fleet,
+            inflight: Arc::new(Mutex::new(HashMap::new())),
+            counters: Counters::default(),
+            limits: config.limits.clone(),
+        }))
+    }
+
+    pub fn datasets(&self) -> Vec<DatasetSummary> {
+        self.datasets
+            .values()
+            .map(|d| DatasetSummary {
+                name: d.name.clone(),
+                root: d.root.display().to_string(),
+                video_count: d.count_videos(),
+            })
+            .collect()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.frames.sync();
+        let c = &self.counters;
+        let f = &self.fleet.counters;
+        Stats {
+            frames_decoded: f.frames_decoded.load(Ordering::Relaxed),
+            gop_runs: f.runs.load(Ordering::Relaxed),
+            cache_hits: c.cache_hits.load(Ordering::Relaxed),
+            cache_misses: c.cache_misses.load(Ordering::Relaxed),
+            cache_bytes: self.frames.weighted_bytes(),
+            cache_entries: self.frames.entries(),
+            index_builds: c.index_builds.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            decode_queue_depth: self.fleet.queue_depth() as u64,
+            shared_frames: c.shared_frames.load(Ordering::Relaxed),
+        }
+    }
+
+    fn dataset(&self, name: &str) -> Result<&Dataset, Error> {
+        self.datasets
+            .get(name)
+            .ok_or_else(|| Error::NotFound(format!("dataset {name:?} not served here")))
+    }
+
+    /// Resolves and indexes one video. Blocking (FFmpeg); call from a blocking thread.
+    fn index_blocking(
+        &self,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Result<(Arc<VideoId>, Arc<VideoIndex>, VideoSource), Error> {
+        let ds = self.dataset(dataset)?;
+        let (path, meta) = ds.resolve(video)?;
+        let mtime_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i128);
+        let id = Arc::new(VideoId {
+            path: path.clone(),
+            size: meta.len(),
+            mtime_ns,
+            stream,
+        });
+        let index = self
+            .indexes
+            .try_get_with(id.clone(), || {
+                self.counters.index_builds.fetch_add(1, Ordering::Relaxed);
+                let started = std::time::Instant::now();
+                let built = index::build(&path, stream.map(|s| s as usize));
+                if let Ok(ix) = &built {
+                    tracing::debug!(
+                        path = %path.display(),
+                        frames = ix.frame_count(),
+                        method = ?ix.method,
+                        ms = started.elapsed().as_millis() as u64,
+                        "indexed"
+                    );
+                }
+                built.map(Arc::new)
+            })
+            .map_err(|e| Error::from((*e).clone()))?;
+        let source = VideoSource {
+            path,
+            index: index.clone(),
+        };
+        Ok((id, index, source))
+    }
+
+    pub async fn probe(
+        self: &Arc<Self>,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Result<Arc<VideoIndex>, Error> {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let (this, d, v) = (self.clone(), dataset.to_owned(), video.to_owned());
+        let (_, index, _) = blocking(move || this.index_blocking(&d, &v, stream)).await?;
+        Ok(index)
+    }
+
+    pub async fn get_clips(self: &Arc<Self>, req: ClipsRequest) -> Result<ClipsReply, Error> {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.validate(&req)?;
+        self.dataset(&req.dataset)?;
+
+        // Index every distinct video once, in parallel on blocking threads.
+        let mut distinct: Vec<(String, Option<u32>)> = Vec::new();
+        for c in &req.clips {
+            if !distinct
+                .iter()
+                .any(|(v, s)| *v == c.video && *s == c.stream)
+            {
+                distinct.push((c.video.clone(), c.stream));
+            }
+        }
+        let mut handles = Vec::with_capacity(distinct.len());
+        for (video, stream) in &distinct {
+            let (this, d, v, s) = (self.clone(), req.dataset.clone(), video.clone(), *stream);
+            handles.push(tokio::task::spawn_blocking(move || {
+                this.index_blocking(&d, &v, s)
+            }));
+        }
+        let mut videos = Vec::with_capacity(handles.len());
+        for h in handles {
+            videos.push(
+                h.await
+                    .map_err(|e| Error::Internal(format!("index task failed: {e}")))??,
+            );
+        }
+        let video_of = |c: &ClipRequest| {
+            distinct
+                .iter()
+                .position(|(v, s)| *v == c.video && *s == c.stream)
+                .unwrap_or(0)
+        };
+
+        // Positions → frame numbers.
+        let mut clip_frames: Vec<Vec<usize>> = Vec::with_capacity(req.clips.len());
+        for c in &req.clips {
+            let (_, index, _) = &videos[video_of(c)];
+            clip_frames.push(resolve_positions(&c.video, index, &c.positions)?);
+        }
+
+        // Geometry per video, and the common output size.
+        let mut geometries = Vec::with_capacity(videos.len());
+        for (i, (_, index, _)) in videos.iter().enumerate() {
+            geometries.push(geometry_for(
+                index,
+                &req.transform,
+                &distinct[i].0,
+                &self.limits,
+            )?);
+        }
+        let (w, h) = {
+            let g = geometries[video_of(&req.clips[0])];
+            display_dims(g)
+        };
+        for c in &req.clips {
+            let g = geometries[video_of(c)];
+            if display_dims(g) != (w, h) {
+                let (w2, h2) = display_dims(g);
+                return Err(Error::InvalidArgument(format!(
+                    "clips have different frame sizes ({w}x{h} and {w2}x{h2} for {:?}); request an output size",
+                    c.video
+                )));
+            }
+        }
+        let t = clip_frames[0].len();
+        let shape = batch::output_shape(req.clips.len(), t, w, h, &req.transform.batch)?;
+        let nbytes = shape.iter().product::<u64>() * req.transform.batch.dtype.size() as u64;
+        if nbytes > self.limits.max_output_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "output of {nbytes} bytes (shape {shape:?}) exceeds the limit of {} bytes",
+                self.limits.max_output_bytes
+            )));
+        }
+
+        // Frames, per video.
+        let mut stats = RequestStats::default();
+        let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
+        for (i, (id, _, source)) in videos.iter().enumerate() {
+            let wanted: BTreeSet<usize> = req
+                .clips
+                .iter()
+                .zip(&clip_frames)
+                .filter(|(c, _)| video_of(c) == i)
+                .flat_map(|(_, f)| f.iter().copied())
+                .collect();
+            per_video.push(
+                self.fetch(id, source, geometries[i], &wanted, &mut stats)
+                    .await?,
+            );
+        }
+
+        // Assemble.
+        let mut frames_by_clip: Vec<Vec<Arc<Frame>>> = Vec::with_capacity(req.clips.len());
+        let mut metas = Vec::with_capacity(req.clips.len());
+        for (c, frames) in req.clips.iter().zip(&clip_frames) {
+            let vi = video_of(c);
+            let index = &videos[vi].1;
+            let mut list = Vec::with_capacity(frames.len());
+            for k in frames {
+                let f = per_video[vi].get(k).cloned().ok_or_else(|| {
+                    Error::Internal(format!("frame {k} of {:?} missing after decode", c.video))
+                })?;
+                list.push(f);
+            }
+            frames_by_clip.push(list);
+            metas.push(ClipMeta {
+                video: c.video.clone(),
+                frames: frames.iter().map(|&k| k as u64).collect(),
+                pts: frames.iter().map(|&k| index.frames[k].pts).collect(),
+                pts_seconds: frames
+                    .iter()
+                    .map(|&k| index.seconds(index.frames[k].pts))
+                    .collect(),
+            });
+        }
+        let spec = req.transform.batch.clone();
+        let (shape, data) = blocking(move || Ok(batch::assemble(&frames_by_clip, &spec)?)).await?;
+        Ok(ClipsReply {
+            shape,
+            data,
+            clips: metas,
+            stats,
+        })
+    }
+
+    /// Checks everything that needs no file before any work or allocation.
+    fn validate(&self, req: &ClipsRequest) -> Result<(), Error> {
+        let limits = &self.limits;
+        if req.clips.is_empty() {
+            return Err(Error::InvalidArgument("request has no clips".into()));
+        }
+        if req.clips.len() > limits.max_clips {
+            return Err(Error::InvalidArgument(format!(
+                "{} clips exceed the limit of {} per request",
+                req.clips.len(),
+                limits.max_clips
+            )));
+        }
+        let t = req.clips[0].positions.len();
+        let mut total: usize = 0;
+        for c in &req.clips {
+            let n = c.positions.len();
+            if n == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "clip of {:?} has no frames or times",
+                    c.video
+                )));
+            }
+            if n != t {
+                return Err(Error::InvalidArgument(format!(
+                    "clips differ in length ({t} and {n} frames); every clip of a request has the same length"
+                )));
+            }
+            total = total.saturating_add(n);
+        }
+        if total > limits.max_frames {
+            return Err(Error::InvalidArgument(format!(
+                "{total} frames exceed the limit of {} per request",
+                limits.max_frames
+            )));
+        }
+        let side = |what: &str, v: u32| {
+            if v == 0 || v > limits.max_side {
+                Err(Error::InvalidArgument(format!(
+                    "{what} {v} is outside 1..={}",
+                    limits.max_side
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        match req.transform.resize {
+            Resize::Native => {}
+            Resize::Exact { width, height } => {
+                side("output width", width)?;
+                side("output height", height)?;
+            }
+            Resize::ShortSide(s) => side("short side", s)?,
+        }
+        let spec = &req.transform.batch;
+        if let Some((cw, ch)) = spec.crop {
+            side("crop width", cw)?;
+            side("crop height", ch)?;
+        }
+        if spec.dtype == batch::DType::U8 && (spec.mean != [0.0; 3] || spec.std != [1.0; 3]) {
+            return Err(Error::InvalidArgument(
+                "mean/std need a float dtype (float16 or float32)".into(),
+            ));
+        }
+        if let Some(s) = spec.std.iter().find(|s| !s.is_finite() || **s == 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "std {s} must be finite and non-zero"
+            )));
+        }
+        if let Some(m) = spec.mean.iter().find(|m| !m.is_finite()) {
+            return Err(Error::InvalidArgument(format!("mean {m} must be finite")));
+        }
+        Ok(())
+    }
+
+    /// Returns the wanted frames of one video: from the cache, another request's pass, or new GOP runs.
+    async fn fetch(
+        &self,
+        id: &Arc<VideoId>,
+        source: &VideoSource,
+        geometry: Geometry,
+        wanted: &BTreeSet<usize>,
+        stats: &mut RequestStats,
+    ) -> Result<HashMap<usize, Arc<Frame>>, Error> {
+        let key_of = |frame: usize| FrameKey {
+            video: id.clone(),
+            frame,
+            geometry,
+        };
+        let mut got = HashMap::with_capacity(wanted.len());
+        let mut missing = BTreeSet::new();
+        for &k in wanted {
+            match self.frames.get(&key_of(k)) {
+                Some(f) => {
+                    got.insert(k, f);
+                }
+                None => {
+                    missing.insert(k);
+                }
+            }
+        }
+        let hits = got.len() as u64;
+        stats.cache_hits += hits;
+        stats.cache_misses += missing.len() as u64;
+        self.counters.cache_hits.fetch_add(hits, Ordering::Relaxed);
+        self.counters
+            .cache_misses
+            .fetch_add(missing.len() as u64, Ordering::Relaxed);
+
+        // Round 0 may join passes already in flight; round 1 decodes whatever those did not produce.
+        for round in 0..2 {
+            if missing.is_empty() {
+                break;
+            }
+            let mut waits = Vec::new();
+            for run in plan::gop_runs(&source.index, &missing) {
+                let key = RunKey {
+                    video: id.clone(),
+                    keyframe: run.keyframe,
+                    geometry,
+                };
+                let joined = if round == 0 {
+                    self.inflight.lock().get(&key).map(|tx| tx.subscribe())
+                } else {
+                    None
+                };
+                match joined {
+                    Some(rx) => waits.push((rx, false)),
+                    None => waits.push((self.start_run(key, source, run, geometry)?, true)),
+                }
+            }
+            for (mut rx, leader) in waits {
+                let outcome = rx
+                    .wait_for(|v| v.is_some())
+                    .await
+                    .map(|v| v.clone())
+                    .ok()
+                    .flatten();
+                match outcome {
+                    Some(Ok(out)) => {
+                        if leader {
+                            stats.frames_decoded += out.decoded;
+                            stats.gop_runs += 1;
+                        }
+                        for (k, f) in &out.frames {
+                            if missing.remove(k) {
+                                if !leader {
+                                    stats.shared_frames += 1;
+                                    self.counters.shared_frames.fetch_add(1, Ordering::Relaxed);
+                                }
+                                got.insert(*k, f.clone());
+                            }
+                        }
+                    }
+                    Some(Err(e)) if leader => return Err(e.into()),
+                    None if leader => {
+                        return Err(Error::Internal("decode job vanished".into()));
+                    }
+                    // Another request's pass failed or vanished: decode ourselves next round.
+                    _ => {}
+                }
+            }
+        }
+        if let Some(k) = missing.first() {
+            return Err(Error::Internal(format!(
+                "frame {k} of {} still missing after decoding",
+                source.path.display()
+            )));
+        }
+        Ok(got)
+    }
+
+    /// Registers a run for single flight and queues it on the fleet.
+    fn start_run(
+        &self,
+        key: RunKey,
+        source: &VideoSource,
+        run: GopRun,
+        geometry: Geometry,
+    ) -> Result<watch::Receiver<Option<RunResult>>, Error> {
+        let (tx, rx) = watch::channel(None);
+        let tx: RunSender = Arc::new(tx);
+        self.inflight.lock().insert(key.clone(), tx.clone());
+        let (cache, inflight, done_tx, done_key) = (
+            self.frames.clone(),
+            self.inflight.clone(),
+            tx.clone(),
+            key.clone(),
+        );
+        let video = key.video.clone();
+        let wanted_tx = tx.clone();
+        let job = Job {
+            source: source.clone(),
+            run,
+            geometry,
+            on_done: Box::new(move |result: Result<RunOutput, DecodeError>| {
+                let result = result.map(Arc::new);
+                if let Ok(out) = &result {
+                    for (k, f) in &out.frames {
+                        cache.insert(
+                            FrameKey {
+                                video: video.clone(),
+                                frame: *k,
+                                geometry,
+                            },
+                            f.clone(),
+                        );
+                    }
+                }
+                {
+                    let mut map = inflight.lock();
+                    if map.get(&done_key).is_some_and(|s| Arc::ptr_eq(s, &done_tx)) {
+                        map.remove(&done_key);
+                    }
+                }
+                done_tx.send_replace(Some(result));
+            }),
+            still_wanted: Box::new(move || wanted_tx.receiver_count() > 0),
+        };
+        if let Err(e) = self.fleet.submit(job) {
+            let mut map = self.inflight.lock();
+            if map.get(&key).is_some_and(|s| Arc::ptr_eq(s, &tx)) {
+                map.remove(&key);
+            }
+            return Err(e.into());
+        }
+        Ok(rx)
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+}
+
+fn resolve_positions(
+    video: &str,
+    index: &VideoIndex,
+    positions: &Positions,
+) -> Result<Vec<usize>, Error> {
+    let n = index.frame_count();
+    let check = |what: String, lookup: Lookup| {
+        match lookup {
+        Lookup::Frame(k) => Ok(k),
+        Lookup::Lost => Err(Error::DataLoss(format!(
+            "{what} of {video:?} is missing: the file is truncated ({n} of {} declared frames are decodable)",
+            index.declared_frames
+        ))),
+        Lookup::OutOfRange => Err(Error::OutOfRange(format!(
+            "{what} is out of range for {video:?} ({n} frames, {:.3} s from {:.3} s)",
+            index.duration_seconds(),
+            index.frames.first().map_or(0.0, |f| index.seconds(f.pts))
+        ))),
+    }
+    };
+    match positions {
+        Positions::Frames(frames) => frames
+            .iter()
+            .map(|&k| check(format!("frame {k}"), index.lookup_frame(k)))
+            .collect(),
+        Positions::Times(times) => times
+            .iter()
+            .map(|&t| check(format!("time {t} s"), index.lookup_time(t)))
+            .collect(),
+    }
+}
+
+/// Output size of a video's frames after rotation and resize, as the decoder must produce them.
+fn geometry_for(
+    index: &VideoIndex,
+    transform: &Transform,
+    video: &str,
+    limits: &Limits,
+) -> Result<Geometry, Error> {
+    let rotation = if transform.rotate { index.rotation } else { 0 };
+    let (dw, dh) = if rotation % 180 == 90 {
+        (index.height, index.width)
+    } else {
+        (index.width, index.height)
+    };
+    let (ow, oh) = match transform.resize {
+        Resize::Native => (dw, dh),
+        Resize::Exact { width, height } => (width, height),
+        Resize::ShortSide(s) => {
+            let (s64, w64, h64) = (s as u64, dw as u64, dh as u64);
+            // Round half up, at least 1 pixel.
+            if dw <= dh {
+                (s, ((h64 * s64 * 2 + w64) / (2 * w64)).max(1) as u32)
+            } else {
+                (((w64 * s64 * 2 + h64) / (2 * h64)).max(1) as u32, s)
+            }
+        }
+    };
+    if ow > limits.max_side || oh > limits.max_side || ow == 0 || oh == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "output size {ow}x{oh} for {video:?} is outside 1..={} per side",
+            limits.max_side
+        )));
+    }
+    let (sw, sh) = if rotation % 180 == 90 {
+        (oh, ow)
+    } else {
+        (ow, oh)
+    };
+    Ok(Geometry {
+        scaled_width: sw,
+        scaled_height: sh,
+        rotation,
+    })
+}
+
+fn display_dims(g: Geometry) -> (u32, u32) {
+    if g.rotation % 180 == 90 {
+        (g.scaled_height, g.scaled_width)
+    } else {
+        (g.scaled_width, g.scaled_height)
+    }
+}

@@ -1,0 +1,72 @@
+//! The crate's error, by kind. Each stage's error converts into it once; the api maps it to a gRPC status.
+
+use crate::batch::BatchError;
+use crate::dataset::DatasetError;
+use crate::decode::DecodeError;
+use crate::index::IndexError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("{0}")]
+    Overloaded(String),
+    #[error("server is shutting down")]
+    ShuttingDown,
+    #[error("{0}")]
+    DataLoss(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<DatasetError> for Error {
+    fn from(e: DatasetError) -> Self {
+        let msg = e.to_string();
+        match e {
+            DatasetError::BadPath(_) | DatasetError::NotAFile { .. } => Error::InvalidArgument(msg),
+            DatasetError::Outside { .. } => Error::PermissionDenied(msg),
+            DatasetError::NotFound { .. } => Error::NotFound(msg),
+            DatasetError::Io { .. } => Error::Internal(msg),
+        }
+    }
+}
+
+impl From<IndexError> for Error {
+    fn from(e: IndexError) -> Self {
+        let msg = e.to_string();
+        match e {
+            // FFmpeg could not recognise the file at all: the client sent something that is not media.
+            IndexError::Open { .. } | IndexError::NoVideo { .. } => Error::InvalidArgument(msg),
+            IndexError::Corrupt { .. } => Error::DataLoss(msg),
+        }
+    }
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        let msg = e.to_string();
+        match e {
+            DecodeError::Open { .. } | DecodeError::NoVideo { .. } => Error::InvalidArgument(msg),
+            DecodeError::Unsupported { .. } => Error::InvalidArgument(msg),
+            DecodeError::MissingFrames { .. } => Error::DataLoss(msg),
+            DecodeError::Backend { .. } => Error::Internal(msg),
+            DecodeError::Overloaded(_) => Error::Overloaded(msg),
+            DecodeError::ShuttingDown => Error::ShuttingDown,
+        }
+    }
+}
+
+impl From<BatchError> for Error {
+    fn from(e: BatchError) -> Self {
+        match e {
+            BatchError::Empty => Error::Internal(e.to_string()),
+            _ => Error::InvalidArgument(e.to_string()),
+        }
+    }
+}

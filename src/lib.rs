@@ -1,0 +1,33 @@
+//! vserve: a per-host daemon that decodes video clips once for every trainer rank on the host and serves
+//! frame-exact batches over gRPC.
+//!
+//! Modules in pipeline order, one stage each (dependencies point downstream):
+//!
+//! ```text
+//! client ──gRPC──► api ──► engine ──► dataset (resolve a path inside a root)
+//!                            │    ──► index   (frame table per video, one packet scan)
+//!                            │    ──► cache   (decoded frames, byte-bounded)
+//!                            │    ──► plan    (wanted frames → GOP runs)
+//!                            │    ──► decode  (fleet of named threads; ffmpeg backend; fake backend)
+//!                            └──► batch  (crop, flip, dtype, layout → one array)
+//! client ◄──chunks── api ◄───────┘
+//! ```
+//!
+//! - [`cli`] and [`config`]: flags, env and TOML into a validated [`config::Config`].
+//! - [`server`]: listeners (Unix socket, TCP), `run(config, shutdown)`; [`shutdown`]: signals.
+//! - [`error`]: the crate's error kinds; [`api`] maps them to gRPC statuses, once, at the edge.
+
+pub mod api;
+pub mod batch;
+pub mod cache;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod dataset;
+pub mod decode;
+pub mod engine;
+pub mod error;
+pub mod index;
+pub mod plan;
+pub mod server;
+pub mod shutdown;

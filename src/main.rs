@@ -1,0 +1,100 @@
+//! `vserve`: parse flags, start logging, run the command, map errors to exit codes.
+//!
+//! Exit codes: 0 success; 1 a client command's request failed (the gRPC status name starts stderr);
+//! 64 invalid configuration (names the key and value); 70 the server failed.
+
+use clap::Parser;
+use vserve::cli::{Cli, Command};
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VSERVE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("vserve-rt")
+        .build()
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::Serve(cli.serve));
+    match command {
+        Command::Serve(args) => {
+            init_logging();
+            let config = match args.to_config() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("vserve: {e}");
+                    return std::process::ExitCode::from(64);
+                }
+            };
+            if config.datasets.is_empty() {
+                tracing::warn!("no --dataset given; serving nothing");
+            }
+            tracing::info!(
+                listen = ?config.listen.iter().map(|l| l.to_string()).collect::<Vec<_>>(),
+                datasets = ?config.datasets.iter().map(|d| format!("{}={}", d.name, d.root.display())).collect::<Vec<_>>(),
+                cache_bytes = config.cache.bytes,
+                decode_threads = config.decode.threads,
+                "starting vserve {}",
+                env!("CARGO_PKG_VERSION")
+            );
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("vserve: cannot start runtime: {e}");
+                    return std::process::ExitCode::from(70);
+                }
+            };
+            match rt.block_on(vserve::server::run(config, vserve::shutdown::signal())) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("vserve: {e}");
+                    std::process::ExitCode::from(70)
+                }
+            }
+        }
+        Command::Config(args) => match args.to_config() {
+            Ok(c) => {
+                print!("{}", vserve::cli::config_to_toml(&c));
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("vserve: {e}");
+                std::process::ExitCode::from(64)
+            }
+        },
+        client_command => {
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("UNAVAILABLE: cannot start runtime: {e}");
+                    return std::process::ExitCode::from(1);
+                }
+            };
+            let result = rt.block_on(async {
+                match &client_command {
+                    Command::Probe(a) => vserve::commands::probe(a).await,
+                    Command::Get(a) => vserve::commands::get(a).await,
+                    Command::Datasets(a) => vserve::commands::datasets(a).await,
+                    Command::Stats(a) => vserve::commands::stats(a).await,
+                    Command::Serve(_) | Command::Config(_) => Ok(()),
+                }
+            });
+            match result {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    std::process::ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

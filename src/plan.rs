@@ -1,0 +1,100 @@
+//! Plan: how to read what a request wants. Pure; no FFmpeg.
+//!
+//! Input: a video's index and the set of frames wanted from it that the cache does not hold. Output: GOP
+//! runs, each decoded in one pass from a keyframe to its last wanted frame. Invariant: every wanted frame
+//! is in exactly one run, and a run starts at the latest keyframe at or before its first frame, so no run
+//! decodes a frame another run of the same plan decodes.
+
+use std::collections::BTreeSet;
+
+use crate::decode::GopRun;
+use crate::index::VideoIndex;
+
+/// Groups `wanted` (frame indices valid for `index`) by the keyframe each is decoded from.
+pub fn gop_runs(index: &VideoIndex, wanted: &BTreeSet<usize>) -> Vec<GopRun> {
+    let mut runs: Vec<GopRun> = Vec::new();
+    for &k in wanted {
+        let kf = index.keyframe_before(k);
+        match runs.last_mut() {
+            Some(run) if run.keyframe == kf => run.wanted.push(k),
+            _ => runs.push(GopRun {
+                keyframe: kf,
+                wanted: vec![k],
+            }),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{FrameEntry, IndexMethod, SeekMode};
+
+    fn index(n: usize, keys: &[usize], seek: SeekMode) -> VideoIndex {
+        VideoIndex {
+            stream: 0,
+            codec: "h264".into(),
+            pixel_format: "yuv420p".into(),
+            width: 2,
+            height: 2,
+            rotation: 0,
+            time_base: (1, 25),
+            avg_fps: 25.0,
+            frames: (0..n)
+                .map(|i| FrameEntry {
+                    pts: i as i64,
+                    duration: 1,
+                    key: keys.contains(&i),
+                })
+                .collect(),
+            keyframes: keys.to_vec(),
+            declared_frames: 0,
+            seek,
+            method: IndexMethod::PacketScan,
+        }
+    }
+
+    #[test]
+    fn frames_group_by_preceding_keyframe() {
+        let idx = index(40, &[0, 10, 20, 30], SeekMode::ByPts);
+        let wanted: BTreeSet<usize> = [3, 5, 10, 12, 29, 39].into_iter().collect();
+        let runs = gop_runs(&idx, &wanted);
+        assert_eq!(
+            runs,
+            vec![
+                GopRun {
+                    keyframe: 0,
+                    wanted: vec![3, 5]
+                },
+                GopRun {
+                    keyframe: 10,
+                    wanted: vec![10, 12]
+                },
+                GopRun {
+                    keyframe: 20,
+                    wanted: vec![29]
+                },
+                GopRun {
+                    keyframe: 30,
+                    wanted: vec![39]
+                },
+            ]
+        );
+        let total: usize = runs.iter().map(GopRun::span).sum();
+        assert_eq!(total, 6 + 3 + 10 + 10);
+    }
+
+    #[test]
+    fn from_start_videos_are_one_run() {
+        let idx = index(40, &[0, 10, 20, 30], SeekMode::FromStart);
+        let wanted: BTreeSet<usize> = [3, 25].into_iter().collect();
+        assert_eq!(
+            gop_runs(&idx, &wanted),
+            vec![GopRun {
+                keyframe: 0,
+                wanted: vec![3, 25]
+            }]
+        );
+    }
+}
