@@ -89,7 +89,8 @@ pub fn output_shape(
     })
 }
 
-/// Assembles the array. Every frame must have the same size.
+/// Assembles the array. Without a crop every frame must have the same size; with one, frames may differ
+/// (clips of videos with other aspect ratios) as long as each holds the crop.
 pub fn assemble(
     clips: &[Vec<Arc<Frame>>],
     spec: &BatchSpec,
@@ -105,14 +106,24 @@ pub fn assemble(
             return Err(BatchError::RaggedClips(t, clip.len()));
         }
         for f in clip {
-            if (f.width, f.height) != (w, h) {
-                return Err(BatchError::MixedSizes(w, h, f.width, f.height));
+            match spec.crop {
+                None if (f.width, f.height) != (w, h) => {
+                    return Err(BatchError::MixedSizes(w, h, f.width, f.height));
+                }
+                Some((cw, ch)) if cw > f.width || ch > f.height => {
+                    return Err(BatchError::CropTooLarge {
+                        cw,
+                        ch,
+                        w: f.width,
+                        h: f.height,
+                    });
+                }
+                _ => {}
             }
         }
     }
     let shape = output_shape(clips.len(), t, w, h, spec)?;
     let (cw, ch) = spec.crop.unwrap_or((w, h));
-    let (x0, y0) = ((w - cw) / 2, (h - ch) / 2);
     let per_frame = cw as usize * ch as usize * 3;
     let mut out = vec![0u8; clips.len() * t * per_frame * spec.dtype.size()];
     // Per-channel lookup tables: every output value is a function of (channel, byte).
@@ -128,7 +139,8 @@ pub fn assemble(
     let mut scratch = vec![0u8; per_frame];
     for (i, frame) in clips.iter().flatten().enumerate() {
         // Crop (and flip) into packed HWC bytes.
-        let src_row = w as usize * 3;
+        let (x0, y0) = ((frame.width - cw) / 2, (frame.height - ch) / 2);
+        let src_row = frame.width as usize * 3;
         for y in 0..ch as usize {
             let src =
                 &frame.data[(y0 as usize + y) * src_row + x0 as usize * 3..][..cw as usize * 3];
@@ -241,6 +253,27 @@ mod tests {
         let (_, out16) = assemble(&[vec![frame()]], &spec16).unwrap();
         let h = half::f16::from_le_bytes([out16[2], out16[3]]);
         assert_eq!(h, half::f16::from_f32(vals[1]));
+    }
+
+    #[test]
+    fn crop_centres_each_frame_of_mixed_sizes() {
+        // A 6x2 frame whose pixel (x, y) has red = 10*y + x; its centre 4x2 starts at x = 1.
+        let wide = Arc::new(Frame {
+            width: 6,
+            height: 2,
+            data: (0..2u8)
+                .flat_map(|y| (0..6u8).flat_map(move |x| [10 * y + x, 0, 0]))
+                .collect(),
+        });
+        let spec = BatchSpec {
+            crop: Some((4, 2)),
+            ..BatchSpec::default()
+        };
+        let (shape, out) = assemble(&[vec![frame()], vec![wide]], &spec).unwrap();
+        assert_eq!(shape, vec![2, 1, 2, 4, 3]);
+        let reds: Vec<u8> = out.chunks_exact(3).map(|p| p[0]).collect();
+        assert_eq!(&reds[..8], &[0, 1, 2, 3, 10, 11, 12, 13]);
+        assert_eq!(&reds[8..], &[1, 2, 3, 4, 11, 12, 13, 14]);
     }
 
     #[test]

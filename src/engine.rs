@@ -336,7 +336,8 @@ impl Engine {
         };
         for c in &req.clips {
             let g = geometries[video_of(c)];
-            if display_dims(g) != (w, h) {
+            // With a crop, frames of other sizes are fine as long as each holds the crop (batch checks).
+            if req.transform.batch.crop.is_none() && display_dims(g) != (w, h) {
                 let (w2, h2) = display_dims(g);
                 return Err(Error::InvalidArgument(format!(
                     "clips have different frame sizes ({w}x{h} and {w2}x{h2} for {:?}); request an output size",
@@ -345,6 +346,10 @@ impl Engine {
             }
         }
         let t = clip_frames[0].len();
+        for c in &req.clips {
+            let (cw, ch) = display_dims(geometries[video_of(c)]);
+            batch::output_shape(1, t, cw, ch, &req.transform.batch)?;
+        }
         let shape = batch::output_shape(req.clips.len(), t, w, h, &req.transform.batch)?;
         let nbytes = shape.iter().product::<u64>() * req.transform.batch.dtype.size() as u64;
         if nbytes > self.limits.max_output_bytes {

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The demo: on a fresh Debian machine, builds vserve, starts the daemon serving the built-in demo dataset
+# (tests/data/demo: three small real clips) on a private Unix socket, and runs a client that reads
+# batches from it (cargo example `demo` of the Rust client), plus the CLI's probe and get. Stops the
+# daemon with SIGTERM at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tests/deps.sh
+cargo build --release --bin vserve --example demo -p vserve -p vserve-client
+run_dir=$(mktemp -d)
+sock="$run_dir/vserve.sock"
+target/release/vserve --listen "unix:$sock" --dataset "demo=$PWD/tests/data/demo" --cache-bytes 512MiB &
+daemon=$!
+trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$run_dir"' EXIT
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+target/release/examples/demo "unix:$sock" demo nasa_13013.mp4 flipping_a_pancake.mkv chaplin.mp4
+echo "--- vserve probe / vserve get"
+target/release/vserve probe --addr "unix:$sock" --dataset demo --video flipping_a_pancake.mkv
+target/release/vserve get --addr "unix:$sock" --dataset demo --video nasa_13013.mp4 --times 6.006,10.01 --out "$run_dir/nasa.npy"
+echo "--- a bad request gets a status, and the daemon keeps serving"
+target/release/vserve get --addr "unix:$sock" --dataset demo --video ../etc/passwd --frames 0 --out "$run_dir/x.npy" || true
+target/release/vserve stats --addr "unix:$sock"

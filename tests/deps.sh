@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what building and testing vserve needs on a fresh Debian (bookworm) machine: FFmpeg's
+# development libraries (ffmpeg-next binds them), clang for bindgen, the ffmpeg CLI (the tests' reference
+# oracle), and checks for a Rust toolchain. Idempotent; quiet when everything is present.
+set -euo pipefail
+need=()
+for pkg in libavformat-dev libavcodec-dev libavutil-dev libswscale-dev pkg-config libclang-dev clang ffmpeg ca-certificates; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "deps: installing ${need[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null 2>&1 || { echo "deps: cargo not found; install Rust (https://rustup.rs)" >&2; exit 1; }
