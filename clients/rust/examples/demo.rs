@@ -73,7 +73,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         let mean = values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64;
-        let stats = batch.header.stats.clone().unwrap_or_default();
+        let stats = batch.header.stats.unwrap_or_default();
         println!(
             "{pass} batch: shape {:?} float32, mean {mean:.4}, {:.1} ms; decoded {} frames in {} GOP runs, {} cache hits",
             batch.shape(),
