@@ -731,3 +731,135 @@ fn display_dims(g: Geometry) -> (u32, u32) {
         (g.scaled_width, g.scaled_height)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CacheConfig, DatasetConfig, DecodeConfig};
+    use crate::decode::fake::{fake_value, FakeBackend};
+
+    /// An engine over the committed demo clips whose decoding is the fake backend: the index is real
+    /// (nasa_13013.mp4, keyframes 0 and 240 of 390), frame k is a solid image of value fake_value(k).
+    fn engine(delay_ms: u64) -> Arc<Engine> {
+        let config = Config {
+            listen: vec![],
+            datasets: vec![DatasetConfig {
+                name: "demo".into(),
+                root: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/demo").into(),
+            }],
+            cache: CacheConfig {
+                bytes: 64 << 20,
+                index_bytes: 1 << 20,
+            },
+            decode: DecodeConfig {
+                threads: 2,
+                queue: 16,
+                threads_per_decoder: 1,
+            },
+            limits: Limits::default(),
+        };
+        let factory: BackendFactory = Arc::new(move || {
+            Box::new(FakeBackend {
+                delay: std::time::Duration::from_millis(delay_ms),
+            })
+        });
+        Engine::new(&config, factory).unwrap()
+    }
+
+    fn request(frames: &[u64]) -> ClipsRequest {
+        ClipsRequest {
+            dataset: "demo".into(),
+            clips: vec![ClipRequest {
+                video: "nasa_13013.mp4".into(),
+                stream: None,
+                positions: Positions::Frames(frames.to_vec()),
+            }],
+            transform: Transform {
+                resize: Resize::Exact {
+                    width: 8,
+                    height: 4,
+                },
+                ..Transform::default()
+            },
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn decodes_gop_runs_once_then_serves_from_cache() {
+        let e = engine(0);
+        let first = e.get_clips(request(&[250, 5, 7])).await.unwrap();
+        // Runs: keyframe 0 → 7 (8 frames) and keyframe 240 → 250 (11 frames).
+        assert_eq!(first.stats.frames_decoded, 8 + 11);
+        assert_eq!(first.stats.gop_runs, 2);
+        assert_eq!(first.shape, vec![1, 3, 4, 8, 3]);
+        let per = 4 * 8 * 3;
+        for (i, k) in [250usize, 5, 7].iter().enumerate() {
+            assert!(first.data[i * per..(i + 1) * per]
+                .iter()
+                .all(|&v| v == fake_value(*k)));
+        }
+        let second = e.get_clips(request(&[250, 5, 7])).await.unwrap();
+        assert_eq!(second.stats.frames_decoded, 0);
+        assert_eq!(second.stats.cache_hits, 3);
+        assert_eq!(second.data, first.data);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_requests_share_one_pass() {
+        let e = engine(300);
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let e = e.clone();
+            tasks.push(tokio::spawn(
+                async move { e.get_clips(request(&[3, 9])).await },
+            ));
+        }
+        let mut decoded = 0;
+        let mut shared = 0;
+        let mut datas = Vec::new();
+        for t in tasks {
+            let r = t.await.unwrap().unwrap();
+            decoded += r.stats.frames_decoded;
+            shared += r.stats.shared_frames;
+            datas.push(r.data);
+        }
+        assert_eq!(decoded, 10, "one pass of keyframe 0 → frame 9");
+        assert_eq!(
+            shared, 6,
+            "three requests took both frames from the one pass"
+        );
+        assert!(datas.windows(2).all(|w| w[0] == w[1]));
+        assert_eq!(e.stats().gop_runs, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refuses_bad_requests_before_work() {
+        let e = engine(0);
+        let many = vec![0u64; 1_000_000];
+        assert!(matches!(
+            e.get_clips(request(&many)).await,
+            Err(Error::InvalidArgument(_))
+        ));
+        let mut huge = request(&[0]);
+        huge.transform.resize = Resize::Exact {
+            width: 100_000,
+            height: 100_000,
+        };
+        assert!(matches!(
+            e.get_clips(huge).await,
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            e.get_clips(request(&[390])).await,
+            Err(Error::OutOfRange(_))
+        ));
+        let mut outside = request(&[0]);
+        outside.clips[0].video = "../demo/nasa_13013.mp4".into();
+        assert!(matches!(
+            e.get_clips(outside).await,
+            Err(Error::PermissionDenied(_))
+        ));
+        assert_eq!(e.stats().frames_decoded, 0);
+        assert!(e.get_clips(request(&[1])).await.is_ok());
+    }
+}

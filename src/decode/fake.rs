@@ -6,7 +6,10 @@ use std::sync::Arc;
 use super::{Backend, DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
 
 #[derive(Default)]
-pub struct FakeBackend;
+pub struct FakeBackend {
+    /// Time each run takes, so tests can overlap requests.
+    pub delay: std::time::Duration,
+}
 
 /// The pixel value the fake decoder gives every byte of frame k.
 pub fn fake_value(k: usize) -> u8 {
@@ -31,6 +34,7 @@ impl Backend for FakeBackend {
                 detail: String::new(),
             });
         }
+        std::thread::sleep(self.delay);
         let (w, h) = if geometry.rotation % 180 == 90 {
             (geometry.scaled_height, geometry.scaled_width)
         } else {
