@@ -155,6 +155,9 @@ pub struct Engine {
     inflight: Arc<Mutex<HashMap<RunKey, RunSender>>>,
     counters: Counters,
     limits: Limits,
+    /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
+    /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
+    index_permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl Engine {
@@ -182,6 +185,7 @@ impl Engine {
             inflight: Arc::new(Mutex::new(HashMap::new())),
             counters: Counters::default(),
             limits: config.limits.clone(),
+            index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
         }))
     }
 
@@ -212,6 +216,14 @@ impl Engine {
             decode_queue_depth: self.fleet.queue_depth() as u64,
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
         }
+    }
+
+    async fn index_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
+        self.index_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::ShuttingDown)
     }
 
     fn dataset(&self, name: &str) -> Result<&Dataset, Error> {
@@ -272,6 +284,7 @@ impl Engine {
         stream: Option<u32>,
     ) -> Result<Arc<VideoIndex>, Error> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let _permit = self.index_permit().await?;
         let (this, d, v) = (self.clone(), dataset.to_owned(), video.to_owned());
         let (_, index, _) = blocking(move || this.index_blocking(&d, &v, stream)).await?;
         Ok(index)
@@ -295,7 +308,9 @@ impl Engine {
         let mut handles = Vec::with_capacity(distinct.len());
         for (video, stream) in &distinct {
             let (this, d, v, s) = (self.clone(), req.dataset.clone(), video.clone(), *stream);
+            let permit = self.index_permit().await?;
             handles.push(tokio::task::spawn_blocking(move || {
+                let _permit = permit;
                 this.index_blocking(&d, &v, s)
             }));
         }
@@ -360,8 +375,8 @@ impl Engine {
         }
 
         // Frames, per video.
-        let mut stats = RequestStats::default();
-        let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
+        // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.
+        let mut fetches = Vec::with_capacity(videos.len());
         for (i, (id, _, source)) in videos.iter().enumerate() {
             let wanted: BTreeSet<usize> = req
                 .clips
@@ -370,10 +385,18 @@ impl Engine {
                 .filter(|(c, _)| video_of(c) == i)
                 .flat_map(|(_, f)| f.iter().copied())
                 .collect();
-            per_video.push(
-                self.fetch(id, source, geometries[i], &wanted, &mut stats)
-                    .await?,
-            );
+            fetches.push(self.fetch(id, source, geometries[i], wanted));
+        }
+        let mut stats = RequestStats::default();
+        let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
+        for fetched in futures::future::join_all(fetches).await {
+            let (frames, s) = fetched?;
+            stats.frames_decoded += s.frames_decoded;
+            stats.cache_hits += s.cache_hits;
+            stats.cache_misses += s.cache_misses;
+            stats.gop_runs += s.gop_runs;
+            stats.shared_frames += s.shared_frames;
+            per_video.push(frames);
         }
 
         // Assemble.
@@ -491,9 +514,9 @@ impl Engine {
         id: &Arc<VideoId>,
         source: &VideoSource,
         geometry: Geometry,
-        wanted: &BTreeSet<usize>,
-        stats: &mut RequestStats,
-    ) -> Result<HashMap<usize, Arc<Frame>>, Error> {
+        wanted: BTreeSet<usize>,
+    ) -> Result<(HashMap<usize, Arc<Frame>>, RequestStats), Error> {
+        let mut stats = RequestStats::default();
         let key_of = |frame: usize| FrameKey {
             video: id.clone(),
             frame,
@@ -501,7 +524,7 @@ impl Engine {
         };
         let mut got = HashMap::with_capacity(wanted.len());
         let mut missing = BTreeSet::new();
-        for &k in wanted {
+        for &k in &wanted {
             match self.frames.get(&key_of(k)) {
                 Some(f) => {
                     got.insert(k, f);
@@ -579,7 +602,7 @@ impl Engine {
                 source.path.display()
             )));
         }
-        Ok(got)
+        Ok((got, stats))
     }
 
     /// Registers a run for single flight and queues it on the fleet.
