@@ -1,7 +1,7 @@
 //! `vserve`: parse flags, start logging, run the command, map errors to exit codes.
 //!
 //! Exit codes: 0 success; 1 a client command's request failed (the gRPC status name starts stderr);
-//! 64 invalid configuration (names the key and value); 70 the server failed.
+//! 64 invalid flags or configuration (names the key and value); 70 the server failed.
 
 use clap::Parser;
 use vserve::cli::{Cli, Command};
@@ -24,7 +24,18 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version exit 0; a bad flag or env value is a usage error (EX_USAGE).
+            let _ = e.print();
+            return if e.use_stderr() {
+                std::process::ExitCode::from(64)
+            } else {
+                std::process::ExitCode::SUCCESS
+            };
+        }
+    };
     let command = cli.command.unwrap_or(Command::Serve(cli.serve));
     match command {
         Command::Serve(args) => {
