@@ -131,6 +131,7 @@ pub async fn stats(args: &AddrArgs) -> Result<(), ClientError> {
             "requests": s.requests,
             "decode_queue_depth": s.decode_queue_depth,
             "shared_frames": s.shared_frames,
+            "frames_skipped": s.frames_skipped,
         })
     );
     Ok(())

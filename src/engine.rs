@@ -87,6 +87,7 @@ pub struct RequestStats {
     pub cache_misses: u64,
     pub gop_runs: u64,
     pub shared_frames: u64,
+    pub frames_skipped: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -125,6 +126,7 @@ pub struct Stats {
     pub requests: u64,
     pub decode_queue_depth: u64,
     pub shared_frames: u64,
+    pub frames_skipped: u64,
 }
 
 #[derive(Default)]
@@ -215,6 +217,7 @@ impl Engine {
             requests: c.requests.load(Ordering::Relaxed),
             decode_queue_depth: self.fleet.queue_depth() as u64,
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
+            frames_skipped: f.frames_skipped.load(Ordering::Relaxed),
         }
     }
 
@@ -396,6 +399,7 @@ impl Engine {
             stats.cache_misses += s.cache_misses;
             stats.gop_runs += s.gop_runs;
             stats.shared_frames += s.shared_frames;
+            stats.frames_skipped += s.frames_skipped;
             per_video.push(frames);
         }
 
@@ -575,6 +579,7 @@ impl Engine {
                     Some(Ok(out)) => {
                         if leader {
                             stats.frames_decoded += out.decoded;
+                            stats.frames_skipped += out.skipped;
                             stats.gop_runs += 1;
                         }
                         for (k, f) in &out.frames {

@@ -64,6 +64,9 @@ pub struct VideoIndex {
     pub declared_frames: u64,
     pub seek: SeekMode,
     pub method: IndexMethod,
+    /// Length-prefix size of H.264 NAL units in packets (AVCC framing), when the stream is such; lets the
+    /// decoder recognise disposable (non-reference) frames without decoding them.
+    pub h264_nal_length: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error, Clone)]
@@ -332,7 +335,9 @@ pub fn build(path: &Path, stream: Option<usize>) -> Result<VideoIndex, IndexErro
     } else {
         0
     };
+    let h264_nal_length = if facts.codec == "h264" { nal_len } else { None };
     Ok(VideoIndex {
+        h264_nal_length,
         stream: st_index,
         codec: facts.codec,
         pixel_format: facts.pixel_format,
@@ -347,6 +352,33 @@ pub fn build(path: &Path, stream: Option<usize>) -> Result<VideoIndex, IndexErro
         seek,
         method,
     })
+}
+
+/// True when `data` (length-prefixed H.264 NAL units) holds coded slices and every one of them has
+/// nal_ref_idc 0: the picture is referenced by no other, so skipping it changes no other frame.
+pub fn h264_disposable(data: &[u8], n: usize) -> bool {
+    let mut pos = 0usize;
+    let mut slices = 0;
+    while pos + n < data.len() {
+        let size = data[pos..pos + n]
+            .iter()
+            .fold(0usize, |acc, &b| (acc << 8) | b as usize);
+        let start = pos + n;
+        if size == 0 || start + size > data.len() {
+            return false;
+        }
+        let header = data[start];
+        let nal_type = header & 0x1f;
+        let ref_idc = (header >> 5) & 3;
+        if (1..=5).contains(&nal_type) {
+            if ref_idc != 0 || nal_type == 5 {
+                return false;
+            }
+            slices += 1;
+        }
+        pos = start + size;
+    }
+    slices > 0
 }
 
 /// True when length-prefixed NAL units (AVCC/HVCC, `n`-byte big-endian sizes) cover `data` exactly.
@@ -398,6 +430,7 @@ mod tests {
             declared_frames: 0,
             seek: SeekMode::ByPts,
             method: IndexMethod::PacketScan,
+            h264_nal_length: None,
         }
     }
 
@@ -425,6 +458,22 @@ mod tests {
         assert_eq!(idx.lookup_frame(9), Lookup::OutOfRange);
         idx.seek = SeekMode::FromStart;
         assert_eq!(idx.keyframe_before(4), 0);
+    }
+
+    #[test]
+    fn disposable_h264_pictures() {
+        // Non-reference slice (nal_ref_idc 0, type 1) after an SEI: disposable.
+        assert!(h264_disposable(
+            &[0, 0, 0, 2, 0x06, 1, 0, 0, 0, 2, 0x01, 0x88],
+            4
+        ));
+        // Reference P slice (nal_ref_idc 2): not.
+        assert!(!h264_disposable(&[0, 0, 0, 2, 0x41, 0x9a], 4));
+        // IDR: not. No slice at all: not.
+        assert!(!h264_disposable(&[0, 0, 0, 2, 0x05, 0x88], 4));
+        assert!(!h264_disposable(&[0, 0, 0, 2, 0x06, 1], 4));
+        // Truncated: not.
+        assert!(!h264_disposable(&[0, 0, 0, 9, 0x01, 0x88], 4));
     }
 
     #[test]

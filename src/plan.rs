@@ -52,6 +52,7 @@ mod tests {
             declared_frames: 0,
             seek,
             method: IndexMethod::PacketScan,
+            h264_nal_length: None,
         }
     }
 

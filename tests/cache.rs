@@ -1,6 +1,7 @@
 //! Decode work and the frame cache, measured through per-request stats (BatchHeader.stats) and GetStats:
-//! a repeated request decodes nothing, a request decodes exactly the GOP runs it needs, and concurrent
-//! identical requests decode each run once between them.
+//! a repeated request decodes nothing, a request decodes exactly the GOP runs it needs (each frame of a
+//! run is either decoded or, when it is disposable and unwanted, skipped unread), and concurrent identical
+//! requests decode each run once between them.
 
 mod common;
 
@@ -66,6 +67,7 @@ async fn repeat_request_is_served_from_cache_and_runs_decode_exactly() {
         totals.cache_misses += s.cache_misses;
         totals.gop_runs += s.gop_runs;
         totals.shared_frames += s.shared_frames;
+        totals.frames_skipped += s.frames_skipped;
     };
     for wanted in [&one_gop[..], &two_gops[..]] {
         let (run_len, runs) = run_frames(&kf, wanted);
@@ -78,8 +80,8 @@ async fn repeat_request_is_served_from_cache_and_runs_decode_exactly() {
             assert_bytes_eq(&f, &ff[k], Some((640, 272)), &format!("bikes frame {k}"));
         }
         assert_eq!(
-            st.frames_decoded, run_len,
-            "frames {wanted:?} with keyframes {kf:?}: decode from each run's keyframe to its last wanted frame"
+            st.frames_decoded + st.frames_skipped, run_len,
+            "frames {wanted:?} with keyframes {kf:?}: decode from each run's keyframe to its last wanted frame ({st:?})"
         );
         assert_eq!(st.gop_runs, runs, "GOP runs for {wanted:?}");
         assert_eq!(
@@ -130,6 +132,15 @@ async fn repeat_request_is_served_from_cache_and_runs_decode_exactly() {
         "GetStats frames_decoded moved by the requests' sum"
     );
     assert_eq!(
+        s1.frames_skipped - s0.frames_skipped,
+        totals.frames_skipped,
+        "GetStats frames_skipped moved by the requests' sum"
+    );
+    assert!(
+        totals.frames_skipped > 0,
+        "bikes.mp4 has non-reference B-frames; unwanted ones are skipped"
+    );
+    assert_eq!(
         s1.gop_runs - s0.gop_runs,
         totals.gop_runs,
         "GetStats gop_runs"
@@ -172,7 +183,8 @@ async fn different_geometry_is_a_different_cache_entry() {
     let req =
         |t: Option<proto::Transform>| clips_req(MEDIA, vec![frames_clip(BIKES, &frames, None)], t);
     let native = get(&mut c, req(None)).await;
-    assert_eq!(stats(&native).frames_decoded, 6);
+    let ns = stats(&native);
+    assert_eq!(ns.frames_decoded + ns.frames_skipped, 6, "{ns:?}");
     let small = proto::Transform {
         resize: Some(proto::transform::Resize::Size(proto::Size {
             width: 64,
@@ -254,7 +266,10 @@ async fn concurrent_identical_requests_share_one_decode() {
         batches.push(t.await.expect("task").expect("GetClips"));
     }
     let per: Vec<proto::RequestStats> = batches.iter().map(stats).collect();
-    let decoded: u64 = per.iter().map(|s| s.frames_decoded).sum();
+    let decoded: u64 = per
+        .iter()
+        .map(|s| s.frames_decoded + s.frames_skipped)
+        .sum();
     eprintln!("per-request stats of {n} concurrent requests: {per:?}");
     assert_eq!(
         decoded, run_len,
@@ -281,6 +296,10 @@ async fn concurrent_identical_requests_share_one_decode() {
         }
     }
     let s = c.stats().await.expect("GetStats");
-    assert_eq!(s.frames_decoded, run_len, "GetStats frames_decoded");
+    assert_eq!(
+        s.frames_decoded + s.frames_skipped,
+        run_len,
+        "GetStats frames_decoded + frames_skipped"
+    );
     assert_eq!(s.gop_runs, 1, "GetStats gop_runs");
 }

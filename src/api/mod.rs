@@ -226,6 +226,7 @@ impl pb::v_serve_server::VServe for Api {
                 cache_misses: reply.stats.cache_misses,
                 gop_runs: reply.stats.gop_runs,
                 shared_frames: reply.stats.shared_frames,
+                frames_skipped: reply.stats.frames_skipped,
             }),
         };
         let data = bytes::Bytes::from(reply.data);
@@ -283,6 +284,7 @@ impl pb::v_serve_server::VServe for Api {
             requests: s.requests,
             decode_queue_depth: s.decode_queue_depth,
             shared_frames: s.shared_frames,
+            frames_skipped: s.frames_skipped,
         }))
     }
 }

@@ -58,6 +58,7 @@ impl Backend for FakeBackend {
         Ok(RunOutput {
             frames,
             decoded: run.span() as u64,
+            skipped: 0,
         })
     }
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Once};
 use ffmpeg_next as ff;
 
 use super::{rotate_rgb, Backend, DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
-use crate::index::{ScannedFrame, SeekMode, VideoIndex};
+use crate::index::{IndexMethod, ScannedFrame, SeekMode, VideoIndex};
 
 /// Videos a backend keeps open between runs.
 const OPEN_VIDEOS: usize = 4;
@@ -559,6 +559,14 @@ fn decode_in(
                 if packet.stream() != video.stream {
                     continue;
                 }
+                if let Some(k) = disposable_unwanted(&packet, index, &run.wanted) {
+                    // Counted when inside the run; disposable frames past it (read ahead in decode order)
+                    // are skipped too but belong to no run.
+                    if k <= last {
+                        out.skipped += 1;
+                    }
+                    continue;
+                }
                 if let Err(e) = video.decoder.send_packet(&packet) {
                     tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");
                 }
@@ -596,6 +604,27 @@ fn decode_in(
         });
     }
     Ok(out)
+}
+
+/// A packet whose frame is not wanted and that no other frame references: decoding it would change
+/// nothing the run returns, so it is never sent to the decoder. Only for H.264 (nal_ref_idc is explicit)
+/// and cleanly packet-scanned videos. Returns that frame's index.
+fn disposable_unwanted(packet: &ff::Packet, index: &VideoIndex, wanted: &[usize]) -> Option<usize> {
+    // Only files whose packet scan was clean: there each packet's pts names exactly one frame, and no
+    // decode error makes concealment depend on which frames were decoded.
+    let (Some(n), SeekMode::ByPts, IndexMethod::PacketScan) =
+        (index.h264_nal_length, index.seek, index.method)
+    else {
+        return None;
+    };
+    let k = packet.pts().and_then(|p| index.frame_of_pts(p))?;
+    if wanted.binary_search(&k).is_ok() {
+        return None;
+    }
+    packet
+        .data()
+        .is_some_and(|d| crate::index::h264_disposable(d, n))
+        .then_some(k)
 }
 
 /// Puts the decoder just before `keyframe`: a pts seek for ByPts tables, a reopen for FromStart ones.

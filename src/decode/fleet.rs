@@ -31,6 +31,7 @@ pub struct FleetCounters {
     pub queued: AtomicUsize,
     pub runs: AtomicU64,
     pub frames_decoded: AtomicU64,
+    pub frames_skipped: AtomicU64,
     pub skipped: AtomicU64,
     pub panics: AtomicU64,
 }
@@ -152,6 +153,9 @@ fn worker(
             counters
                 .frames_decoded
                 .fetch_add(out.decoded, Ordering::Relaxed);
+            counters
+                .frames_skipped
+                .fetch_add(out.skipped, Ordering::Relaxed);
         }
         on_done(result);
     }

@@ -90,6 +90,8 @@ pub struct RunOutput {
     pub frames: Vec<(usize, Arc<Frame>)>,
     /// Frames the decoder produced, wanted or not.
     pub decoded: u64,
+    /// Disposable frames (unwanted, referenced by nothing) whose packets were never decoded.
+    pub skipped: u64,
 }
 
 #[derive(Debug, thiserror::Error, Clone)]
