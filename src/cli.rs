@@ -82,6 +82,9 @@ pub struct ServeArgs {
     /// Largest array one request may return (e.g. 4GiB).
     #[arg(long, env = "VSERVE_MAX_OUTPUT_BYTES", value_name = "SIZE")]
     pub max_output_bytes: Option<String>,
+    /// Seconds calls in flight may take to finish after SIGTERM/SIGINT (a second signal stops at once).
+    #[arg(long, env = "VSERVE_SHUTDOWN_GRACE", value_name = "SECONDS")]
+    pub shutdown_grace: Option<f64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -155,6 +158,7 @@ struct FileConfig {
     max_frames: Option<usize>,
     max_side: Option<u32>,
     max_output_bytes: Option<toml::Value>,
+    shutdown_grace: Option<f64>,
 }
 
 fn size_value(key: &str, v: &toml::Value) -> Result<u64, ConfigError> {
@@ -246,7 +250,16 @@ impl ServeArgs {
         if limits.max_side == 0 {
             return Err(ConfigError::new("max-side", "0", "must be at least 1"));
         }
+        let grace = self.shutdown_grace.or(file.shutdown_grace).unwrap_or(10.0);
+        if !grace.is_finite() || !(0.0..=3600.0).contains(&grace) {
+            return Err(ConfigError::new(
+                "shutdown-grace",
+                grace.to_string(),
+                "must be 0..=3600 seconds",
+            ));
+        }
         Ok(Config {
+            shutdown_grace: std::time::Duration::from_secs_f64(grace),
             listen,
             datasets,
             cache: CacheConfig {
@@ -270,7 +283,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nshutdown-grace = {}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -284,6 +297,7 @@ pub fn config_to_toml(c: &Config) -> String {
         c.limits.max_frames,
         c.limits.max_side,
         c.limits.max_output_bytes,
+        c.shutdown_grace.as_secs_f64(),
     )
 }
 

@@ -78,6 +78,8 @@ pub struct Config {
     pub cache: CacheConfig,
     pub decode: DecodeConfig,
     pub limits: Limits,
+    /// How long calls in flight may take to finish after SIGTERM/SIGINT.
+    pub shutdown_grace: std::time::Duration,
 }
 
 /// A bad setting: which key, which value, what is wrong.

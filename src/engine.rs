@@ -785,6 +785,7 @@ mod tests {
                 threads_per_decoder: 1,
             },
             limits: Limits::default(),
+            shutdown_grace: std::time::Duration::from_secs(1),
         };
         let factory: BackendFactory = Arc::new(move || {
             Box::new(FakeBackend {

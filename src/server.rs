@@ -1,5 +1,6 @@
-//! The server: binds every listen address, serves the API on each until `shutdown` resolves, then drains
-//! and removes the Unix socket files it created.
+//! The server: binds every listen address, serves the API on each until `shutdown` resolves, then stops
+//! accepting, lets calls in flight finish for up to the grace period (a second signal cuts it short), and
+//! removes the Unix socket files it created.
 //!
 //! `run(config, shutdown)` takes both so tests and `main` drive it the same way.
 
@@ -34,13 +35,14 @@ pub fn ffmpeg_backends(threads_per_decoder: usize) -> BackendFactory {
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     let engine = Engine::new(&config, ffmpeg_backends(config.decode.threads_per_decoder))
         .map_err(ServerError::Setup)?;
-    serve_engine(engine, &config.listen, shutdown).await
+    serve_engine(engine, &config.listen, config.shutdown_grace, shutdown).await
 }
 
 /// Serves an existing engine on `listen` until `shutdown` resolves.
 pub async fn serve_engine(
     engine: Arc<Engine>,
     listen: &[ListenAddr],
+    grace: std::time::Duration,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -65,7 +67,7 @@ pub async fn serve_engine(
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
                 tracing::info!(addr = %name, "listening");
                 tasks.spawn(async move {
-                    tonic::transport::Server::builder()
+                    transport()
                         .add_service(svc)
                         .serve_with_incoming_shutdown(incoming, until)
                         .await
@@ -90,7 +92,7 @@ pub async fn serve_engine(
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 tracing::info!(addr = %local, "listening");
                 tasks.spawn(async move {
-                    tonic::transport::Server::builder()
+                    transport()
                         .add_service(svc)
                         .serve_with_incoming_shutdown(incoming, until)
                         .await
@@ -117,16 +119,37 @@ pub async fn serve_engine(
         }
     }
     let _ = stop_tx.send(true);
-    while let Some(done) = tasks.join_next().await {
-        if let Ok(Err(e)) = done {
-            tracing::warn!(error = %e, "listener ended with an error");
+    let drain = async {
+        while let Some(done) = tasks.join_next().await {
+            if let Ok(Err(e)) = done {
+                tracing::warn!(error = %e, "listener ended with an error");
+            }
+        }
+    };
+    tokio::select! {
+        _ = drain => {}
+        _ = tokio::time::sleep(grace) => {
+            tracing::warn!(grace_s = grace.as_secs_f64(), "grace period over; closing remaining connections");
+        }
+        _ = crate::shutdown::signal() => {
+            tracing::warn!("second signal; closing remaining connections now");
         }
     }
+    tasks.abort_all();
     for path in sockets {
         let _ = std::fs::remove_file(&path);
     }
     tracing::info!("stopped");
     result
+}
+
+/// HTTP/2 settings for large replies: receive windows big enough that a multi-megabyte chunk is not
+/// throttled by flow control (the defaults are 64 KiB).
+fn transport() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(16 << 20)
+        .initial_connection_window_size(64 << 20)
+        .max_frame_size(Some(1 << 20))
 }
 
 /// Binds a Unix socket, creating its directory and replacing a stale socket file (one nobody answers

@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(false)
+        // Received chunks stay slices of the receive buffer until reassembly copies them once.
+        .bytes(".vserve.v1.GetClipsResponse.data")
         .compile_fds(fds)?;
     Ok(())
 }

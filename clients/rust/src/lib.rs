@@ -152,7 +152,7 @@ impl Client {
         let channel = if let Some(path) = addr.strip_prefix("unix:") {
             let path = PathBuf::from(path);
             // The URI is required by the HTTP layer but never dialled: the connector below opens the socket.
-            let endpoint = Endpoint::from_static("http://localhost");
+            let endpoint = tune(Endpoint::from_static("http://localhost"));
             endpoint
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
@@ -169,8 +169,9 @@ impl Client {
             } else {
                 format!("http://{addr}")
             };
-            let endpoint =
-                Endpoint::from_shared(uri).map_err(|_| ClientError::BadAddress(addr.to_owned()))?;
+            let endpoint = tune(
+                Endpoint::from_shared(uri).map_err(|_| ClientError::BadAddress(addr.to_owned()))?,
+            );
             endpoint.connect().await.map_err(connect_err)?
         };
         let inner = VServeClient::new(channel)
@@ -244,6 +245,16 @@ impl Client {
         }
         Ok(Batch { header, data })
     }
+}
+
+/// HTTP/2 receive windows and frames sized for multi-megabyte replies (the defaults, 64 KiB windows and
+/// 16 KiB frames, throttle them).
+fn tune(endpoint: Endpoint) -> Endpoint {
+    endpoint
+        .initial_stream_window_size(16 << 20)
+        .initial_connection_window_size(64 << 20)
+        .max_frame_size(1 << 20)
+        .tcp_nodelay(true)
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
