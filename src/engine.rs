@@ -90,6 +90,17 @@ pub struct RequestStats {
     pub frames_skipped: u64,
 }
 
+impl RequestStats {
+    fn add(&mut self, o: &RequestStats) {
+        self.frames_decoded += o.frames_decoded;
+        self.cache_hits += o.cache_hits;
+        self.cache_misses += o.cache_misses;
+        self.gop_runs += o.gop_runs;
+        self.shared_frames += o.shared_frames;
+        self.frames_skipped += o.frames_skipped;
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ClipMeta {
     pub video: String,
@@ -394,12 +405,7 @@ impl Engine {
         let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
         for fetched in futures::future::join_all(fetches).await {
             let (frames, s) = fetched?;
-            stats.frames_decoded += s.frames_decoded;
-            stats.cache_hits += s.cache_hits;
-            stats.cache_misses += s.cache_misses;
-            stats.gop_runs += s.gop_runs;
-            stats.shared_frames += s.shared_frames;
-            stats.frames_skipped += s.frames_skipped;
+            stats.add(&s);
             per_video.push(frames);
         }
 
