@@ -91,7 +91,9 @@ fn invalid_values_exit_64_naming_key_and_value() {
     let dir = tempfile::tempdir().unwrap();
     let bad_file = dir.path().join("bad.toml");
     std::fs::write(&bad_file, "decode-threadz = 2\n").unwrap();
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str, &str)> = vec![
+    // (flags, env, key the message must name, value it must quote)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec![],
             vec![("VSERVE_CACHE_BYTES", "12parsecs")],
