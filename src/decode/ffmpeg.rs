@@ -107,17 +107,25 @@ pub fn stream_facts(
             "stream {index} has no frame size ({width}x{height})"
         ));
     }
-    // SAFETY: av_get_pix_fmt_name returns a static string or null for any integer.
-    let pixel_format = unsafe {
-        let name = ff::ffi::av_get_pix_fmt_name(
-            std::mem::transmute::<i32, ff::ffi::AVPixelFormat>(format),
-        );
-        if name.is_null() {
-            "unknown".to_owned()
-        } else {
-            std::ffi::CStr::from_ptr(name)
-                .to_string_lossy()
-                .into_owned()
+    let in_range = (0..ff::ffi::AVPixelFormat::AV_PIX_FMT_NB as i32).contains(&format);
+    let pixel_format = if !in_range {
+        "unknown".to_owned()
+    } else {
+        // SAFETY: `format` is checked to lie in 0..AV_PIX_FMT_NB, the enum's contiguous range of
+        // discriminants (the bindings come from the headers this build links); av_get_pix_fmt_name returns
+        // a static string or null.
+        unsafe {
+            let name = ff::ffi::av_get_pix_fmt_name(std::mem::transmute::<
+                i32,
+                ff::ffi::AVPixelFormat,
+            >(format));
+            if name.is_null() {
+                "unknown".to_owned()
+            } else {
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
+            }
         }
     };
     let nal_length_size = match id {
