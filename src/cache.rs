@@ -18,6 +18,9 @@ pub struct VideoId {
     pub mtime_ns: i128,
     /// Requested stream (None = best stream); part of the identity because it selects the frames.
     pub stream: Option<u32>,
+    /// Indexed by decoding because the file turned out damaged: frame numbers and pixels may differ from
+    /// the packet-scan table's, so frames of the two tables never share cache entries.
+    pub decode_table: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -78,6 +81,7 @@ mod tests {
                 size: 1,
                 mtime_ns: 2,
                 stream: None,
+                decode_table: false,
             }),
             frame,
             geometry: Geometry {

@@ -168,6 +168,9 @@ pub struct Engine {
     inflight: Arc<Mutex<HashMap<RunKey, RunSender>>>,
     counters: Counters,
     limits: Limits,
+    /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
+    /// by decoding from then on.
+    damaged: Mutex<std::collections::HashSet<VideoId>>,
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
     /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
     index_permits: Arc<tokio::sync::Semaphore>,
@@ -199,6 +202,7 @@ impl Engine {
             counters: Counters::default(),
             limits: config.limits.clone(),
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
+            damaged: Mutex::new(std::collections::HashSet::new()),
         }))
     }
 
@@ -260,18 +264,22 @@ impl Engine {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_nanos() as i128);
-        let id = Arc::new(VideoId {
+        let mut id = VideoId {
             path: path.clone(),
             size: meta.len(),
             mtime_ns,
             stream,
-        });
+            decode_table: false,
+        };
+        id.decode_table = self.damaged.lock().contains(&id);
+        let id = Arc::new(id);
+        let force_decode = id.decode_table;
         let index = self
             .indexes
             .try_get_with(id.clone(), || {
                 self.counters.index_builds.fetch_add(1, Ordering::Relaxed);
                 let started = std::time::Instant::now();
-                let built = index::build(&path, stream.map(|s| s as usize));
+                let built = index::build(&path, stream.map(|s| s as usize), force_decode);
                 if let Ok(ix) = &built {
                     tracing::debug!(
                         path = %path.display(),
@@ -306,7 +314,25 @@ impl Engine {
 
     pub async fn get_clips(self: &Arc<Self>, req: ClipsRequest) -> Result<ClipsReply, Error> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        self.validate(&req)?;
+        match self.get_clips_once(&req).await {
+            // The damaged video is now indexed by decoding; frame numbers may have changed, so the whole
+            // request is resolved again.
+            Err(Error::Damaged(_)) => self.get_clips_once(&req).await,
+            other => other,
+        }
+    }
+
+    /// Records that a video's coded data is damaged, so its next index comes from a decode.
+    fn mark_damaged(&self, id: &VideoId, detail: &str) {
+        let mut plain = id.clone();
+        plain.decode_table = false;
+        if self.damaged.lock().insert(plain) {
+            tracing::warn!(path = %id.path.display(), %detail, "decode errors in a cleanly scanned file; indexing it by decoding");
+        }
+    }
+
+    async fn get_clips_once(self: &Arc<Self>, req: &ClipsRequest) -> Result<ClipsReply, Error> {
+        self.validate(req)?;
         self.dataset(&req.dataset)?;
 
         // Index every distinct video once, in parallel on blocking threads.
@@ -403,7 +429,13 @@ impl Engine {
         }
         let mut stats = RequestStats::default();
         let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
-        for fetched in futures::future::join_all(fetches).await {
+        let fetched_all = futures::future::join_all(fetches).await;
+        for (i, fetched) in fetched_all.iter().enumerate() {
+            if let Err(Error::Damaged(detail)) = fetched {
+                self.mark_damaged(&videos[i].0, detail);
+            }
+        }
+        for fetched in fetched_all {
             let (frames, s) = fetched?;
             stats.add(&s);
             per_video.push(frames);

@@ -23,6 +23,10 @@ pub enum Error {
     DataLoss(String),
     #[error("{0}")]
     Internal(String),
+    /// A video turned out damaged mid-request; the engine re-indexes it and retries once. Seen by a
+    /// client only if that retry fails the same way (as DATA_LOSS).
+    #[error("{0}")]
+    Damaged(String),
 }
 
 impl From<DatasetError> for Error {
@@ -56,6 +60,7 @@ impl From<DecodeError> for Error {
             DecodeError::Unsupported { .. } => Error::InvalidArgument(msg),
             DecodeError::MissingFrames { .. } => Error::DataLoss(msg),
             DecodeError::Backend { .. } => Error::Internal(msg),
+            DecodeError::Damaged { .. } => Error::Damaged(msg),
             DecodeError::Overloaded(_) => Error::Overloaded(msg),
             DecodeError::ShuttingDown => Error::ShuttingDown,
         }

@@ -10,6 +10,12 @@
 //! check fails the table comes from a full decode instead ([`crate::decode::ffmpeg::scan_by_decoding`]):
 //! slower, but by construction what the decoder emits. Files whose decoded frames lack pts or whose pts do
 //! not increase can only be read from the start ([`SeekMode::FromStart`]).
+//!
+//! Damage inside coded data passes every packet check; the decoder finds it. Such a video is indexed
+//! again with `force_decode` (the engine does this when a decode reports errors). A decode scan that meets
+//! decoder errors makes the video [`SeekMode::FromStart`]: error concealment depends on what was decoded
+//! before, so only decoding from the start gives every frame the pixels `ffmpeg -threads 1` gives it, the
+//! same whichever frames a request asks for.
 
 use std::path::Path;
 
@@ -67,6 +73,8 @@ pub struct VideoIndex {
     /// Length-prefix size of H.264 NAL units in packets (AVCC framing), when the stream is such; lets the
     /// decoder recognise disposable (non-reference) frames without decoding them.
     pub h264_nal_length: Option<usize>,
+    /// The decode scan met decoder errors (damaged coded data).
+    pub damaged: bool,
 }
 
 #[derive(Debug, thiserror::Error, Clone)]
@@ -140,8 +148,19 @@ impl VideoIndex {
                 Lookup::OutOfRange
             };
         }
-        // Frames are in presentation order, so pts ascend (FromStart tables are ascending by construction
-        // of their synthesized timestamps).
+        if self.seek == SeekMode::FromStart {
+            // Tables read from the start may have pts that do not ascend (damaged or missing timestamps):
+            // the frame with the greatest pts <= t, the earliest of equals.
+            let best = self
+                .frames
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| self.seconds(f.pts) <= t)
+                .max_by_key(|(i, f)| (f.pts, std::cmp::Reverse(*i)))
+                .map_or(0, |(i, _)| i);
+            return Lookup::Frame(best);
+        }
+        // Seekable tables ascend strictly in pts.
         let after = self.frames.partition_point(|f| self.seconds(f.pts) <= t);
         Lookup::Frame(after.saturating_sub(1))
     }
@@ -179,7 +198,12 @@ pub struct ScannedFrame {
 }
 
 /// Builds the index of `path`'s stream (`stream` = container index, or FFmpeg's best video stream).
-pub fn build(path: &Path, stream: Option<usize>) -> Result<VideoIndex, IndexError> {
+/// `force_decode` skips the packet-scan table and indexes by decoding (for videos found damaged).
+pub fn build(
+    path: &Path,
+    stream: Option<usize>,
+    force_decode: bool,
+) -> Result<VideoIndex, IndexError> {
     let pstr = path.display().to_string();
     ffdec::init();
     let mut input = ff::format::input(&path).map_err(|e| IndexError::Open {
@@ -198,7 +222,7 @@ pub fn build(path: &Path, stream: Option<usize>) -> Result<VideoIndex, IndexErro
     // One packet scan.
     let nal_len = facts.nal_length_size;
     let mut packets: Vec<(Option<i64>, i64, bool)> = Vec::new();
-    let mut irregular: Option<String> = None;
+    let mut irregular: Option<String> = force_decode.then(|| "decode errors seen".to_owned());
     let mut truncated = false;
     let mut packet = ff::Packet::empty();
     loop {
@@ -260,12 +284,15 @@ pub fn build(path: &Path, stream: Option<usize>) -> Result<VideoIndex, IndexErro
         frames_in = Vec::new();
         method = IndexMethod::DecodeScan;
     }
+    let mut damaged = false;
     let method = if let Some(reason) = &irregular {
         tracing::debug!(path = %pstr, %reason, "packet scan irregular; indexing by decoding");
-        frames_in = ffdec::scan_by_decoding(path, st_index).map_err(|e| IndexError::Corrupt {
+        let scan = ffdec::scan_by_decoding(path, st_index).map_err(|e| IndexError::Corrupt {
             path: pstr.clone(),
             reason: e.to_string(),
         })?;
+        frames_in = scan.frames;
+        damaged = scan.errors;
         IndexMethod::DecodeScan
     } else {
         method
@@ -283,14 +310,16 @@ pub fn build(path: &Path, stream: Option<usize>) -> Result<VideoIndex, IndexErro
         1
     }
     .max(1);
-    let seek = if frames_in.iter().all(|f| f.pts.is_some())
+    let seek = if !damaged
+        && frames_in.iter().all(|f| f.pts.is_some())
         && frames_in.windows(2).all(|w| w[0].pts < w[1].pts)
     {
         SeekMode::ByPts
     } else {
         SeekMode::FromStart
     };
-    // Fill missing pts (FromStart tables only) from the previous frame plus its duration.
+    // Fill missing pts (FromStart tables only: a missing pts makes a table FromStart) from the previous
+    // frame plus its duration.
     let mut frames = Vec::with_capacity(frames_in.len());
     let mut prev_end: Option<i64> = None;
     for f in &frames_in {
@@ -299,8 +328,8 @@ pub fn build(path: &Path, stream: Option<usize>) -> Result<VideoIndex, IndexErro
         } else {
             avg_frame
         };
+        // Real pts are kept as they are; only missing ones are synthesised.
         let pts = match (f.pts, prev_end) {
-            (Some(p), Some(end)) if seek == SeekMode::FromStart && p < end => end,
             (Some(p), _) => p,
             (None, Some(end)) => end,
             (None, None) => 0,
@@ -337,6 +366,7 @@ pub fn build(path: &Path, stream: Option<usize>) -> Result<VideoIndex, IndexErro
     };
     let h264_nal_length = if facts.codec == "h264" { nal_len } else { None };
     Ok(VideoIndex {
+        damaged,
         h264_nal_length,
         stream: st_index,
         codec: facts.codec,
@@ -431,6 +461,7 @@ mod tests {
             seek: SeekMode::ByPts,
             method: IndexMethod::PacketScan,
             h264_nal_length: None,
+            damaged: false,
         }
     }
 
@@ -458,6 +489,15 @@ mod tests {
         assert_eq!(idx.lookup_frame(9), Lookup::OutOfRange);
         idx.seek = SeekMode::FromStart;
         assert_eq!(idx.keyframe_before(4), 0);
+    }
+
+    #[test]
+    fn time_lookup_without_ascending_pts() {
+        let mut idx = table(&[0, 20, 10, 30], &[0]);
+        idx.seek = SeekMode::FromStart;
+        assert_eq!(idx.lookup_time(0.15), Lookup::Frame(2));
+        assert_eq!(idx.lookup_time(0.25), Lookup::Frame(1));
+        assert_eq!(idx.lookup_time(0.35), Lookup::Frame(3));
     }
 
     #[test]

@@ -53,6 +53,7 @@ mod tests {
             seek,
             method: IndexMethod::PacketScan,
             h264_nal_length: None,
+            damaged: false,
         }
     }
 

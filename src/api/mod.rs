@@ -32,7 +32,7 @@ impl From<Error> for Status {
             Error::OutOfRange(_) => Status::out_of_range(msg),
             Error::Overloaded(_) => Status::resource_exhausted(msg),
             Error::ShuttingDown => Status::unavailable(msg),
-            Error::DataLoss(_) => Status::data_loss(msg),
+            Error::DataLoss(_) | Error::Damaged(_) => Status::data_loss(msg),
             Error::Internal(_) => Status::internal(msg),
         }
     }

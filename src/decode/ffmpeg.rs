@@ -214,44 +214,65 @@ fn open_decoder(
         .map_err(|e| format!("no decoder for {}: {e}", st.parameters().id().name()))
 }
 
-/// Indexes a stream by decoding all of it: the table of what the decoder really outputs.
-pub fn scan_by_decoding(path: &Path, index: usize) -> Result<Vec<ScannedFrame>, DecodeError> {
+/// What a decode scan found.
+pub struct DecodeScan {
+    pub frames: Vec<ScannedFrame>,
+    /// The decoder reported errors (rejected packets, concealed or corrupt frames).
+    pub errors: bool,
+}
+
+/// True when the decoder flagged this frame as damaged (concealment active, or marked corrupt).
+fn frame_damaged(frame: &ff::frame::Video) -> bool {
+    // SAFETY: `frame` holds a frame just returned by the decoder; these are plain fields.
+    unsafe {
+        let f = &*frame.as_ptr();
+        f.decode_error_flags != 0 || (f.flags & ff::ffi::AV_FRAME_FLAG_CORRUPT) != 0
+    }
+}
+
+/// Indexes a stream by decoding all of it: the table of what the decoder really outputs. One decoder
+/// thread, as every run decodes, so concealment of damaged data is the same.
+pub fn scan_by_decoding(path: &Path, index: usize) -> Result<DecodeScan, DecodeError> {
     init();
     let mut input = ff::format::input(&path).map_err(|e| DecodeError::Open {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;
     let mut decoder =
-        open_decoder(&input, index, 0).map_err(|reason| DecodeError::Unsupported {
+        open_decoder(&input, index, 1).map_err(|reason| DecodeError::Unsupported {
             path: path.to_owned(),
             reason,
         })?;
     let mut frames = Vec::new();
+    let mut errors = false;
     let mut frame = ff::frame::Video::empty();
     let mut packet = ff::Packet::empty();
-    let mut drain = |decoder: &mut ff::decoder::Video, frames: &mut Vec<ScannedFrame>| {
-        while decoder.receive_frame(&mut frame).is_ok() {
-            // SAFETY: `frame` holds a frame just returned by the decoder.
-            let duration = unsafe { (*frame.as_ptr()).pkt_duration };
-            frames.push(ScannedFrame {
-                pts: frame.pts(),
-                duration,
-                key: frame.is_key(),
-            });
-        }
-    };
+    let mut drain =
+        |decoder: &mut ff::decoder::Video, frames: &mut Vec<ScannedFrame>, errors: &mut bool| {
+            while decoder.receive_frame(&mut frame).is_ok() {
+                *errors |= frame_damaged(&frame);
+                // SAFETY: `frame` holds a frame just returned by the decoder.
+                let duration = unsafe { (*frame.as_ptr()).pkt_duration };
+                frames.push(ScannedFrame {
+                    pts: frame.pts(),
+                    duration,
+                    key: frame.is_key(),
+                });
+            }
+        };
     while packet.read(&mut input).is_ok() {
         if packet.stream() != index {
             continue;
         }
         if let Err(e) = decoder.send_packet(&packet) {
+            errors = true;
             tracing::trace!(path = %path.display(), error = %e, "packet rejected during scan");
         }
-        drain(&mut decoder, &mut frames);
+        drain(&mut decoder, &mut frames, &mut errors);
     }
     let _ = decoder.send_eof();
-    drain(&mut decoder, &mut frames);
-    Ok(frames)
+    drain(&mut decoder, &mut frames, &mut errors);
+    Ok(DecodeScan { frames, errors })
 }
 
 /// A cached swscale context for one (input format, size, colour) → (RGB24, size) conversion.
@@ -569,9 +590,19 @@ fn decode_in(
     let mut eof = false;
     let mut done = false;
     let last_pts = index.frames[last].pts;
+    // Only a clean packet-scan table can be wrong about damage; decode-scan tables already account for it.
+    let watch_damage = index.method == IndexMethod::PacketScan;
     while !done {
         while video.decoder.receive_frame(&mut frame).is_ok() {
             out.decoded += 1;
+            if watch_damage && frame_damaged(&frame) {
+                let near = video.next_frame.unwrap_or(run.keyframe);
+                video.next_frame = None;
+                return Err(DecodeError::Damaged {
+                    path: path.clone(),
+                    frame: near,
+                });
+            }
             let k = match index.seek {
                 SeekMode::ByPts => {
                     let pts = frame.pts().or(frame.timestamp());
@@ -622,6 +653,13 @@ fn decode_in(
                 }
                 if let Err(e) = video.decoder.send_packet(&packet) {
                     tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");
+                    if watch_damage && matches!(e, ff::Error::InvalidData) {
+                        video.next_frame = None;
+                        return Err(DecodeError::Damaged {
+                            path: path.clone(),
+                            frame: run.keyframe,
+                        });
+                    }
                 }
             }
             Err(e) => {

@@ -110,6 +110,10 @@ pub enum DecodeError {
     },
     #[error("decoder failure on {path:?}: {reason}")]
     Backend { path: PathBuf, reason: String },
+    /// The decoder reported errors on a video whose table came from a clean packet scan: the file is
+    /// damaged inside its coded data, so that table (and disposable-frame skipping) cannot be trusted.
+    #[error("decode errors in {path:?} near frame {frame}")]
+    Damaged { path: PathBuf, frame: usize },
     #[error("decode queue full ({0} runs waiting)")]
     Overloaded(usize),
     #[error("decode fleet is shutting down")]
