@@ -483,6 +483,8 @@ fn open_for_decoding(
 /// One open video: demuxer, decoder, and where the decoder stands.
 struct OpenVideo {
     path: PathBuf,
+    /// The index this context was opened for.
+    index: Arc<VideoIndex>,
     stream: usize,
     input: ff::format::context::Input,
     decoder: ff::decoder::Video,
@@ -507,12 +509,14 @@ impl FfmpegBackend {
         }
     }
 
-    fn open_video(&mut self, path: &Path, index: &VideoIndex) -> Result<OpenVideo, DecodeError> {
+    /// An open context for this video, reused only for the same index (a changed file, or one re-indexed
+    /// after damage, gets a new index and so a fresh demuxer and decoder).
+    fn open_video(&mut self, path: &Path, index: &Arc<VideoIndex>) -> Result<OpenVideo, DecodeError> {
         let stream = index.stream;
         if let Some(pos) = self
             .open
             .iter()
-            .position(|v| v.path == path && v.stream == stream)
+            .position(|v| v.path == path && Arc::ptr_eq(&v.index, index))
         {
             if let Some(v) = self.open.remove(pos) {
                 return Ok(v);
@@ -530,6 +534,7 @@ impl FfmpegBackend {
         })?;
         Ok(OpenVideo {
             path: path.to_owned(),
+            index: index.clone(),
             stream,
             input,
             decoder,
