@@ -20,7 +20,7 @@ use crate::batch::{self, BatchSpec};
 use crate::cache::{FrameCache, FrameKey, VideoId};
 use crate::config::{Config, Limits};
 use crate::dataset::Dataset;
-use crate::decode::fleet::{BackendFactory, Fleet, Job};
+use crate::decode::fleet::{BackendFactory, Fleet, Job, PendingRun};
 use crate::decode::{DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
 use crate::error::Error;
 use crate::index::{self, Lookup, VideoIndex};
@@ -152,6 +152,13 @@ struct Counters {
 type RunResult = Result<Arc<RunOutput>, DecodeError>;
 type RunSender = Arc<watch::Sender<Option<RunResult>>>;
 
+/// A run in the single-flight table: its result channel, and the run itself while it may still grow.
+#[derive(Clone)]
+struct InFlight {
+    tx: RunSender,
+    pending: Arc<Mutex<PendingRun>>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct RunKey {
     video: Arc<VideoId>,
@@ -165,7 +172,7 @@ pub struct Engine {
     frames: FrameCache,
     fleet: Fleet,
     /// GOP runs being decoded now, for single flight.
-    inflight: Arc<Mutex<HashMap<RunKey, RunSender>>>,
+    inflight: Arc<Mutex<HashMap<RunKey, InFlight>>>,
     counters: Counters,
     limits: Limits,
     /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
@@ -596,8 +603,13 @@ impl Engine {
                     keyframe: run.keyframe,
                     geometry,
                 };
+                // Join a pass of the same run; while it is still queued, add our frames to it so one
+                // pass serves both (a started pass gives what it gives; round 1 decodes the rest).
                 let joined = if round == 0 {
-                    self.inflight.lock().get(&key).map(|tx| tx.subscribe())
+                    self.inflight.lock().get(&key).map(|f| {
+                        f.pending.lock().extend(&run.wanted);
+                        f.tx.subscribe()
+                    })
                 } else {
                     None
                 };
@@ -658,7 +670,17 @@ impl Engine {
     ) -> Result<watch::Receiver<Option<RunResult>>, Error> {
         let (tx, rx) = watch::channel(None);
         let tx: RunSender = Arc::new(tx);
-        self.inflight.lock().insert(key.clone(), tx.clone());
+        let pending = Arc::new(Mutex::new(PendingRun {
+            started: false,
+            run,
+        }));
+        self.inflight.lock().insert(
+            key.clone(),
+            InFlight {
+                tx: tx.clone(),
+                pending: pending.clone(),
+            },
+        );
         let (cache, inflight, done_tx, done_key) = (
             self.frames.clone(),
             self.inflight.clone(),
@@ -669,7 +691,7 @@ impl Engine {
         let wanted_tx = tx.clone();
         let job = Job {
             source: source.clone(),
-            run,
+            run: pending,
             geometry,
             on_done: Box::new(move |result: Result<RunOutput, DecodeError>| {
                 let result = result.map(Arc::new);
@@ -687,7 +709,10 @@ impl Engine {
                 }
                 {
                     let mut map = inflight.lock();
-                    if map.get(&done_key).is_some_and(|s| Arc::ptr_eq(s, &done_tx)) {
+                    if map
+                        .get(&done_key)
+                        .is_some_and(|f| Arc::ptr_eq(&f.tx, &done_tx))
+                    {
                         map.remove(&done_key);
                     }
                 }
@@ -697,7 +722,7 @@ impl Engine {
         };
         if let Err(e) = self.fleet.submit(job) {
             let mut map = self.inflight.lock();
-            if map.get(&key).is_some_and(|s| Arc::ptr_eq(s, &tx)) {
+            if map.get(&key).is_some_and(|f| Arc::ptr_eq(&f.tx, &tx)) {
                 map.remove(&key);
             }
             return Err(e.into());
@@ -807,6 +832,10 @@ mod tests {
     /// An engine over the committed demo clips whose decoding is the fake backend: the index is real
     /// (nasa_13013.mp4, keyframes 0 and 240 of 390), frame k is a solid image of value fake_value(k).
     fn engine(delay_ms: u64) -> Arc<Engine> {
+        engine_with(delay_ms, 2)
+    }
+
+    fn engine_with(delay_ms: u64, threads: usize) -> Arc<Engine> {
         let config = Config {
             listen: vec![],
             datasets: vec![DatasetConfig {
@@ -818,7 +847,7 @@ mod tests {
                 index_bytes: 1 << 20,
             },
             decode: DecodeConfig {
-                threads: 2,
+                threads,
                 queue: 16,
                 threads_per_decoder: 1,
             },
@@ -897,6 +926,48 @@ mod tests {
         );
         assert!(datas.windows(2).all(|w| w[0] == w[1]));
         assert_eq!(e.stats().gop_runs, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_queued_run_grows_to_serve_a_later_request() {
+        // One decode thread, busy with GOP 240 while both requests for GOP 0 arrive.
+        let e = engine_with(500, 1);
+        let blocker = {
+            let e = e.clone();
+            tokio::spawn(async move { e.get_clips(request(&[250])).await })
+        };
+        // Wait (not sleep) for each state, so a loaded machine cannot reorder the steps.
+        let until = |cond: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !cond() {
+                assert!(std::time::Instant::now() < deadline, "state not reached");
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        };
+        // The blocker's run has started (left the queue).
+        until(&|| {
+            let map = e.inflight.lock();
+            map.len() == 1 && map.values().all(|f| f.pending.lock().started)
+        });
+        let first = {
+            let e = e.clone();
+            tokio::spawn(async move { e.get_clips(request(&[3])).await })
+        };
+        // The first request's run is registered and queued behind the blocker.
+        until(&|| {
+            let map = e.inflight.lock();
+            map.len() == 2 && map.values().filter(|f| !f.pending.lock().started).count() == 1
+        });
+        let second = e.get_clips(request(&[9])).await.unwrap();
+        let first = first.await.unwrap().unwrap();
+        blocker.await.unwrap().unwrap();
+        // The queued run 0 → 3 grew to 0 → 9 before it started: one pass served both.
+        assert_eq!(first.stats.frames_decoded, 10);
+        assert_eq!(second.stats.frames_decoded, 0);
+        assert_eq!(second.stats.shared_frames, 1);
+        assert!(second.data.iter().all(|&v| v == fake_value(9)));
+        assert!(first.data.iter().all(|&v| v == fake_value(3)));
+        assert_eq!(e.stats().gop_runs, 2);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

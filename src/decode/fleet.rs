@@ -15,9 +15,31 @@ use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
 
 pub type OnDone = Box<dyn FnOnce(Result<RunOutput, DecodeError>) + Send>;
 
+/// A run as queued: until a decode thread takes it (`started`), other requests may add frames to it.
+#[derive(Debug)]
+pub struct PendingRun {
+    pub started: bool,
+    pub run: GopRun,
+}
+
+impl PendingRun {
+    /// Adds `frames` (at or after the run's keyframe) if the run has not started; false once it has.
+    pub fn extend(&mut self, frames: &[usize]) -> bool {
+        if self.started {
+            return false;
+        }
+        let wanted = &mut self.run.wanted;
+        wanted.extend(frames.iter().copied().filter(|&k| k >= self.run.keyframe));
+        wanted.sort_unstable();
+        wanted.dedup();
+        true
+    }
+}
+
 pub struct Job {
     pub source: VideoSource,
-    pub run: GopRun,
+    /// Shared with the engine's single-flight table, which may extend it until it starts.
+    pub run: Arc<parking_lot::Mutex<PendingRun>>,
     pub geometry: Geometry,
     /// Called once with the outcome.
     pub on_done: OnDone,
@@ -128,6 +150,11 @@ fn worker(
             on_done,
             still_wanted,
         } = job;
+        let run = {
+            let mut pending = run.lock();
+            pending.started = true;
+            pending.run.clone()
+        };
         if !still_wanted() {
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             on_done(Err(DecodeError::ShuttingDown));
