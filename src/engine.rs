@@ -169,6 +169,9 @@ struct RunKey {
 pub struct Engine {
     datasets: BTreeMap<String, Dataset>,
     indexes: moka::sync::Cache<Arc<VideoId>, Arc<VideoIndex>>,
+    /// Files that failed to index, remembered briefly (by identity, so a replaced file is tried again at
+    /// once): a client repeating a request for a broken file costs a lookup, not another scan.
+    failed: moka::sync::Cache<Arc<VideoId>, index::IndexError>,
     frames: FrameCache,
     fleet: Fleet,
     /// GOP runs being decoded now, for single flight.
@@ -200,9 +203,14 @@ impl Engine {
                 u32::try_from(v.approx_bytes()).unwrap_or(u32::MAX)
             })
             .build();
+        let failed = moka::sync::Cache::builder()
+            .max_capacity(10_000)
+            .time_to_live(std::time::Duration::from_secs(30))
+            .build();
         Ok(Arc::new(Engine {
             datasets,
             indexes,
+            failed,
             frames: FrameCache::new(config.cache.bytes),
             fleet,
             inflight: Arc::new(Mutex::new(HashMap::new())),
@@ -281,6 +289,9 @@ impl Engine {
         id.decode_table = self.damaged.lock().contains(&id);
         let id = Arc::new(id);
         let force_decode = id.decode_table;
+        if let Some(e) = self.failed.get(&id) {
+            return Err(e.into());
+        }
         let index = self
             .indexes
             .try_get_with(id.clone(), || {
@@ -298,7 +309,10 @@ impl Engine {
                 }
                 built.map(Arc::new)
             })
-            .map_err(|e| Error::from((*e).clone()))?;
+            .map_err(|e| {
+                self.failed.insert(id.clone(), (*e).clone());
+                Error::from((*e).clone())
+            })?;
         let source = VideoSource {
             path,
             index: index.clone(),
