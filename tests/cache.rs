@@ -303,3 +303,37 @@ async fn concurrent_identical_requests_share_one_decode() {
     );
     assert_eq!(s.gop_runs, 1, "GetStats gop_runs");
 }
+
+/// Reading a GOP one frame per request (a sequential reader) continues the open decoder instead of
+/// seeking back to the keyframe each time, and every frame is still exact: with one decode thread, the
+/// requests together decode the GOP prefix once.
+#[tokio::test]
+async fn sequential_single_frame_requests_continue_the_decoder() {
+    let d = Daemon::start_with(&["--decode-threads", "1"]).await;
+    let mut c = d.client().await;
+    let p = probe(&mut c, probe_req(MEDIA, BIKES, None, false)).await;
+    let (kf, next_kf) = (p.keyframes[1], p.keyframes[2]);
+    let frames: Vec<u64> = (kf + 1..next_kf.min(kf + 16)).collect();
+    let ff = Ffmpeg::default().frames(&media_path(BIKES), 640, 272, Some(&frames));
+    let mut work = 0;
+    for &k in &frames {
+        let b = get(
+            &mut c,
+            clips_req(MEDIA, vec![frames_clip(BIKES, &[k], None)], None),
+        )
+        .await;
+        let s = stats(&b);
+        work += s.frames_decoded + s.frames_skipped;
+        assert_bytes_eq(
+            &u8_frames(&b, 1, 272, 640)[0],
+            &ff[&k],
+            Some((640, 272)),
+            &format!("sequential frame {k}"),
+        );
+    }
+    let span = frames.last().unwrap() - kf + 1;
+    assert_eq!(
+        work, span,
+        "frames {frames:?} one per request: the keyframe prefix is decoded once, not once per request"
+    );
+}

@@ -652,12 +652,11 @@ fn decode_in(
                 if packet.stream() != video.stream {
                     continue;
                 }
-                if let Some(k) = disposable_unwanted(&packet, index, &run.wanted) {
-                    // Counted when inside the run; disposable frames past it (read ahead in decode order)
-                    // are skipped too but belong to no run.
-                    if k <= last {
-                        out.skipped += 1;
-                    }
+                // Only inside the run: packets past its last frame (read ahead in decode order) go to the
+                // decoder, so the next run of this video can continue from here without a seek and find
+                // every frame it wants.
+                if disposable_unwanted(&packet, index, &run.wanted).is_some_and(|k| k <= last) {
+                    out.skipped += 1;
                     continue;
                 }
                 if let Err(e) = video.decoder.send_packet(&packet) {
