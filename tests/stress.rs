@@ -17,6 +17,9 @@ const VIDEOS: &[(&str, usize, usize, u64)] = &[
     ("gulpio/test.mp4", 256, 144, 140),
     ("imageio/realshort.mp4", 320, 240, 36),
 ];
+/// Reference frames by output index.
+type Frames = BTreeMap<u64, Vec<u8>>;
+
 /// Exact size for the resized requests.
 const SMALL: (usize, usize) = (96, 64);
 
@@ -24,7 +27,7 @@ const SMALL: (usize, usize) = (96, 64);
 async fn concurrent_random_requests_with_a_tiny_cache_stay_exact() {
     // 2 MiB holds ~20 native frames of these clips: most repeats miss.
     let d = Daemon::start_with(&["--cache-bytes", "2MiB", "--decode-threads", "2"]).await;
-    let mut refs: BTreeMap<(&str, bool), Arc<BTreeMap<u64, Vec<u8>>>> = BTreeMap::new();
+    let mut refs: BTreeMap<(&str, bool), Arc<Frames>> = BTreeMap::new();
     for &(video, w, h, _) in VIDEOS {
         let native = Ffmpeg::default().frames(&media_path(video), w, h, None);
         let small = Ffmpeg {
