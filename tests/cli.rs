@@ -56,6 +56,14 @@ fn array<'a>(v: &'a Value, what: &str) -> &'a Vec<Value> {
         .unwrap_or_else(|| panic!("{what}: not an array: {v}"))
 }
 
+/// Runs `vserve get --addr A --dataset media --video V EXTRA... --out OUT` and expects success.
+fn get_npy(addr: &str, video: &str, extra: &[&str], out: &Path) {
+    let mut args = vec!["get", "--addr", addr, "--dataset", MEDIA, "--video", video];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--out", out.to_str().expect("utf-8 path")]);
+    ok_stdout(&args);
+}
+
 /// Reads an .npy written by `vserve get` and checks it is uint8, C order, of `shape`.
 fn read_u8_npy(path: &Path, shape: &[usize]) -> Vec<u8> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
@@ -157,19 +165,7 @@ async fn get_writes_npy_equal_to_ffmpeg_frames() {
 
     // --frames
     let npy = dir.path().join("frames.npy");
-    ok_stdout(&[
-        "get",
-        "--addr",
-        &d.addr,
-        "--dataset",
-        MEDIA,
-        "--video",
-        BIKES,
-        "--frames",
-        "0,5,9",
-        "--out",
-        npy.to_str().unwrap(),
-    ]);
+    get_npy(&d.addr, BIKES, &["--frames", "0,5,9"], &npy);
     let data = read_u8_npy(&npy, &[3, h, w, 3]);
     let ff = Ffmpeg::default().frames(&path, w, h, Some(&[0, 5, 9]));
     for (i, k) in [0u64, 5, 9].iter().enumerate() {
@@ -195,19 +191,7 @@ async fn get_writes_npy_equal_to_ffmpeg_frames() {
         })
         .collect();
     let npy = dir.path().join("times.npy");
-    ok_stdout(&[
-        "get",
-        "--addr",
-        &d.addr,
-        "--dataset",
-        MEDIA,
-        "--video",
-        BIKES,
-        "--times",
-        "0.5,1.01,7.333",
-        "--out",
-        npy.to_str().unwrap(),
-    ]);
+    get_npy(&d.addr, BIKES, &["--times", "0.5,1.01,7.333"], &npy);
     let data = read_u8_npy(&npy, &[3, h, w, 3]);
     let ff = Ffmpeg::default().frames(&path, w, h, Some(&expected));
     for (i, k) in expected.iter().enumerate() {
@@ -226,21 +210,7 @@ async fn get_writes_npy_equal_to_ffmpeg_frames() {
         ("--size", "224x224", 224, 224),
     ] {
         let npy = dir.path().join("resized.npy");
-        ok_stdout(&[
-            "get",
-            "--addr",
-            &d.addr,
-            "--dataset",
-            MEDIA,
-            "--video",
-            BIKES,
-            "--frames",
-            "40",
-            flag,
-            value,
-            "--out",
-            npy.to_str().unwrap(),
-        ]);
+        get_npy(&d.addr, BIKES, &["--frames", "40", flag, value], &npy);
         let data = read_u8_npy(&npy, &[1, rh, rw, 3]);
         let ff = Ffmpeg {
             vf: Some(format!("scale={rw}:{rh}:flags=bilinear")),
@@ -253,36 +223,11 @@ async fn get_writes_npy_equal_to_ffmpeg_frames() {
     // Rotation: display orientation by default, stored with --no-rotate.
     let rot = "decord/video_90.mov";
     let npy = dir.path().join("rot.npy");
-    ok_stdout(&[
-        "get",
-        "--addr",
-        &d.addr,
-        "--dataset",
-        MEDIA,
-        "--video",
-        rot,
-        "--frames",
-        "1",
-        "--out",
-        npy.to_str().unwrap(),
-    ]);
+    get_npy(&d.addr, rot, &["--frames", "1"], &npy);
     let data = read_u8_npy(&npy, &[1, 568, 320, 3]);
     let ff = Ffmpeg::default().frames(&media_path(rot), 320, 568, Some(&[1]));
     assert_bytes_eq(&data, &ff[&1], Some((320, 568)), "video_90 frame 1 rotated");
-    ok_stdout(&[
-        "get",
-        "--addr",
-        &d.addr,
-        "--dataset",
-        MEDIA,
-        "--video",
-        rot,
-        "--frames",
-        "1",
-        "--no-rotate",
-        "--out",
-        npy.to_str().unwrap(),
-    ]);
+    get_npy(&d.addr, rot, &["--frames", "1", "--no-rotate"], &npy);
     let data = read_u8_npy(&npy, &[1, 320, 568, 3]);
     let ff = Ffmpeg {
         noautorotate: true,
@@ -299,21 +244,7 @@ async fn get_writes_npy_equal_to_ffmpeg_frames() {
     // --stream 0 of nasa (default would be stream 3, 480x270).
     let nasa = "torchcodec/nasa_13013.mp4";
     let npy = dir.path().join("nasa.npy");
-    ok_stdout(&[
-        "get",
-        "--addr",
-        &d.addr,
-        "--dataset",
-        MEDIA,
-        "--video",
-        nasa,
-        "--frames",
-        "35",
-        "--stream",
-        "0",
-        "--out",
-        npy.to_str().unwrap(),
-    ]);
+    get_npy(&d.addr, nasa, &["--frames", "35", "--stream", "0"], &npy);
     let data = read_u8_npy(&npy, &[1, 180, 320, 3]);
     let want = read_pt(&media_path(
         "torchcodec/refs/nasa_13013.mp4.stream0.frame000035.pt",
