@@ -356,16 +356,20 @@ impl Engine {
         self.validate(req)?;
         self.dataset(&req.dataset)?;
 
-        // Index every distinct video once, in parallel on blocking threads.
+        // Index every distinct video once, in parallel on blocking threads. `clip_video[i]` is the
+        // position of clip i's video in `distinct`.
         let mut distinct: Vec<(String, Option<u32>)> = Vec::new();
-        for c in &req.clips {
-            if !distinct
-                .iter()
-                .any(|(v, s)| *v == c.video && *s == c.stream)
-            {
-                distinct.push((c.video.clone(), c.stream));
-            }
-        }
+        let mut position: HashMap<(&str, Option<u32>), usize> = HashMap::new();
+        let clip_video: Vec<usize> = req
+            .clips
+            .iter()
+            .map(|c| {
+                *position.entry((&c.video, c.stream)).or_insert_with(|| {
+                    distinct.push((c.video.clone(), c.stream));
+                    distinct.len() - 1
+                })
+            })
+            .collect();
         let mut handles = Vec::with_capacity(distinct.len());
         for (video, stream) in &distinct {
             let (this, d, v, s) = (self.clone(), req.dataset.clone(), video.clone(), *stream);
@@ -382,17 +386,11 @@ impl Engine {
                     .map_err(|e| Error::Internal(format!("index task failed: {e}")))??,
             );
         }
-        let video_of = |c: &ClipRequest| {
-            distinct
-                .iter()
-                .position(|(v, s)| *v == c.video && *s == c.stream)
-                .unwrap_or(0)
-        };
 
         // Positions → frame numbers.
         let mut clip_frames: Vec<Vec<usize>> = Vec::with_capacity(req.clips.len());
-        for c in &req.clips {
-            let (_, index, _) = &videos[video_of(c)];
+        for (c, &vi) in req.clips.iter().zip(&clip_video) {
+            let (_, index, _) = &videos[vi];
             clip_frames.push(resolve_positions(&c.video, index, &c.positions)?);
         }
 
@@ -406,12 +404,9 @@ impl Engine {
                 &self.limits,
             )?);
         }
-        let (w, h) = {
-            let g = geometries[video_of(&req.clips[0])];
-            display_dims(g)
-        };
-        for c in &req.clips {
-            let g = geometries[video_of(c)];
+        let (w, h) = display_dims(geometries[clip_video[0]]);
+        for (c, &vi) in req.clips.iter().zip(&clip_video) {
+            let g = geometries[vi];
             // With a crop, frames of other sizes are fine as long as each holds the crop (batch checks).
             if req.transform.batch.crop.is_none() && display_dims(g) != (w, h) {
                 let (w2, h2) = display_dims(g);
@@ -422,8 +417,8 @@ impl Engine {
             }
         }
         let t = clip_frames[0].len();
-        for c in &req.clips {
-            let (cw, ch) = display_dims(geometries[video_of(c)]);
+        for &vi in &clip_video {
+            let (cw, ch) = display_dims(geometries[vi]);
             batch::output_shape(1, t, cw, ch, &req.transform.batch)?;
         }
         let shape = batch::output_shape(req.clips.len(), t, w, h, &req.transform.batch)?;
@@ -437,15 +432,12 @@ impl Engine {
 
         // Frames, per video.
         // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.
+        let mut wanted: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); videos.len()];
+        for (frames, &vi) in clip_frames.iter().zip(&clip_video) {
+            wanted[vi].extend(frames.iter().copied());
+        }
         let mut fetches = Vec::with_capacity(videos.len());
-        for (i, (id, _, source)) in videos.iter().enumerate() {
-            let wanted: BTreeSet<usize> = req
-                .clips
-                .iter()
-                .zip(&clip_frames)
-                .filter(|(c, _)| video_of(c) == i)
-                .flat_map(|(_, f)| f.iter().copied())
-                .collect();
+        for (i, ((id, _, source), wanted)) in videos.iter().zip(wanted).enumerate() {
             fetches.push(self.fetch(id, source, geometries[i], wanted));
         }
         let mut stats = RequestStats::default();
@@ -465,8 +457,7 @@ impl Engine {
         // Assemble.
         let mut frames_by_clip: Vec<Vec<Arc<Frame>>> = Vec::with_capacity(req.clips.len());
         let mut metas = Vec::with_capacity(req.clips.len());
-        for (c, frames) in req.clips.iter().zip(&clip_frames) {
-            let vi = video_of(c);
+        for ((c, frames), &vi) in req.clips.iter().zip(&clip_frames).zip(&clip_video) {
             let index = &videos[vi].1;
             let mut list = Vec::with_capacity(frames.len());
             for k in frames {
