@@ -364,20 +364,32 @@ impl Converter {
 
 /// Converts a decoded frame to RGB24 at the geometry's size and orientation.
 ///
-/// Rotation happens where the FFmpeg CLI's autorotation puts it: before scaling. A resized frame of a
-/// rotated video therefore has its planes transposed first (for planar 8-bit formats whose chroma grid
-/// survives the transpose) and is then converted and scaled in one swscale call, which equals
-/// `ffmpeg -i F -vf scale=W:H:flags=bilinear` exactly. At native size, and for other formats, the RGB image
-/// is rotated after conversion (lossless, so exact at native size).
+/// Rotation happens where the FFmpeg CLI's autorotation puts it: on the decoded planes, before the
+/// conversion (and any scaling), as its `transpose`/`hflip,vflip` filters do. swscale's chroma filtering is
+/// not symmetric in x and y, so rotating the RGB image afterwards would differ for most formats (10-bit
+/// 4:2:0 by up to 104 levels). 4:2:2 turned by 90/270 follows the CLI's format negotiation (see below).
+/// Formats whose planes cannot be rotated (packed, palette) fall back to rotating the RGB image, which
+/// may differ from the CLI.
 fn convert_frame(
     converter: &mut Option<Converter>,
     frame: &ff::frame::Video,
     geometry: Geometry,
 ) -> Result<Frame, String> {
-    let resized =
-        (geometry.scaled_width, geometry.scaled_height) != (frame.width(), frame.height());
-    if geometry.rotation != 0 && resized {
-        if let Some(rotated) = rotate_planes(frame, geometry.rotation) {
+    if geometry.rotation != 0 {
+        let widened;
+        let mut source = frame;
+        let resized =
+            (geometry.scaled_width, geometry.scaled_height) != (frame.width(), frame.height());
+        if geometry.rotation != 180 && resized {
+            // `transpose` takes no 4:2:2. Before a scale filter the CLI's format negotiation converts such
+            // frames to 4:4:4 (swscale's default, bicubic, scaler) and so does this; at native size it
+            // converts straight to RGB before transposing, which is the fallback below.
+            if let Some(wide) = chroma_444(frame)? {
+                widened = wide;
+                source = &widened;
+            }
+        }
+        if let Some(rotated) = rotate_planes(source, geometry.rotation) {
             let (w, h) = if geometry.rotation == 180 {
                 (geometry.scaled_width, geometry.scaled_height)
             } else {
@@ -395,17 +407,63 @@ fn convert_frame(
     Ok(rotate_rgb(converted, geometry.rotation))
 }
 
-/// Rotates every plane of a planar 8-bit frame clockwise, as FFmpeg's `transpose`/`hflip,vflip` filters
-/// do; None for formats this does not handle (the caller rotates in RGB instead).
-fn rotate_planes(frame: &ff::frame::Video, rotation: u32) -> Option<ff::frame::Video> {
+/// A 4:2:2 frame converted to the 4:4:4 format the CLI's autorotation would convert it to; None for
+/// other formats.
+fn chroma_444(frame: &ff::frame::Video) -> Result<Option<ff::frame::Video>, String> {
     use ff::format::Pixel;
-    let transposes = rotation == 90 || rotation == 270;
-    let ok = match frame.format() {
-        Pixel::YUV420P | Pixel::YUVJ420P | Pixel::YUV444P | Pixel::YUVJ444P | Pixel::GRAY8 => true,
-        Pixel::YUV422P | Pixel::YUVJ422P => !transposes,
-        _ => false,
+    let target = match frame.format() {
+        Pixel::YUV422P => Pixel::YUV444P,
+        Pixel::YUVJ422P => Pixel::YUVJ444P,
+        Pixel::YUV422P10LE => Pixel::YUV444P10LE,
+        Pixel::YUV422P12LE => Pixel::YUV444P12LE,
+        _ => return Ok(None),
     };
-    if !ok || !matches!(rotation, 90 | 180 | 270) {
+    let (w, h) = (frame.width(), frame.height());
+    let mut ctx = ff::software::scaling::Context::get(
+        frame.format(),
+        w,
+        h,
+        target,
+        w,
+        h,
+        ff::software::scaling::Flags::empty(),
+    )
+    .map_err(|e| format!("swscale cannot widen {:?}: {e}", frame.format()))?;
+    let mut out = ff::frame::Video::new(target, w, h);
+    ctx.run(frame, &mut out)
+        .map_err(|e| format!("swscale failed: {e}"))?;
+    out.set_color_space(frame.color_space());
+    out.set_color_range(frame.color_range());
+    Ok(Some(out))
+}
+
+/// Bytes per sample of a planar format whose planes can be rotated sample by sample (every component
+/// 1 or 2 bytes, the same for all), and whether its chroma grid is square (needed to transpose).
+fn planar_layout(format: ff::format::Pixel) -> Option<(usize, bool)> {
+    // SAFETY: av_pix_fmt_desc_get returns a pointer to a static descriptor, or null for unknown formats.
+    let desc = unsafe { ff::ffi::av_pix_fmt_desc_get(format.into()).as_ref()? };
+    let flags = desc.flags;
+    let planar = flags & ff::ffi::AV_PIX_FMT_FLAG_PLANAR as u64 != 0 || desc.nb_components == 1;
+    let odd = (ff::ffi::AV_PIX_FMT_FLAG_PAL
+        | ff::ffi::AV_PIX_FMT_FLAG_BITSTREAM
+        | ff::ffi::AV_PIX_FMT_FLAG_HWACCEL) as u64;
+    if !planar || flags & odd != 0 || desc.nb_components == 0 {
+        return None;
+    }
+    let comps = &desc.comp[..desc.nb_components as usize];
+    let step = comps[0].step;
+    if !(step == 1 || step == 2) || comps.iter().any(|c| c.step != step || c.offset != 0) {
+        return None;
+    }
+    Some((step as usize, desc.log2_chroma_w == desc.log2_chroma_h))
+}
+
+/// Rotates every plane of a planar frame clockwise (8- or 16-bit samples), as FFmpeg's `transpose` and
+/// `hflip,vflip` filters do; None for formats this does not handle.
+fn rotate_planes(frame: &ff::frame::Video, rotation: u32) -> Option<ff::frame::Video> {
+    let transposes = rotation == 90 || rotation == 270;
+    let (bytes, square_chroma) = planar_layout(frame.format())?;
+    if (transposes && !square_chroma) || !matches!(rotation, 90 | 180 | 270) {
         return None;
     }
     let (w, h) = (frame.width(), frame.height());
@@ -429,7 +487,9 @@ fn rotate_planes(frame: &ff::frame::Video, rotation: u32) -> Option<ff::frame::V
                     270 => (y, pw - 1 - x),
                     _ => (pw - 1 - x, ph - 1 - y),
                 };
-                dst[oy * dst_stride + ox] = src[y * src_stride + x];
+                let s = y * src_stride + x * bytes;
+                let d = oy * dst_stride + ox * bytes;
+                dst[d..d + bytes].copy_from_slice(&src[s..s + bytes]);
             }
         }
     }
