@@ -795,10 +795,13 @@ fn geometry_for(
         Resize::ShortSide(s) => {
             let (s64, w64, h64) = (s as u64, dw as u64, dh as u64);
             // Round half up, at least 1 pixel.
+            // Computed in u64 and clamped before narrowing, so extreme aspect ratios cannot wrap into a
+            // size that passes the check below.
+            let narrow = |v: u64| v.clamp(1, u32::MAX as u64) as u32;
             if dw <= dh {
-                (s, ((h64 * s64 * 2 + w64) / (2 * w64)).max(1) as u32)
+                (s, narrow((h64 * s64 * 2 + w64) / (2 * w64)))
             } else {
-                (((w64 * s64 * 2 + h64) / (2 * h64)).max(1) as u32, s)
+                (narrow((w64 * s64 * 2 + h64) / (2 * h64)), s)
             }
         }
     };

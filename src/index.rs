@@ -108,7 +108,11 @@ impl VideoIndex {
     /// From the first frame's pts to the end of the last frame.
     pub fn duration_seconds(&self) -> f64 {
         match (self.frames.first(), self.frames.last()) {
-            (Some(first), Some(last)) => self.seconds(last.pts + last.duration - first.pts),
+            (Some(first), Some(last)) => self.seconds(
+                last.pts
+                    .saturating_add(last.duration)
+                    .saturating_sub(first.pts),
+            ),
             _ => 0.0,
         }
     }
@@ -141,7 +145,7 @@ impl VideoIndex {
         if !t.is_finite() || t < self.seconds(first.pts) {
             return Lookup::OutOfRange;
         }
-        if t >= self.seconds(last.pts + last.duration) {
+        if t >= self.seconds(last.pts.saturating_add(last.duration)) {
             return if self.declared_frames > self.frames.len() as u64 {
                 Lookup::Lost
             } else {
@@ -334,7 +338,7 @@ pub fn build(
             (None, Some(end)) => end,
             (None, None) => 0,
         };
-        prev_end = Some(pts + dur);
+        prev_end = Some(pts.saturating_add(dur));
         frames.push(FrameEntry {
             pts,
             duration: dur,
@@ -345,7 +349,7 @@ pub fn build(
     for i in 0..frames.len().saturating_sub(1) {
         let next = frames[i + 1].pts;
         if next > frames[i].pts {
-            frames[i].duration = next - frames[i].pts;
+            frames[i].duration = next.saturating_sub(frames[i].pts);
         }
     }
     let mut keyframes: Vec<usize> = frames

@@ -664,14 +664,6 @@ fn decode_in(
     while !done {
         while video.decoder.receive_frame(&mut frame).is_ok() {
             out.decoded += 1;
-            if watch_damage && frame_damaged(&frame) {
-                let near = video.next_frame.unwrap_or(run.keyframe);
-                video.next_frame = None;
-                return Err(DecodeError::Damaged {
-                    path: path.clone(),
-                    frame: near,
-                });
-            }
             let k = match index.seek {
                 SeekMode::ByPts => {
                     let pts = frame.pts().or(frame.timestamp());
@@ -690,6 +682,15 @@ fn decode_in(
                 }
                 SeekMode::FromStart => video.next_frame.unwrap_or(0),
             };
+            // Damage counts from the run's keyframe on: frames before it (leading frames of an open GOP
+            // after a seek) lack their references and are flagged corrupt in any clean file.
+            if watch_damage && k >= run.keyframe && frame_damaged(&frame) {
+                video.next_frame = None;
+                return Err(DecodeError::Damaged {
+                    path: path.clone(),
+                    frame: k,
+                });
+            }
             video.next_frame = Some(k + 1);
             if let Ok(slot) = run.wanted.binary_search(&k) {
                 if !emitted[slot] {
