@@ -56,6 +56,21 @@ fn array<'a>(v: &'a Value, what: &str) -> &'a Vec<Value> {
         .unwrap_or_else(|| panic!("{what}: not an array: {v}"))
 }
 
+/// Runs `vserve probe --addr A --dataset media --video V EXTRA...` and returns its stdout.
+fn probe_json(addr: &str, video: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "probe",
+        "--addr",
+        addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        video,
+    ];
+    args.extend_from_slice(extra);
+    ok_stdout(&args)
+}
+
 /// Runs `vserve get --addr A --dataset media --video V EXTRA... --out OUT` and expects success.
 fn get_npy(addr: &str, video: &str, extra: &[&str], out: &Path) {
     let mut args = vec!["get", "--addr", addr, "--dataset", MEDIA, "--video", video];
@@ -83,15 +98,7 @@ fn read_u8_npy(path: &Path, shape: &[usize]) -> Vec<u8> {
 async fn probe_prints_the_frame_table_as_json() {
     let d = Daemon::start().await;
     let csv = RefCsv::for_video(BIKES);
-    let out = ok_stdout(&[
-        "probe",
-        "--addr",
-        &d.addr,
-        "--dataset",
-        MEDIA,
-        "--video",
-        BIKES,
-    ]);
+    let out = probe_json(&d.addr, BIKES, &[]);
     let v = json(&out);
     assert_eq!(
         u64_of(&v["frame_count"], "frame_count"),
@@ -110,18 +117,7 @@ async fn probe_prints_the_frame_table_as_json() {
     let time_base = v["time_base"].clone();
 
     // --pts adds every frame's pts; --stream selects by container index.
-    let out = ok_stdout(&[
-        "probe",
-        "--addr",
-        &d.addr,
-        "--dataset",
-        MEDIA,
-        "--video",
-        BIKES,
-        "--stream",
-        "0",
-        "--pts",
-    ]);
+    let out = probe_json(&d.addr, BIKES, &["--stream", "0", "--pts"]);
     let v = json(&out);
     let pts: Vec<i64> = array(&v["pts"], "pts")
         .iter()
@@ -130,15 +126,7 @@ async fn probe_prints_the_frame_table_as_json() {
     let want: Vec<i64> = csv.frames.iter().map(|f| f.pts.expect("pts")).collect();
     assert_eq!(pts, want, "pts equal ffmpeg's");
 
-    let out = ok_stdout(&[
-        "probe",
-        "--addr",
-        &d.addr,
-        "--dataset",
-        MEDIA,
-        "--video",
-        "torchcodec/nasa_13013.mp4",
-    ]);
+    let out = probe_json(&d.addr, "torchcodec/nasa_13013.mp4", &[]);
     let v = json(&out);
     assert_eq!(u64_of(&v["stream"], "stream"), 3, "default stream");
     assert_eq!(u64_of(&v["frame_count"], "frame_count"), 390);
