@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // Chunks are slices of one buffer: Bytes makes them zero-copy.
         .bytes(".vserve.v1.GetClipsResponse.data")
+        .bytes(".vserve.v1.StreamBatchesResponse.data")
         .compile_fds(fds)?;
     Ok(())
 }

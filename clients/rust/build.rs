@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(false)
         // Received chunks stay slices of the receive buffer until reassembly copies them once.
         .bytes(".vserve.v1.GetClipsResponse.data")
+        .bytes(".vserve.v1.StreamBatchesResponse.data")
         .compile_fds(fds)?;
     Ok(())
 }

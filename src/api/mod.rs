@@ -217,6 +217,7 @@ impl pb::v_serve_server::VServe for Api {
                     frame_indices: c.frames,
                     pts: c.pts,
                     pts_seconds: c.pts_seconds,
+                    ..Default::default()
                 })
                 .collect(),
             nbytes: reply.data.len() as u64,
@@ -228,6 +229,7 @@ impl pb::v_serve_server::VServe for Api {
                 shared_frames: reply.stats.shared_frames,
                 frames_skipped: reply.stats.frames_skipped,
             }),
+            ..Default::default()
         };
         let data = bytes::Bytes::from(reply.data);
         let mut messages = Vec::with_capacity(data.len() / CHUNK_BYTES + 1);
@@ -246,6 +248,16 @@ impl pb::v_serve_server::VServe for Api {
             }
         }
         Ok(Response::new(Box::pin(tokio_stream::iter(messages))))
+    }
+
+    type StreamBatchesStream =
+        Pin<Box<dyn Stream<Item = Result<pb::StreamBatchesResponse, Status>> + Send>>;
+
+    async fn stream_batches(
+        &self,
+        _request: Request<pb::StreamBatchesRequest>,
+    ) -> Result<Response<Self::StreamBatchesStream>, Status> {
+        Err(Status::unimplemented("StreamBatches is being built"))
     }
 
     async fn list_datasets(
@@ -285,6 +297,7 @@ impl pb::v_serve_server::VServe for Api {
             decode_queue_depth: s.decode_queue_depth,
             shared_frames: s.shared_frames,
             frames_skipped: s.frames_skipped,
+            ..Default::default()
         }))
     }
 }
