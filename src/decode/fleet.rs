@@ -1,15 +1,25 @@
-//! The decode fleet: named OS threads that run a [`Backend`] behind one bounded queue.
+//! The decode fleet: named OS threads that run a [`Backend`] behind a fair, bounded queue.
 //!
-//! Input: [`Job`]s (a video, a GOP run, a geometry, and what to do with the result). Output: each job's
-//! `on_done` is called exactly once, on the decode thread, with the run's frames or an error.
+//! Input: [`Job`]s (a video, a GOP run, a geometry, the tenant it is for, and what to do with the
+//! result). Output: each job's `on_done` is called exactly once, on the decode thread, with the run's
+//! frames or an error.
 //!
-//! Decoding never runs on the async runtime. Submitting never blocks: a full queue answers
-//! [`DecodeError::Overloaded`] at once. A job nobody waits for any more is skipped, not decoded. A panic
-//! inside a backend fails that job only; the thread gets a fresh backend and keeps serving.
+//! Fair share: every tenant (one stream, or one GetClips call) has its own FIFO; a free thread takes the
+//! next job of the next tenant in round-robin order, so N tenants with work queued get about 1/N of the
+//! threads each, however much each has queued.
+//!
+//! Decoding never runs on the async runtime. Submitting never blocks: when the queue holds `capacity`
+//! jobs, a bounded submission answers [`DecodeError::Overloaded`] at once (streams, whose queued work
+//! their prefetch depth already bounds, submit without that check). A job nobody waits for any more is
+//! skipped, not decoded. A panic inside a backend fails that job only; the thread gets a fresh backend
+//! and keeps serving.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
 
@@ -37,6 +47,8 @@ impl PendingRun {
 }
 
 pub struct Job {
+    /// Who the job is for: the unit of fair share.
+    pub tenant: u64,
     pub source: VideoSource,
     /// Shared with the engine's single-flight table, which may extend it until it starts.
     pub run: Arc<parking_lot::Mutex<PendingRun>>,
@@ -58,8 +70,79 @@ pub struct FleetCounters {
     pub panics: AtomicU64,
 }
 
+/// The queue: one FIFO per tenant and the round-robin ring of tenants that have jobs.
+#[derive(Default)]
+struct Queues {
+    per_tenant: HashMap<u64, VecDeque<Job>>,
+    ring: VecDeque<u64>,
+    len: usize,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Scheduler {
+    queues: Mutex<Queues>,
+    ready: Condvar,
+}
+
+impl Scheduler {
+    fn push(&self, job: Job, capacity: Option<usize>) -> Result<(), DecodeError> {
+        let mut q = self.queues.lock();
+        if q.closed {
+            return Err(DecodeError::ShuttingDown);
+        }
+        if let Some(cap) = capacity {
+            if q.len >= cap {
+                return Err(DecodeError::Overloaded(cap));
+            }
+        }
+        let tenant = job.tenant;
+        let fifo = q.per_tenant.entry(tenant).or_default();
+        fifo.push_back(job);
+        if fifo.len() == 1 {
+            q.ring.push_back(tenant);
+        }
+        q.len += 1;
+        drop(q);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The next job in round-robin order; None once closed and empty.
+    fn pop(&self) -> Option<Job> {
+        let mut q = self.queues.lock();
+        loop {
+            if let Some(tenant) = q.ring.pop_front() {
+                let Some(fifo) = q.per_tenant.get_mut(&tenant) else {
+                    continue;
+                };
+                let job = fifo.pop_front();
+                if fifo.is_empty() {
+                    q.per_tenant.remove(&tenant);
+                } else {
+                    q.ring.push_back(tenant);
+                }
+                if job.is_some() {
+                    q.len -= 1;
+                    return job;
+                }
+                continue;
+            }
+            if q.closed {
+                return None;
+            }
+            self.ready.wait(&mut q);
+        }
+    }
+
+    fn close(&self) {
+        self.queues.lock().closed = true;
+        self.ready.notify_all();
+    }
+}
+
 pub struct Fleet {
-    tx: Option<crossbeam_channel::Sender<Job>>,
+    scheduler: Arc<Scheduler>,
     threads: Vec<JoinHandle<()>>,
     capacity: usize,
     pub counters: Arc<FleetCounters>,
@@ -74,11 +157,11 @@ impl Fleet {
         capacity: usize,
         factory: BackendFactory,
     ) -> std::io::Result<Fleet> {
-        let (tx, rx) = crossbeam_channel::bounded::<Job>(capacity.max(1));
+        let scheduler = Arc::new(Scheduler::default());
         let counters = Arc::new(FleetCounters::default());
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads.max(1) {
-            let rx = rx.clone();
+            let rx = scheduler.clone();
             let counters = counters.clone();
             let factory = factory.clone();
             let handle = std::thread::Builder::new()
@@ -87,31 +170,32 @@ impl Fleet {
             handles.push(handle);
         }
         Ok(Fleet {
-            tx: Some(tx),
+            scheduler,
             threads: handles,
-            capacity,
+            capacity: capacity.max(1),
             counters,
         })
     }
 
-    /// Queues a job without blocking. A refused job is dropped without calling its `on_done`.
+    /// Queues a job without blocking; a full queue refuses it. A refused job is dropped without calling
+    /// its `on_done`.
     pub fn submit(&self, job: Job) -> Result<(), DecodeError> {
-        let Some(tx) = &self.tx else {
-            return Err(DecodeError::ShuttingDown);
-        };
+        self.push(job, Some(self.capacity))
+    }
+
+    /// Queues a job whatever the queue's length: for callers whose queued work is bounded already (a
+    /// stream's prefetch).
+    pub fn submit_unbounded(&self, job: Job) -> Result<(), DecodeError> {
+        self.push(job, None)
+    }
+
+    fn push(&self, job: Job, capacity: Option<usize>) -> Result<(), DecodeError> {
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        match tx.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-                Err(match e {
-                    crossbeam_channel::TrySendError::Full(_) => {
-                        DecodeError::Overloaded(self.capacity)
-                    }
-                    crossbeam_channel::TrySendError::Disconnected(_) => DecodeError::ShuttingDown,
-                })
-            }
+        let pushed = self.scheduler.push(job, capacity);
+        if pushed.is_err() {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
         }
+        pushed
     }
 
     pub fn queue_depth(&self) -> usize {
@@ -120,7 +204,7 @@ impl Fleet {
 
     /// Stops accepting jobs, lets the threads finish what is queued, and joins them.
     pub fn shutdown(&mut self) {
-        self.tx.take();
+        self.scheduler.close();
         for handle in self.threads.drain(..) {
             if handle.join().is_err() {
                 tracing::error!("decode thread panicked outside a job");
@@ -135,15 +219,12 @@ impl Drop for Fleet {
     }
 }
 
-fn worker(
-    rx: crossbeam_channel::Receiver<Job>,
-    counters: Arc<FleetCounters>,
-    factory: BackendFactory,
-) {
+fn worker(rx: Arc<Scheduler>, counters: Arc<FleetCounters>, factory: BackendFactory) {
     let mut backend = factory();
-    while let Ok(job) = rx.recv() {
+    while let Some(job) = rx.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         let Job {
+            tenant: _,
             source,
             run,
             geometry,
