@@ -440,11 +440,13 @@ impl Plan {
                 None => {
                     let (c, failure) = count_clips(&self.ctx, self.pos).await;
                     if let Some(f) = failure {
-                        if f.is_fatal() || (self.ctx.req.on_error == OnError::Fail && !f.too_short)
-                        {
+                        let sample = self.ctx.shard[self.pos];
+                        if f.is_fatal() {
                             return Some(Err(f.into_error()));
                         }
-                        let sample = self.ctx.shard[self.pos];
+                        if self.ctx.req.on_error == OnError::Fail && !f.too_short {
+                            return Some(Err(fail_error(&self.ctx, sample, &f)));
+                        }
                         skipped.push(skip_record(&self.ctx, sample, &f));
                     }
                     self.count_at_pos = Some(c);
@@ -467,6 +469,14 @@ impl Plan {
         self.batch += 1;
         Some(Ok((batch, slots, skipped)))
     }
+}
+
+/// The error ending a stream under [`OnError::Fail`]: DATA_LOSS naming the sample and its own error.
+fn fail_error(ctx: &Context, sample: usize, f: &Failure) -> Error {
+    Error::DataLoss(format!(
+        "sample {sample} ({:?}) cannot be read (on_error = fail): {}: {}",
+        ctx.samples.samples[sample].video, f.code, f.message
+    ))
 }
 
 fn skip_record(ctx: &Context, sample: usize, f: &Failure) -> Skipped {
@@ -640,7 +650,7 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
                         }
                         if off == 0 {
                             if ctx.req.on_error == OnError::Fail && !f.too_short {
-                                return Err(f.into_error());
+                                return Err(fail_error(ctx, slot_sample, &f));
                             }
                             skipped.push(skip_record(ctx, slot_sample, &f));
                         }
@@ -696,7 +706,7 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
                     let off = offset[&p];
                     if off == 0 {
                         if ctx.req.on_error == OnError::Fail {
-                            return Err(f.into_error());
+                            return Err(fail_error(ctx, ctx.shard[p], &f));
                         }
                         skipped.push(skip_record(ctx, ctx.shard[p], &f));
                     }

@@ -71,22 +71,32 @@ pub struct FleetCounters {
 }
 
 /// The queue: one FIFO per tenant and the round-robin ring of tenants that have jobs.
-#[derive(Default)]
-struct Queues {
-    per_tenant: HashMap<u64, VecDeque<Job>>,
+struct Queues<T> {
+    per_tenant: HashMap<u64, VecDeque<T>>,
     ring: VecDeque<u64>,
     len: usize,
     closed: bool,
 }
 
-#[derive(Default)]
-struct Scheduler {
-    queues: Mutex<Queues>,
+struct Scheduler<T> {
+    queues: Mutex<Queues<T>>,
     ready: Condvar,
 }
 
-impl Scheduler {
-    fn push(&self, job: Job, capacity: Option<usize>) -> Result<(), DecodeError> {
+impl<T> Scheduler<T> {
+    fn new() -> Self {
+        Scheduler {
+            queues: Mutex::new(Queues {
+                per_tenant: HashMap::new(),
+                ring: VecDeque::new(),
+                len: 0,
+                closed: false,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn push(&self, tenant: u64, job: T, capacity: Option<usize>) -> Result<(), DecodeError> {
         let mut q = self.queues.lock();
         if q.closed {
             return Err(DecodeError::ShuttingDown);
@@ -96,7 +106,6 @@ impl Scheduler {
                 return Err(DecodeError::Overloaded(cap));
             }
         }
-        let tenant = job.tenant;
         let fifo = q.per_tenant.entry(tenant).or_default();
         fifo.push_back(job);
         if fifo.len() == 1 {
@@ -109,7 +118,7 @@ impl Scheduler {
     }
 
     /// The next job in round-robin order; None once closed and empty.
-    fn pop(&self) -> Option<Job> {
+    fn pop(&self) -> Option<T> {
         let mut q = self.queues.lock();
         loop {
             if let Some(tenant) = q.ring.pop_front() {
@@ -142,7 +151,7 @@ impl Scheduler {
 }
 
 pub struct Fleet {
-    scheduler: Arc<Scheduler>,
+    scheduler: Arc<Scheduler<Job>>,
     threads: Vec<JoinHandle<()>>,
     capacity: usize,
     pub counters: Arc<FleetCounters>,
@@ -157,7 +166,7 @@ impl Fleet {
         capacity: usize,
         factory: BackendFactory,
     ) -> std::io::Result<Fleet> {
-        let scheduler = Arc::new(Scheduler::default());
+        let scheduler = Arc::new(Scheduler::new());
         let counters = Arc::new(FleetCounters::default());
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads.max(1) {
@@ -191,7 +200,7 @@ impl Fleet {
 
     fn push(&self, job: Job, capacity: Option<usize>) -> Result<(), DecodeError> {
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        let pushed = self.scheduler.push(job, capacity);
+        let pushed = self.scheduler.push(job.tenant, job, capacity);
         if pushed.is_err() {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
         }
@@ -219,7 +228,7 @@ impl Drop for Fleet {
     }
 }
 
-fn worker(rx: Arc<Scheduler>, counters: Arc<FleetCounters>, factory: BackendFactory) {
+fn worker(rx: Arc<Scheduler<Job>>, counters: Arc<FleetCounters>, factory: BackendFactory) {
     let mut backend = factory();
     while let Some(job) = rx.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
@@ -266,5 +275,55 @@ fn worker(rx: Arc<Scheduler>, counters: Arc<FleetCounters>, factory: BackendFact
                 .fetch_add(out.skipped, Ordering::Relaxed);
         }
         on_done(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_take_turns_and_the_bound_applies_to_bounded_pushes() {
+        let s = Scheduler::new();
+        // Tenant 1 queues six jobs before tenant 2 queues two and tenant 3 one.
+        for i in 0..6 {
+            s.push(1, (1, i), None).unwrap();
+        }
+        s.push(2, (2, 0), None).unwrap();
+        s.push(2, (2, 1), None).unwrap();
+        s.push(3, (3, 0), Some(100)).unwrap();
+        assert!(matches!(
+            s.push(4, (4, 0), Some(9)),
+            Err(DecodeError::Overloaded(9))
+        ));
+        let order: Vec<(u64, i32)> = std::iter::from_fn(|| {
+            let q = s.queues.lock();
+            if q.len == 0 {
+                return None;
+            }
+            drop(q);
+            s.pop()
+        })
+        .collect();
+        assert_eq!(
+            order,
+            vec![
+                (1, 0),
+                (2, 0),
+                (3, 0),
+                (1, 1),
+                (2, 1),
+                (1, 2),
+                (1, 3),
+                (1, 4),
+                (1, 5)
+            ]
+        );
+        s.close();
+        assert!(s.pop().is_none());
+        assert!(matches!(
+            s.push(1, (1, 9), None),
+            Err(DecodeError::ShuttingDown)
+        ));
     }
 }
