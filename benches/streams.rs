@@ -233,7 +233,7 @@ async fn run(args: Args) -> Result<()> {
             .cloned()
             .expect("one run")
     };
-    let mut trials = |reqs: Vec<proto::StreamBatchesRequest>| {
+    let trials = |reqs: Vec<proto::StreamBatchesRequest>| {
         let args = &args;
         let bin = bin.clone();
         let root = root.clone();
