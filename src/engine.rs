@@ -208,6 +208,8 @@ pub struct Engine {
     /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
     /// by decoding from then on.
     damaged: Mutex<std::collections::HashSet<VideoId>>,
+    /// Set when the server starts draining: streams end after the batch they are preparing.
+    draining: watch::Sender<bool>,
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
     /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
     index_permits: Arc<tokio::sync::Semaphore>,
@@ -254,6 +256,7 @@ impl Engine {
             manifests,
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             damaged: Mutex::new(std::collections::HashSet::new()),
+            draining: watch::channel(false).0,
         }))
     }
 
@@ -290,6 +293,16 @@ impl Engine {
             samples_skipped: self.streams.skipped.load(Ordering::Relaxed),
             batches_sent: self.streams.batches.load(Ordering::Relaxed),
         }
+    }
+
+    /// Starts the drain: open streams send the batch they are preparing, then end with UNAVAILABLE
+    /// (the client resumes from the next batch elsewhere or later).
+    pub fn begin_drain(&self) {
+        self.draining.send_replace(true);
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        *self.draining.borrow()
     }
 
     pub(crate) fn stream_counters(&self) -> &StreamCounters {

@@ -119,6 +119,7 @@ pub async fn serve_engine(
         }
     }
     let _ = stop_tx.send(true);
+    engine.begin_drain();
     let drain = async {
         while let Some(done) = tasks.join_next().await {
             if let Ok(Err(e)) = done {

@@ -149,6 +149,30 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("connect {}: {e}", self.addr))
     }
 
+    /// Sends SIGTERM to the daemon.
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -TERM failed");
+    }
+
+    /// Waits (serving the async runtime) until the daemon exits; its exit code, or None on timeout.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status.code());
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Whether the daemon process is still alive.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
