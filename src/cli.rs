@@ -90,6 +90,9 @@ pub struct ServeArgs {
     /// Seconds calls in flight may take to finish after SIGTERM/SIGINT (a second signal stops at once).
     #[arg(long, env = "VSERVE_SHUTDOWN_GRACE", value_name = "SECONDS")]
     pub shutdown_grace: Option<f64>,
+    /// Directory for shared-memory batch arenas (a tmpfs).
+    #[arg(long, env = "VSERVE_SHM_DIR", value_name = "DIR")]
+    pub shm_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -294,6 +297,7 @@ struct FileConfig {
     max_output_bytes: Option<toml::Value>,
     max_prefetch: Option<usize>,
     shutdown_grace: Option<f64>,
+    shm_dir: Option<PathBuf>,
 }
 
 fn size_value(key: &str, v: &toml::Value) -> Result<u64, ConfigError> {
@@ -404,7 +408,20 @@ impl ServeArgs {
                 "must be 0..=3600 seconds",
             ));
         }
+        let shm_dir = self
+            .shm_dir
+            .clone()
+            .or(file.shm_dir)
+            .unwrap_or_else(|| PathBuf::from("/dev/shm"));
+        if !shm_dir.is_dir() {
+            return Err(ConfigError::new(
+                "shm-dir",
+                shm_dir.display().to_string(),
+                "not a directory",
+            ));
+        }
         Ok(Config {
+            shm_dir,
             shutdown_grace: std::time::Duration::from_secs_f64(grace),
             listen,
             datasets,
@@ -429,7 +446,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -448,6 +465,7 @@ pub fn config_to_toml(c: &Config) -> String {
         c.limits.max_output_bytes,
         c.limits.max_prefetch,
         c.shutdown_grace.as_secs_f64(),
+        c.shm_dir.display().to_string(),
     )
 }
 

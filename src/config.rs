@@ -85,6 +85,8 @@ pub struct Config {
     pub limits: Limits,
     /// How long calls in flight may take to finish after SIGTERM/SIGINT.
     pub shutdown_grace: std::time::Duration,
+    /// Where shared-memory arenas are created (transport SHM).
+    pub shm_dir: PathBuf,
 }
 
 /// A bad setting: which key, which value, what is wrong.
