@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -212,3 +213,42 @@ def assert_array_equal(got: np.ndarray, want: np.ndarray, what: str = "array") -
             f"{what}: {len(diff)} of {got.size} values differ; first at {first}: {got[first]} != {want[first]}, "
             f"max |diff| {np.abs(got.astype(np.float64) - want.astype(np.float64)).max()}"
         )
+
+
+# ------------------------------------------------------------------------------------------------------
+# The stand-in daemon (fake_daemon.py) for the client's streaming path
+
+
+class FakeDaemon:
+    def __init__(self, root: Path):
+        self.addr = f"unix:{root / 'fake.sock'}"
+        self.calls_log = root / "fake.sock.calls"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("fake_daemon.py")), self.addr],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            self.proc.kill()
+            raise RuntimeError(f"fake daemon did not start (said {line!r})")
+
+    def calls(self) -> List[List[int]]:
+        """(rank, world_size, start_batch, prefetch) of every StreamBatches call so far."""
+        if not self.calls_log.exists():
+            return []
+        return [[int(x) for x in line.split()] for line in self.calls_log.read_text().splitlines()]
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def fake():
+    root = Path(tempfile.mkdtemp(prefix="vserve-fake"))
+    d = FakeDaemon(root)
+    yield d
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)

@@ -299,3 +299,20 @@ def test_iter_worker_batches_checks_the_batch_number():
 
     with pytest.raises(vserve_client.ProtocolError, match="asked for batch 1"):
         list(iter_worker_batches(wrong, 0, 1, 2))
+
+
+def test_resolve_rank():
+    from vserve_client.workers import resolve_rank
+
+    assert resolve_rank(None, None, None, {}) == (0, 1)
+    assert resolve_rank(None, None, None, {"RANK": "3", "WORLD_SIZE": "4"}) == (3, 4)
+    # torch.distributed, when initialised, wins over the environment; explicit arguments win over both.
+    assert resolve_rank(None, None, (1, 2), {"RANK": "3", "WORLD_SIZE": "4"}) == (1, 2)
+    assert resolve_rank(0, 8, (1, 2), {"RANK": "3"}) == (0, 8)
+    for bad in [dict(rank=1, world_size=None), dict(rank=2, world_size=2)]:
+        with pytest.raises(ValueError):
+            resolve_rank(bad["rank"], bad["world_size"], None, {})
+    with pytest.raises(ValueError, match="RANK='x'"):
+        resolve_rank(None, None, None, {"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError):
+        resolve_rank(None, None, None, {"RANK": "2", "WORLD_SIZE": "2"})

@@ -17,7 +17,7 @@ ahead for the worker that needs them next.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Mapping, Optional, Tuple
 
 from .batch import Batch
 from .errors import ProtocolError
@@ -63,3 +63,30 @@ def iter_worker_batches(
         b += num_workers
         if batch.batches_total and b >= batch.batches_total:
             return
+
+
+def resolve_rank(
+    rank: Optional[int],
+    world_size: Optional[int],
+    distributed: Optional[Tuple[int, int]],
+    env: Mapping[str, str],
+) -> Tuple[int, int]:
+    """This process's (rank, world size): given explicitly, else torch.distributed's when it is initialised
+    (``distributed`` = its (rank, world size), None when not), else the RANK and WORLD_SIZE environment
+    variables torchrun sets, else (0, 1)."""
+    if rank is not None or world_size is not None:
+        if rank is None or world_size is None:
+            raise ValueError(f"rank={rank} world_size={world_size}: give both or neither")
+        r, n = int(rank), int(world_size)
+    elif distributed is not None:
+        r, n = distributed
+    elif env.get("RANK") is not None or env.get("WORLD_SIZE") is not None:
+        try:
+            r, n = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+        except ValueError:
+            raise ValueError(f"RANK={env.get('RANK')!r} WORLD_SIZE={env.get('WORLD_SIZE')!r}: expected ints") from None
+    else:
+        r, n = 0, 1
+    if n < 1 or not 0 <= r < n:
+        raise ValueError(f"rank {r} of world size {n}: need 0 <= rank < world_size")
+    return r, n
