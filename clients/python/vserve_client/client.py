@@ -1,13 +1,14 @@
 """The client: one gRPC channel to one daemon, and a method per RPC.
 
-``Client(addr)`` with addr ``unix:/path.sock`` or ``host:port``. Calls raise
+``Client(addr)`` with addr ``unix:/path.sock``, ``host:port`` or ``https://host:port`` (TLS). Calls raise
 :class:`~vserve_client.errors.VServeError` subclasses (never ``grpc.RpcError``); batch bytes arrive through
 the transport chosen at construction (see :mod:`vserve_client.transport`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -24,22 +25,36 @@ from .workers import iter_worker_batches
 MAX_MESSAGE_BYTES = 64 << 20
 
 
-def _target(addr: str) -> str:
-    """A gRPC target from ``unix:/path.sock``, ``host:port`` or ``http://host:port``."""
+def _target(addr: str) -> Tuple[str, bool]:
+    """The gRPC target of ``unix:/path.sock``, ``host:port``, ``http://host:port`` or ``https://host:port``,
+    and whether it needs TLS."""
     if not isinstance(addr, str) or not addr:
         raise InvalidArgument(f"addr={addr!r}: expected unix:/path.sock or host:port")
     if addr.startswith("unix:"):
         if len(addr) == len("unix:"):
             raise InvalidArgument(f"addr={addr!r}: no socket path after 'unix:'")
-        return addr
-    for scheme in ("http://", "grpc://"):
-        if addr.startswith(scheme):
-            addr = addr[len(scheme) :]
-    addr = addr.rstrip("/")
-    host, sep, port = addr.rpartition(":")
+        return addr, False
+    secure = addr.startswith("https://")
+    rest = addr
+    for scheme in ("http://", "https://"):
+        if rest.startswith(scheme):
+            rest = rest[len(scheme) :]
+    rest = rest.rstrip("/")
+    host, sep, port = rest.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise InvalidArgument(f"addr={addr!r}: expected unix:/path.sock or host:port")
-    return addr
+        raise InvalidArgument(f"addr={addr!r}: expected unix:/path.sock, host:port or https://host:port")
+    return rest, secure
+
+
+def _pem(tls_ca: Union[None, str, bytes, "os.PathLike[str]"]) -> Optional[bytes]:
+    """The CA certificate(s): PEM bytes as given, or read from a file path."""
+    if tls_ca is None or isinstance(tls_ca, bytes):
+        return tls_ca
+    try:
+        with open(tls_ca, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidArgument(f"tls_ca={str(tls_ca)!r}: {e.strerror}") from None
 
 
 class BatchStream:
@@ -80,7 +95,10 @@ class Client:
         transport: ``"auto"`` (shared memory when the daemon is local and offers it, else inline; inline
             today), ``"shm"`` (not served yet: raises :class:`~vserve_client.errors.Unimplemented`) or
             ``"inline"`` (bytes in the gRPC messages).
-        token: sent as ``authorization: Bearer <token>`` with every call, for daemons behind an auth proxy.
+        token: sent as ``authorization: Bearer <token>`` with every call (daemons started with
+            ``--auth-token-file`` require it on TCP listeners).
+        tls_ca: for ``https://host:port``: the CA certificate that signed the daemon's certificate, as PEM
+            bytes or a file path (None: the system's roots).
         timeout: seconds allowed for each unary call and each GetClips (None: no limit). Streams have none.
     """
 
@@ -90,13 +108,14 @@ class Client:
         transport: str = "auto",
         token: Optional[str] = None,
         *,
+        tls_ca: Union[None, str, bytes, "os.PathLike[str]"] = None,
         timeout: Optional[float] = None,
     ):
         self.addr = addr
         self._transport: Transport = select(transport, addr)
         self._timeout = timeout
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
-        target = _target(addr)
+        self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
+        target, secure = _target(addr)
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -105,7 +124,13 @@ class Client:
             # gRPC core sends the socket path as the HTTP/2 :authority, which the daemon's HTTP stack
             # rejects as malformed (RST_STREAM, PROTOCOL_ERROR); a host name is what it expects.
             options.append(("grpc.default_authority", "localhost"))
-        self._channel = grpc.insecure_channel(target, options=options)
+        if secure:
+            creds = grpc.ssl_channel_credentials(root_certificates=_pem(tls_ca))
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        elif tls_ca is not None:
+            raise InvalidArgument(f"tls_ca given but addr={addr!r} is not https://host:port")
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
         self._stub = pb_grpc.VServeStub(self._channel)
 
     @property
