@@ -172,6 +172,15 @@ def test_every_status_has_its_class(code):
     assert str(err) == f"{code.name}: what went wrong"
 
 
+def test_errors_pickle():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(vserve_client.NotFound('video "x" not in dataset "d"', code="NOT_FOUND")))
+    assert type(err) is vserve_client.NotFound
+    assert (err.code, err.message) == ("NOT_FOUND", 'video "x" not in dataset "d"')
+    assert str(err) == 'NOT_FOUND: video "x" not in dataset "d"'
+
+
 def test_error_classes_by_name():
     cases = {
         grpc.StatusCode.NOT_FOUND: vserve_client.NotFound,

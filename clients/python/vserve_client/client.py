@@ -7,6 +7,7 @@ the transport chosen at construction (see :mod:`vserve_client.transport`).
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -271,6 +272,17 @@ class Client:
 
         it = iter_worker_batches(open_from, req.start_batch, w, n)
         return BatchStream(it, it.close)
+
+    # help(Client.stream) and IDEs that read signatures show every keyword stream_request takes.
+    stream.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            inspect.Parameter("dataset", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str),
+            *list(inspect.signature(rq.stream_request).parameters.values())[1:],
+            inspect.Parameter("worker", inspect.Parameter.KEYWORD_ONLY, default=None),
+        ],
+        return_annotation=BatchStream,
+    )
 
     def _open_stream(self, req: "pb.StreamBatchesRequest") -> BatchStream:
         self._transport.prepare(req)

@@ -25,6 +25,10 @@ class VServeError(Exception):
         self.message = message
         super().__init__(f"{self.code}: {message}")
 
+    def __reduce__(self):
+        # Pickles (e.g. from a DataLoader worker) as the same class with the same code and message.
+        return (type(self), (self.message, self.code))
+
 
 class Cancelled(VServeError):
     code_name = "CANCELLED"
