@@ -135,7 +135,9 @@ def clip_msg(clip: Any) -> "pb.ClipSpec":
     try:
         video, where, *rest = clip
     except (TypeError, ValueError):
-        raise InvalidArgument(f"clip {clip!r}: expected (video, frame_indices) or (video, {{'times': [...]}})") from None
+        raise InvalidArgument(
+            f"clip {clip!r}: expected (video, frame_indices) or (video, {{'times': [...]}})"
+        ) from None
     if not isinstance(video, str):
         raise InvalidArgument(f"clip {clip!r}: the video must be a path string")
     spec = pb.ClipSpec(video=video)
