@@ -125,6 +125,12 @@ class Batch:
     def __len__(self) -> int:
         return len(self.videos)
 
+    def release(self) -> None:
+        """Gives the batch's memory back to the transport. A no-op for inline batches (the array is owned by
+        this object); with shared memory the array is a view of an arena slot that the next read releases
+        unless the batch was kept, so code that holds batches across reads should call ``release()`` when
+        done, or keep ``array.copy()``."""
+
     def __repr__(self) -> str:
         return (
             f"Batch(batch={self.batch}/{self.batches_total}, shape={tuple(self.array.shape)}, "
