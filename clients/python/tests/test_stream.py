@@ -207,3 +207,22 @@ def test_two_ranks_in_two_processes_get_disjoint_shards_covering_the_dataset(dae
             got = np.load(tmp_path / f"rank{rank}-batch{b['batch']}.npy")
             ref = client.get_clips("clips", list(zip(b["videos"], b["frames"])), size=SIZE)
             assert_array_equal(got, ref.array, f"rank {rank} batch {b['batch']}")
+
+
+def test_closing_a_stream_cancels_it_on_the_daemon(client):
+    import time
+
+    stream = client.stream("clips", **dict(BASE, batch_size=1, prefetch=1))
+    try:
+        first = next(stream)
+    except vserve_client.Unimplemented:
+        pytest.skip(NOT_SERVED)
+    assert first.batch == 0
+    assert client.stats()["active_streams"] >= 1
+    stream.close()
+    deadline = time.monotonic() + 10
+    while client.stats()["active_streams"] != 0:
+        assert time.monotonic() < deadline, "the daemon still counts the closed stream as active"
+        time.sleep(0.05)
+    # The client and the daemon go on serving.
+    assert len(read_all(client, **BASE)) >= 3
