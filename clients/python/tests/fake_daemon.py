@@ -65,7 +65,8 @@ class Servicer(pb_grpc.VServeServicer):
                 dtype=pb.DTYPE_UINT8,
                 nbytes=len(samples) * t * FRAME[0] * FRAME[1] * FRAME[2],
                 batch=b,
-                batches_total=total,
+                # As the daemon: 0 (unknown ahead) for regular timestamps.
+                batches_total=0 if request.sampler.kind == pb.SAMPLER_REGULAR_TIMESTAMPS else total,
             )
             data = bytearray()
             for s in samples:

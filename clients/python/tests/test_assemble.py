@@ -128,6 +128,7 @@ def test_empty_array_batch():
     want = np.zeros((0, 8, 4, 4, 3), dtype=np.uint8)
     batch = assemble_one([pb.GetClipsResponse(header=header_for(want))])
     assert batch.array.shape == (0, 8, 4, 4, 3)
+    assert batch.batches_total is None  # 0 on the wire: unknown / not a stream
 
 
 def test_empty_stream_has_no_batches():

@@ -101,3 +101,12 @@ def test_closing_a_stream_early_leaves_the_client_usable(fake):
             assert next(stream).batch == 0
         again = list(c.stream("synthetic", batch_size=8, frames_per_clip=2))
         check(again, expected(batch_size=8))
+
+
+def test_worker_split_without_a_known_total(fake):
+    kw = dict(batch_size=4, frames_per_clip=2, sampler="regular-timestamps", seconds_between_clip_starts=1.0)
+    with vserve_client.Client(fake.addr) as c:
+        full = list(c.stream("synthetic", **kw))
+        assert all(b.batches_total is None for b in full)
+        got = sorted((b.batch for w in range(3) for b in c.stream("synthetic", worker=(w, 3), **kw)))
+    assert got == [b.batch for b in full] == list(range(len(expected())))

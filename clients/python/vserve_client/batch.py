@@ -83,7 +83,8 @@ class Batch:
         pts: int64 [clips, T] in the stream's time base; pts_seconds: float64 [clips, T].
         clips: per clip, every ClipInfo field as a dict (sample, clip, replaced_by, crop, flipped, ...).
         skipped: samples replaced in this batch, dicts with sample, video, code, message.
-        batch, batches_total: this batch's number in the rank's epoch and how many it has (StreamBatches).
+        batch, batches_total: this batch's number in the rank's epoch and how many it has (StreamBatches;
+            batches_total is None where the daemon cannot know it ahead, with regular-timestamp sampling).
         stats: what serving it cost (frames_decoded, cache_hits, gop_runs, ...).
         layout: "THWC" or "TCHW". header: the raw ``BatchHeader`` message.
     """
@@ -118,7 +119,10 @@ class Batch:
         self.clips: List[Dict[str, Any]] = [message_to_dict(c) for c in infos]
         self.skipped: List[Dict[str, Any]] = [message_to_dict(s) for s in header.skipped]
         self.batch: int = header.batch
-        self.batches_total: int = header.batches_total
+        # 0 on the wire: not a stream, or a count the daemon cannot know ahead (regular-timestamp sampling,
+        # where the clip count depends on each video's duration). A received batch never belongs to an
+        # epoch of 0 batches, so 0 always means "unknown".
+        self.batches_total: Optional[int] = header.batches_total or None
         self.stats: Dict[str, Any] = message_to_dict(header.stats)
         self.layout: str = LAYOUT_NAMES.get(header.layout, str(header.layout))
 
