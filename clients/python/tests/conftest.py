@@ -56,6 +56,18 @@ def vserve_bin() -> Path:
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
+_HELP: Dict[str, str] = {}
+
+
+def supports(words: str) -> bool:
+    """Whether ``vserve serve --help`` mentions ``words`` (features of a newer daemon)."""
+    if "text" not in _HELP:
+        _HELP["text"] = subprocess.run(
+            [str(vserve_bin()), "serve", "--help"], stdout=subprocess.PIPE, text=True
+        ).stdout
+    return words in _HELP["text"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,6 +91,15 @@ class Daemon:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(MEDIA / rel, dst)
 
+        # Streams with labels: a manifest over the clips dataset, where the binary supports manifests.
+        self.labels = {}
+        manifest_args: List[str] = []
+        if supports("manifest=FILE"):
+            self.labels = dict(zip(CLIP_VIDEOS, ["cat", "dog", "cat", "bird", "dog"]))
+            manifest = root / "labeled.csv"
+            manifest.write_text("path,label\n" + "".join(f"{v},{lab}\n" for v, lab in self.labels.items()))
+            manifest_args = ["--dataset", f"labeled={self.clips}:manifest={manifest}"]
+
         sock = root / "vserve.sock"
         self.addr = f"unix:{sock}"
         self.tcp_addr = f"127.0.0.1:{free_port()}"
@@ -96,6 +117,7 @@ class Daemon:
             f"scratch={self.scratch}",
             "--dataset",
             f"clips={self.clips}",
+            *manifest_args,
             *(extra or []),
         ]
         with open(self.log_path, "wb") as log:

@@ -14,19 +14,14 @@ from pathlib import Path
 import pytest
 
 import vserve_client
-from conftest import Daemon, vserve_bin
+from conftest import Daemon, supports
 
 TOKEN = "s3cret-token-for-tests"
 
 
-def _supports_auth() -> bool:
-    out = subprocess.run([str(vserve_bin()), "serve", "--help"], stdout=subprocess.PIPE, text=True).stdout
-    return "--auth-token-file" in out and "--tls-cert" in out
-
-
 @pytest.fixture(scope="module")
 def secured():
-    if not _supports_auth():
+    if not (supports("--auth-token-file") and supports("--tls-cert")):
         pytest.skip("this daemon binary has no --auth-token-file/--tls-cert")
     if shutil.which("openssl") is None:
         pytest.skip("no openssl CLI to make a test certificate")

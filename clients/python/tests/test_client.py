@@ -13,7 +13,7 @@ from conftest import CLIP_VIDEOS, MEDIA, assert_array_equal, ffmpeg_frames, fram
 
 def test_list_datasets(daemon, client):
     got = {d["name"]: d for d in client.list_datasets()}
-    assert set(got) == {"media", "scratch", "clips"}
+    assert set(got) == {"media", "scratch", "clips"} | ({"labeled"} if daemon.labels else set())
     assert got["media"]["root"] == str(MEDIA)
     assert got["clips"]["root"] == str(daemon.clips)
     assert got["clips"]["video_count"] == len(CLIP_VIDEOS)

@@ -262,3 +262,17 @@ def test_every_sampler_returns_what_get_clips_returns(client, sampler, extra):
         ref = client.get_clips("clips", list(zip(b.videos, b.frames.tolist())), size=SIZE)
         assert_array_equal(b.array, ref.array, f"{sampler} batch {b.batch}")
         assert b.pts_seconds.tolist() == ref.pts_seconds.tolist()
+
+
+def test_manifest_labels(daemon, client):
+    if not daemon.labels:
+        pytest.skip("this daemon binary has no dataset manifests")
+    batches = read_all(client, "labeled", **BASE)
+    order = sorted(set(daemon.labels.values()))
+    seen = []
+    for b in batches:
+        for video, label, index in zip(b.videos, b.labels, b.label_indices.tolist()):
+            assert label == daemon.labels[video]
+            assert index == order.index(label)  # the label's rank in the sorted label set
+            seen.append(video)
+    assert sorted(seen) == sorted(CLIP_VIDEOS)
