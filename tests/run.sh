@@ -7,3 +7,4 @@ tests/deps.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+tests/python.sh
