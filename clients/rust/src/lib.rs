@@ -9,6 +9,7 @@
 //!         dataset: "kin".into(),
 //!         clips: vec![vserve_client::clip_frames("a/b.mp4", &[0, 5, 9])],
 //!         transform: None,
+//!         ..Default::default()
 //!     })
 //!     .await?;
 //! assert_eq!(batch.data.len() as u64, batch.header.nbytes);
