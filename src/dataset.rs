@@ -101,24 +101,29 @@ impl Dataset {
 
     /// Counts video files under the root (by extension; symlinks are not followed).
     pub fn count_videos(&self) -> u64 {
-        let mut count = 0;
-        let mut stack = vec![self.root.clone()];
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let Ok(ft) = entry.file_type() else { continue };
-                let path = entry.path();
-                if ft.is_dir() {
-                    stack.push(path);
-                } else if ft.is_file() && is_video(&path) {
-                    count += 1;
-                }
+        walk_videos(&self.root).len() as u64
+    }
+}
+
+/// The video files under `root` (by extension; symlinks are not followed), in no particular order.
+pub fn walk_videos(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(ft) = entry.file_type() else { continue };
+            let path = entry.path();
+            if ft.is_dir() {
+                stack.push(path);
+            } else if ft.is_file() && is_video(&path) {
+                found.push(path);
             }
         }
-        count
     }
+    found
 }
 
 pub fn is_video(path: &Path) -> bool {

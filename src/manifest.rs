@@ -68,24 +68,10 @@ impl Samples {
 
     /// Lists the video files under `root` (by extension, symlinks not followed), sorted.
     pub fn scan(root: &Path) -> Samples {
-        let mut found = Vec::new();
-        let mut stack = vec![root.to_path_buf()];
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let Ok(ft) = entry.file_type() else { continue };
-                let path = entry.path();
-                if ft.is_dir() {
-                    stack.push(path);
-                } else if ft.is_file() && crate::dataset::is_video(&path) {
-                    if let Some(rel) = path.strip_prefix(root).ok().and_then(|p| p.to_str()) {
-                        found.push(rel.to_owned());
-                    }
-                }
-            }
-        }
+        let mut found: Vec<String> = crate::dataset::walk_videos(root)
+            .iter()
+            .filter_map(|p| p.strip_prefix(root).ok()?.to_str().map(str::to_owned))
+            .collect();
         found.sort();
         Samples::with_labels(
             found

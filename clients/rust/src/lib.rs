@@ -243,12 +243,7 @@ impl Client {
             .map_err(|_| ClientError::Protocol(format!("array of {} bytes", header.nbytes)))?;
         if let Some(slot) = &header.shm {
             let data = read_slot(slot, nbytes, &mut None)?;
-            self.inner
-                .release_slots(proto::ReleaseSlotsRequest {
-                    arena: slot.arena.clone(),
-                    slots: vec![slot.slot],
-                })
-                .await?;
+            release(&mut self.inner, slot).await?;
             return Ok(Batch { header, data });
         }
         let mut data = Vec::with_capacity(nbytes);
@@ -289,6 +284,20 @@ pub struct BatchStream {
     client: VServeClient<Channel>,
     /// The stream's arena, mapped once (transport SHM).
     arena: Option<(String, memmap2::Mmap)>,
+}
+
+/// Gives a slot back once its bytes are copied out.
+async fn release(
+    client: &mut VServeClient<Channel>,
+    slot: &proto::ShmSlot,
+) -> Result<(), ClientError> {
+    client
+        .release_slots(proto::ReleaseSlotsRequest {
+            arena: slot.arena.clone(),
+            slots: vec![slot.slot],
+        })
+        .await?;
+    Ok(())
 }
 
 /// Reads an array out of a shared-memory slot.
@@ -334,12 +343,7 @@ impl BatchStream {
             .map_err(|_| ClientError::Protocol(format!("array of {} bytes", header.nbytes)))?;
         if let Some(slot) = &header.shm {
             let data = read_slot(slot, nbytes, &mut self.arena)?;
-            self.client
-                .release_slots(proto::ReleaseSlotsRequest {
-                    arena: slot.arena.clone(),
-                    slots: vec![slot.slot],
-                })
-                .await?;
+            release(&mut self.client, slot).await?;
             return Ok(Some(Batch { header, data }));
         }
         let mut data = Vec::with_capacity(nbytes);
