@@ -184,6 +184,8 @@ pub struct Engine {
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
     /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
     index_permits: Arc<tokio::sync::Semaphore>,
+    /// Stage timings and decode outcomes for `/metrics` (registered by the server).
+    metrics: crate::metrics::EngineMetrics,
 }
 
 impl Engine {
@@ -218,6 +220,7 @@ impl Engine {
             limits: config.limits.clone(),
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             damaged: Mutex::new(std::collections::HashSet::new()),
+            metrics: Default::default(),
         }))
     }
 
@@ -249,6 +252,16 @@ impl Engine {
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
             frames_skipped: f.frames_skipped.load(Ordering::Relaxed),
         }
+    }
+
+    /// The engine's metric handles, for the server to register.
+    pub fn metrics(&self) -> &crate::metrics::EngineMetrics {
+        &self.metrics
+    }
+
+    /// Frames the frame cache evicted to stay within its size.
+    pub fn cache_evictions(&self) -> u64 {
+        self.frames.evictions()
     }
 
     async fn index_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
@@ -310,6 +323,7 @@ impl Engine {
                 built.map(Arc::new)
             })
             .map_err(|e| {
+                self.metrics.index_failures.inc();
                 self.failed.insert(id.clone(), (*e).clone());
                 Error::from((*e).clone())
             })?;
@@ -348,6 +362,7 @@ impl Engine {
         let mut plain = id.clone();
         plain.decode_table = false;
         if self.damaged.lock().insert(plain) {
+            self.metrics.damaged_files.inc();
             tracing::warn!(path = %id.path.display(), %detail, "decode errors in a cleanly scanned file; indexing it by decoding");
         }
     }
@@ -370,6 +385,7 @@ impl Engine {
                 })
             })
             .collect();
+        let index_timer = crate::metrics::Timer::start();
         let mut handles = Vec::with_capacity(distinct.len());
         for (video, stream) in &distinct {
             let (this, d, v, s) = (self.clone(), req.dataset.clone(), video.clone(), *stream);
@@ -386,6 +402,7 @@ impl Engine {
                     .map_err(|e| Error::Internal(format!("index task failed: {e}")))??,
             );
         }
+        index_timer.observe(&self.metrics.index);
 
         // Positions → frame numbers.
         let mut clip_frames: Vec<Vec<usize>> = Vec::with_capacity(req.clips.len());
@@ -478,7 +495,9 @@ impl Engine {
             });
         }
         let spec = req.transform.batch.clone();
+        let assembly_timer = crate::metrics::Timer::start();
         let (shape, data) = blocking(move || Ok(batch::assemble(&frames_by_clip, &spec)?)).await?;
+        assembly_timer.observe(&self.metrics.batch_assembly);
         Ok(ClipsReply {
             shape,
             data,
@@ -576,6 +595,7 @@ impl Engine {
             frame,
             geometry,
         };
+        let lookup_timer = crate::metrics::Timer::start();
         let mut got = HashMap::with_capacity(wanted.len());
         let mut missing = BTreeSet::new();
         for &k in &wanted {
@@ -588,6 +608,7 @@ impl Engine {
                 }
             }
         }
+        lookup_timer.observe(&self.metrics.cache_lookup);
         let hits = got.len() as u64;
         stats.cache_hits += hits;
         stats.cache_misses += missing.len() as u64;
@@ -694,6 +715,11 @@ impl Engine {
         );
         let video = key.video.clone();
         let wanted_tx = tx.clone();
+        // Stage timings: queued at submit, taken by a decode thread when it asks whether the run is still
+        // wanted (just before decoding), done at `on_done`.
+        let (metrics, queued_at) = (self.metrics.clone(), std::time::Instant::now());
+        let taken_at = Arc::new(std::sync::OnceLock::new());
+        let taken = taken_at.clone();
         let job = Job {
             source: source.clone(),
             run: pending,
@@ -701,6 +727,13 @@ impl Engine {
             on_done: Box::new(move |result: Result<RunOutput, DecodeError>| {
                 let result = result.map(Arc::new);
                 if let Ok(out) = &result {
+                    let started = *taken_at.get_or_init(std::time::Instant::now);
+                    metrics.observe_run(
+                        started.saturating_duration_since(queued_at),
+                        started.elapsed(),
+                        out.decoded,
+                        out.frames.len() as u64,
+                    );
                     for (k, f) in &out.frames {
                         cache.insert(
                             FrameKey {
@@ -723,7 +756,10 @@ impl Engine {
                 }
                 done_tx.send_replace(Some(result));
             }),
-            still_wanted: Box::new(move || wanted_tx.receiver_count() > 0),
+            still_wanted: Box::new(move || {
+                taken.get_or_init(std::time::Instant::now);
+                wanted_tx.receiver_count() > 0
+            }),
         };
         if let Err(e) = self.fleet.submit(job) {
             let mut map = self.inflight.lock();
@@ -861,6 +897,7 @@ mod tests {
             },
             limits: Limits::default(),
             shutdown_grace: std::time::Duration::from_secs(1),
+            ops: Default::default(),
         };
         let factory: BackendFactory = Arc::new(move || {
             Box::new(FakeBackend {
