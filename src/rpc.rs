@@ -153,7 +153,8 @@ where
     }
 }
 
-/// One call's bookkeeping; recorded when dropped (the reply ended, or the call was abandoned).
+/// One call's bookkeeping; recorded once, when the reply's end is read (before the client can see it)
+/// or when the call is dropped unfinished.
 struct Call {
     metrics: RpcMetrics,
     method: &'static str,
@@ -161,7 +162,8 @@ struct Call {
     started: Instant,
     first_data: Option<Instant>,
     code: Option<tonic::Code>,
-    _permit: Option<StreamPermit>,
+    finished: bool,
+    permit: Option<StreamPermit>,
 }
 
 impl Call {
@@ -182,13 +184,17 @@ impl Call {
             started: Instant::now(),
             first_data: None,
             code: None,
-            _permit: permit,
+            finished: false,
+            permit,
         }
     }
-}
 
-impl Drop for Call {
-    fn drop(&mut self) {
+    /// Records the call (once) and frees its stream slot.
+    fn finish(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        self.permit.take();
         let m = &self.metrics;
         match self.kind {
             Kind::Unary => m.in_flight_requests.dec(),
@@ -211,6 +217,12 @@ impl Drop for Call {
                 m.send.observe(first.elapsed().as_secs_f64());
             }
         }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -245,10 +257,19 @@ impl HttpBody for ObservedBody {
                     if let Some(status) = tonic::Status::from_header_map(trailers) {
                         this.call.code = Some(status.code());
                     }
+                    this.call.finish();
                 }
             }
-            Poll::Ready(Some(Err(status))) => this.call.code = Some(status.code()),
-            Poll::Ready(None) | Poll::Pending => {}
+            Poll::Ready(Some(Err(status))) => {
+                this.call.code = Some(status.code());
+                this.call.finish();
+            }
+            Poll::Ready(None) => {
+                // Ended without trailers: a plain end of a successful stream.
+                this.call.code.get_or_insert(tonic::Code::Ok);
+                this.call.finish();
+            }
+            Poll::Pending => {}
         }
         polled
     }
