@@ -55,7 +55,7 @@ pub struct EngineMetrics {
 
 impl Default for EngineMetrics {
     fn default() -> Self {
-        EngineMetrics {
+        let m = EngineMetrics {
             queue_wait: seconds_histogram(),
             index: seconds_histogram(),
             decode: seconds_histogram(),
@@ -66,7 +66,10 @@ impl Default for EngineMetrics {
             busy_seconds: Family::default(),
             index_failures: Counter::default(),
             damaged_files: Counter::default(),
-        }
+        };
+        // Series exist from the start, so rates over them are defined before the first decode.
+        m.busy_seconds.get_or_create(&BackendLabel::CPU).inc_by(0.0);
+        m
     }
 }
 
@@ -187,14 +190,18 @@ pub struct RpcMetrics {
 
 impl Default for RpcMetrics {
     fn default() -> Self {
-        RpcMetrics {
+        let m = RpcMetrics {
             requests: Family::default(),
             duration: Family::new_with_constructor(seconds_histogram),
             in_flight_requests: Gauge::default(),
             in_flight_streams: Gauge::default(),
             send: seconds_histogram(),
             bytes_sent: Family::default(),
-        }
+        };
+        m.bytes_sent
+            .get_or_create(&TransportLabel::INLINE)
+            .inc_by(0);
+        m
     }
 }
 

@@ -117,6 +117,28 @@ async fn metrics_parse_and_count_the_requests_made() {
         assert!(before.has(name), "{name} missing from /metrics");
     }
 
+    // Every metric the Grafana dashboard queries exists.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/grafana/vserve.json"
+    ))
+    .expect("dashboard");
+    let mut queried = std::collections::BTreeSet::new();
+    for (i, _) in dashboard.match_indices("vserve_") {
+        let name: String = dashboard[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        queried.insert(name.trim_end_matches("_bucket").to_owned());
+    }
+    assert!(queried.len() > 10, "{queried:?}");
+    for name in &queried {
+        assert!(
+            before.has(name),
+            "the dashboard queries {name}, not in /metrics"
+        );
+    }
+
     let mut c = d.client().await;
     let req = bikes(&[3, 40, 41]);
     let first = get(&mut c, req.clone()).await;
