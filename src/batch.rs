@@ -3,11 +3,13 @@
 //! Input: frames [clips][T] (all the same size, packed RGB24) and a [`BatchSpec`]. Output: the bytes of one
 //! little-endian C-order array of shape [clips, T, H, W, 3] (THWC) or [clips, T, 3, H, W] (TCHW) after a
 //! centre crop, an optional horizontal flip and conversion to uint8, float16 or float32
-//! (float: `(x / 255 - mean[c]) / std[c]`, computed in f32).
+//! (float: `(x / 255 - mean[c]) / std[c]`, computed in f32). Streams give each clip its own crop box,
+//! resize and flip instead ([`assemble_augmented`]).
 
 use std::sync::Arc;
 
 use crate::decode::Frame;
+use crate::sample::{ClipAug, CropBox};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
@@ -95,36 +97,87 @@ pub fn assemble(
     clips: &[Vec<Arc<Frame>>],
     spec: &BatchSpec,
 ) -> Result<(Vec<u64>, Vec<u8>), BatchError> {
+    let augs = clips
+        .iter()
+        .map(|clip| {
+            let f = clip.first().ok_or(BatchError::Empty)?;
+            let crop = match spec.crop {
+                None => None,
+                Some((cw, ch)) => {
+                    if cw > f.width || ch > f.height || cw == 0 || ch == 0 {
+                        return Err(BatchError::CropTooLarge {
+                            cw,
+                            ch,
+                            w: f.width,
+                            h: f.height,
+                        });
+                    }
+                    Some(CropBox {
+                        x: (f.width - cw) / 2,
+                        y: (f.height - ch) / 2,
+                        width: cw,
+                        height: ch,
+                    })
+                }
+            };
+            Ok(ClipAug {
+                crop,
+                resize_to: None,
+                flip: spec.hflip,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    assemble_augmented(clips, &augs, spec)
+}
+
+/// Assembles the array with a per-clip crop box, resize and flip (`spec.crop` and `spec.hflip` are not
+/// used). Every clip must come out the same size.
+pub fn assemble_augmented(
+    clips: &[Vec<Arc<Frame>>],
+    augs: &[ClipAug],
+    spec: &BatchSpec,
+) -> Result<(Vec<u64>, Vec<u8>), BatchError> {
     let first = clips
         .first()
         .and_then(|c| c.first())
         .ok_or(BatchError::Empty)?;
-    let (w, h) = (first.width, first.height);
     let t = clips[0].len();
-    for clip in clips {
+    let out_size = |f: &Frame, aug: &ClipAug| {
+        aug.resize_to
+            .or(aug.crop.map(|c| (c.width, c.height)))
+            .unwrap_or((f.width, f.height))
+    };
+    let (ow, oh) = out_size(first, &augs[0]);
+    for (clip, aug) in clips.iter().zip(augs) {
         if clip.len() != t {
             return Err(BatchError::RaggedClips(t, clip.len()));
         }
         for f in clip {
-            match spec.crop {
-                None if (f.width, f.height) != (w, h) => {
-                    return Err(BatchError::MixedSizes(w, h, f.width, f.height));
-                }
-                Some((cw, ch)) if cw > f.width || ch > f.height => {
+            if let Some(c) = aug.crop {
+                if c.width == 0
+                    || c.height == 0
+                    || c.x + c.width > f.width
+                    || c.y + c.height > f.height
+                {
                     return Err(BatchError::CropTooLarge {
-                        cw,
-                        ch,
+                        cw: c.width,
+                        ch: c.height,
                         w: f.width,
                         h: f.height,
                     });
                 }
-                _ => {}
+            }
+            let (w, h) = out_size(f, aug);
+            if (w, h) != (ow, oh) {
+                return Err(BatchError::MixedSizes(ow, oh, w, h));
             }
         }
     }
-    let shape = output_shape(clips.len(), t, w, h, spec)?;
-    let (cw, ch) = spec.crop.unwrap_or((w, h));
-    let per_frame = cw as usize * ch as usize * 3;
+    let shape = match spec.layout {
+        Layout::Thwc => [clips.len() as u64, t as u64, oh as u64, ow as u64, 3],
+        Layout::Tchw => [clips.len() as u64, t as u64, 3, oh as u64, ow as u64],
+    };
+    let per_frame = ow as usize * oh as usize * 3;
     let mut out = vec![0u8; clips.len() * t * per_frame * spec.dtype.size()];
     // Per-channel lookup tables: every output value is a function of (channel, byte).
     let lut: Vec<[f32; 256]> = (0..3)
@@ -137,63 +190,138 @@ pub fn assemble(
         })
         .collect();
     let mut scratch = vec![0u8; per_frame];
-    for (i, frame) in clips.iter().flatten().enumerate() {
-        // Crop (and flip) into packed HWC bytes.
-        let (x0, y0) = ((frame.width - cw) / 2, (frame.height - ch) / 2);
-        let src_row = frame.width as usize * 3;
-        for y in 0..ch as usize {
-            let src =
-                &frame.data[(y0 as usize + y) * src_row + x0 as usize * 3..][..cw as usize * 3];
-            let dst = &mut scratch[y * cw as usize * 3..][..cw as usize * 3];
-            if spec.hflip {
-                for x in 0..cw as usize {
-                    let s = (cw as usize - 1 - x) * 3;
-                    dst[x * 3..x * 3 + 3].copy_from_slice(&src[s..s + 3]);
+    let mut cropped = Vec::new();
+    let mut i = 0;
+    for (clip, aug) in clips.iter().zip(augs) {
+        for frame in clip {
+            let crop = aug.crop.unwrap_or(CropBox {
+                x: 0,
+                y: 0,
+                width: frame.width,
+                height: frame.height,
+            });
+            let src_row = frame.width as usize * 3;
+            let row_bytes = crop.width as usize * 3;
+            let rows = (0..crop.height as usize).map(|y| {
+                &frame.data[(crop.y as usize + y) * src_row + crop.x as usize * 3..][..row_bytes]
+            });
+            match aug.resize_to {
+                None => {
+                    for (y, src) in rows.enumerate() {
+                        let dst = &mut scratch[y * row_bytes..][..row_bytes];
+                        if aug.flip {
+                            flip_row(src, dst);
+                        } else {
+                            dst.copy_from_slice(src);
+                        }
+                    }
                 }
-            } else {
-                dst.copy_from_slice(src);
-            }
-        }
-        let base = i * per_frame;
-        let plane = cw as usize * ch as usize;
-        // Position of element (pixel p, channel c) in this frame's output.
-        let pos = |p: usize, c: usize| match spec.layout {
-            Layout::Thwc => base + p * 3 + c,
-            Layout::Tchw => base + c * plane + p,
-        };
-        match spec.dtype {
-            DType::U8 => {
-                if spec.layout == Layout::Thwc {
-                    out[base..base + per_frame].copy_from_slice(&scratch);
-                } else {
-                    for p in 0..plane {
-                        for c in 0..3 {
-                            out[pos(p, c)] = scratch[p * 3 + c];
+                Some((rw, rh)) => {
+                    cropped.clear();
+                    for src in rows {
+                        cropped.extend_from_slice(src);
+                    }
+                    resize_bilinear(&cropped, crop.width, crop.height, &mut scratch, rw, rh);
+                    if aug.flip {
+                        let rb = rw as usize * 3;
+                        for y in 0..rh as usize {
+                            let row = &mut scratch[y * rb..][..rb];
+                            let copy = row.to_vec();
+                            flip_row(&copy, row);
                         }
                     }
                 }
             }
-            DType::F32 => {
-                for p in 0..plane {
-                    for c in 0..3 {
-                        let v = lut[c][scratch[p * 3 + c] as usize];
-                        let at = pos(p, c) * 4;
-                        out[at..at + 4].copy_from_slice(&v.to_le_bytes());
-                    }
-                }
+            convert(&scratch, &mut out, i, ow, oh, spec, &lut);
+            i += 1;
+        }
+    }
+    Ok((shape.to_vec(), out))
+}
+
+fn flip_row(src: &[u8], dst: &mut [u8]) {
+    let w = src.len() / 3;
+    for x in 0..w {
+        let s = (w - 1 - x) * 3;
+        dst[x * 3..x * 3 + 3].copy_from_slice(&src[s..s + 3]);
+    }
+}
+
+/// Bilinear resize of packed RGB, half-pixel centres, no antialiasing (OpenCV's INTER_LINEAR, and
+/// torchvision's with antialias=False), rounded to nearest.
+pub fn resize_bilinear(src: &[u8], sw: u32, sh: u32, dst: &mut [u8], dw: u32, dh: u32) {
+    let (sx, sy) = (sw as f32 / dw as f32, sh as f32 / dh as f32);
+    let coord = |d: u32, scale: f32, n: u32| -> (usize, usize, f32) {
+        let c = ((d as f32 + 0.5) * scale - 0.5).max(0.0);
+        let i0 = (c.floor() as usize).min(n as usize - 1);
+        let i1 = (i0 + 1).min(n as usize - 1);
+        (i0, i1, c - i0 as f32)
+    };
+    let xs: Vec<(usize, usize, f32)> = (0..dw).map(|x| coord(x, sx, sw)).collect();
+    let row = sw as usize * 3;
+    for y in 0..dh {
+        let (y0, y1, fy) = coord(y, sy, sh);
+        for (x, &(x0, x1, fx)) in xs.iter().enumerate() {
+            for c in 0..3 {
+                let p = |yy: usize, xx: usize| src[yy * row + xx * 3 + c] as f32;
+                let top = p(y0, x0) + (p(y0, x1) - p(y0, x0)) * fx;
+                let bottom = p(y1, x0) + (p(y1, x1) - p(y1, x0)) * fx;
+                let v = top + (bottom - top) * fy;
+                dst[(y as usize * dw as usize + x) * 3 + c] = v.round().clamp(0.0, 255.0) as u8;
             }
-            DType::F16 => {
+        }
+    }
+}
+
+/// Writes frame `i` (packed HWC bytes of `w`x`h`) into the output in the spec's dtype and layout.
+fn convert(
+    scratch: &[u8],
+    out: &mut [u8],
+    i: usize,
+    w: u32,
+    h: u32,
+    spec: &BatchSpec,
+    lut: &[[f32; 256]],
+) {
+    let plane = w as usize * h as usize;
+    let per_frame = plane * 3;
+    let base = i * per_frame;
+    // Position of element (pixel p, channel c) in this frame's output.
+    let pos = |p: usize, c: usize| match spec.layout {
+        Layout::Thwc => base + p * 3 + c,
+        Layout::Tchw => base + c * plane + p,
+    };
+    match spec.dtype {
+        DType::U8 => {
+            if spec.layout == Layout::Thwc {
+                out[base..base + per_frame].copy_from_slice(&scratch[..per_frame]);
+            } else {
                 for p in 0..plane {
                     for c in 0..3 {
-                        let v = half::f16::from_f32(lut[c][scratch[p * 3 + c] as usize]);
-                        let at = pos(p, c) * 2;
-                        out[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                        out[pos(p, c)] = scratch[p * 3 + c];
                     }
                 }
             }
         }
+        DType::F32 => {
+            for p in 0..plane {
+                for c in 0..3 {
+                    let v = lut[c][scratch[p * 3 + c] as usize];
+                    let at = pos(p, c) * 4;
+                    out[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        DType::F16 => {
+            for p in 0..plane {
+                for c in 0..3 {
+                    let v = half::f16::from_f32(lut[c][scratch[p * 3 + c] as usize]);
+                    let at = pos(p, c) * 2;
+                    out[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
     }
-    Ok((shape.to_vec(), out))
 }
 
 #[cfg(test)]
@@ -274,6 +402,49 @@ mod tests {
         let reds: Vec<u8> = out.chunks_exact(3).map(|p| p[0]).collect();
         assert_eq!(&reds[..8], &[0, 1, 2, 3, 10, 11, 12, 13]);
         assert_eq!(&reds[8..], &[1, 2, 3, 4, 11, 12, 13, 14]);
+    }
+
+    #[test]
+    fn per_clip_crop_resize_and_flip() {
+        // Clip 0: box x 1..3, y 0..2 of the 4x2 frame, flipped; clip 1: the whole frame resized to 2x1.
+        let augs = [
+            ClipAug {
+                crop: Some(CropBox {
+                    x: 1,
+                    y: 0,
+                    width: 2,
+                    height: 1,
+                }),
+                resize_to: None,
+                flip: true,
+            },
+            ClipAug {
+                crop: None,
+                resize_to: Some((2, 1)),
+                flip: false,
+            },
+        ];
+        let (shape, out) = assemble_augmented(
+            &[vec![frame()], vec![frame()]],
+            &augs,
+            &BatchSpec::default(),
+        )
+        .unwrap();
+        assert_eq!(shape, vec![2, 1, 1, 2, 3]);
+        assert_eq!(&out[..6], &[2, 102, 200, 1, 101, 200]);
+        // 4x2 → 2x1: output x samples source x = 0.5 and 2.5, y = 0.5; red = 10*y + x → 5.5 and 7.5,
+        // rounded half away from zero.
+        let reds: Vec<u8> = out[6..].chunks_exact(3).map(|p| p[0]).collect();
+        assert_eq!(reds, vec![6, 8]);
+        let mixed = [augs[0], ClipAug::default()];
+        assert!(matches!(
+            assemble_augmented(
+                &[vec![frame()], vec![frame()]],
+                &mixed,
+                &BatchSpec::default()
+            ),
+            Err(BatchError::MixedSizes(2, 1, 4, 2))
+        ));
     }
 
     #[test]

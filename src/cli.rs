@@ -40,6 +40,8 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Fetch frames of one video and write them as a uint8 [T,H,W,3] .npy file.
     Get(GetArgs),
+    /// Read one rank's batches of an epoch: --list prints a JSON line per clip, --out-dir writes .npy files.
+    Stream(StreamArgs),
     /// List the datasets a daemon serves, as JSON.
     Datasets(AddrArgs),
     /// Print a daemon's counters as JSON.
@@ -60,7 +62,7 @@ pub struct ServeArgs {
         value_name = "ADDR"
     )]
     pub listen: Vec<String>,
-    /// A dataset as NAME=DIR (repeatable).
+    /// A dataset as NAME=DIR, or NAME=DIR:manifest=FILE to stream from a manifest (repeatable).
     #[arg(
         long,
         env = "VSERVE_DATASET",
@@ -80,6 +82,9 @@ pub struct ServeArgs {
     /// Largest number of frames in one request.
     #[arg(long, env = "VSERVE_MAX_FRAMES", value_name = "N")]
     pub max_frames: Option<usize>,
+    /// Most batches one stream may prepare ahead of its reader.
+    #[arg(long, env = "VSERVE_MAX_PREFETCH", value_name = "N")]
+    pub max_prefetch: Option<usize>,
     /// Largest output side in pixels.
     #[arg(long, env = "VSERVE_MAX_SIDE", value_name = "PIXELS")]
     pub max_side: Option<u32>,
@@ -145,6 +150,135 @@ pub struct ProbeArgs {
     pub pts: bool,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplerArg {
+    RandomIndices,
+    RegularIndices,
+    RandomTimestamps,
+    RegularTimestamps,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShortVideoArg {
+    RepeatLast,
+    Wrap,
+    Skip,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemainderArg {
+    Uneven,
+    Pad,
+    Drop,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnErrorArg {
+    Skip,
+    Fail,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DTypeArg {
+    Uint8,
+    Float16,
+    Float32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StreamArgs {
+    #[command(flatten)]
+    pub addr: AddrArgs,
+    #[arg(long)]
+    pub dataset: String,
+    #[arg(long, value_enum, default_value = "random-indices")]
+    pub sampler: SamplerArg,
+    /// Clips per video (not for regular-timestamps).
+    #[arg(long, default_value_t = 1)]
+    pub clips_per_video: u32,
+    #[arg(long, default_value_t = 1)]
+    pub frames_per_clip: u32,
+    /// Index samplers: step between a clip's frames.
+    #[arg(long, default_value_t = 1)]
+    pub frame_stride: u32,
+    /// Timestamp samplers: seconds between a clip's frames (default 1 / average fps).
+    #[arg(long)]
+    pub seconds_between_frames: Option<f64>,
+    /// Regular timestamps: seconds between clip starts.
+    #[arg(long)]
+    pub seconds_between_clip_starts: Option<f64>,
+    /// Where clips may start: frame indices (index samplers) or seconds (timestamp samplers).
+    #[arg(long, allow_hyphen_values = true)]
+    pub range_start: Option<f64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub range_end: Option<f64>,
+    /// Clips running past the video's end.
+    #[arg(long, value_enum, default_value = "repeat-last")]
+    pub short_video: ShortVideoArg,
+    /// Exact output size WxH.
+    #[arg(long, conflicts_with = "short_side")]
+    pub size: Option<String>,
+    /// Resize so the short side has N pixels, keeping the aspect ratio.
+    #[arg(long)]
+    pub short_side: Option<u32>,
+    /// Keep the stored orientation (do not apply the display rotation).
+    #[arg(long)]
+    pub no_rotate: bool,
+    /// Centre crop WxH.
+    #[arg(long, conflicts_with_all = ["random_crop", "random_resized_crop"])]
+    pub crop: Option<String>,
+    /// Random crop WxH per clip.
+    #[arg(long, conflicts_with = "random_resized_crop")]
+    pub random_crop: Option<String>,
+    /// torchvision-style RandomResizedCrop to WxH per clip (scale 0.08-1, ratio 3/4-4/3).
+    #[arg(long)]
+    pub random_resized_crop: Option<String>,
+    /// Flip every clip horizontally.
+    #[arg(long)]
+    pub flip: bool,
+    /// Flip each clip horizontally with probability 1/2.
+    #[arg(long)]
+    pub random_flip: bool,
+    #[arg(long, value_enum, default_value = "uint8")]
+    pub dtype: DTypeArg,
+    #[arg(long)]
+    pub batch_size: u32,
+    #[arg(long)]
+    pub drop_last: bool,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 0)]
+    pub epoch: u64,
+    #[arg(long, default_value_t = 0)]
+    pub rank: u32,
+    #[arg(long, default_value_t = 1)]
+    pub world_size: u32,
+    /// Resume: the first batch to receive.
+    #[arg(long, default_value_t = 0)]
+    pub start_batch: u64,
+    /// Batches the daemon prepares ahead.
+    #[arg(long, default_value_t = 2)]
+    pub prefetch: u32,
+    /// Keep the dataset's order instead of shuffling per epoch.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// How ranks split a remainder: uneven (disjoint, covers all), pad or drop (DistributedSampler).
+    #[arg(long, value_enum, default_value = "uneven")]
+    pub shard_remainder: RemainderArg,
+    /// An unreadable sample: skip (replace and report) or fail (end with its error).
+    #[arg(long, value_enum, default_value = "skip")]
+    pub on_error: OnErrorArg,
+    /// Stop after this many batches (then cancel the stream).
+    #[arg(long)]
+    pub max_batches: Option<u64>,
+    /// Print one JSON line per clip, no pixels.
+    #[arg(long, conflicts_with = "out_dir", required_unless_present = "out_dir")]
+    pub list: bool,
+    /// Write one .npy per batch (batch_NNNNNN.npy) into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct GetArgs {
     #[command(flatten)]
@@ -192,6 +326,7 @@ struct FileConfig {
     max_frames: Option<usize>,
     max_side: Option<u32>,
     max_output_bytes: Option<toml::Value>,
+    max_prefetch: Option<usize>,
     shutdown_grace: Option<f64>,
     max_streams: Option<usize>,
     admin_listen: Option<String>,
@@ -285,11 +420,22 @@ impl ServeArgs {
             max_clips: defaults.max_clips,
             max_side: self.max_side.or(file.max_side).unwrap_or(defaults.max_side),
             max_output_bytes,
+            max_prefetch: self
+                .max_prefetch
+                .or(file.max_prefetch)
+                .unwrap_or(defaults.max_prefetch),
             max_streams: self
                 .max_streams
                 .or(file.max_streams)
                 .unwrap_or(defaults.max_streams),
         };
+        if limits.max_prefetch == 0 || limits.max_prefetch > 64 {
+            return Err(ConfigError::new(
+                "max-prefetch",
+                limits.max_prefetch.to_string(),
+                "must be 1..=64",
+            ));
+        }
         if limits.max_streams == 0 {
             return Err(ConfigError::new("max-streams", "0", "must be at least 1"));
         }
@@ -406,12 +552,15 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nshutdown-grace = {}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
                 .iter()
-                .map(|d| format!("{}={}", d.name, d.root.display()))
+                .map(|d| match &d.manifest {
+                    Some(m) => format!("{}={}:manifest={}", d.name, d.root.display(), m.display()),
+                    None => format!("{}={}", d.name, d.root.display()),
+                })
                 .collect()
         ),
         c.cache.bytes,
@@ -420,6 +569,7 @@ pub fn config_to_toml(c: &Config) -> String {
         c.limits.max_frames,
         c.limits.max_side,
         c.limits.max_output_bytes,
+        c.limits.max_prefetch,
         c.shutdown_grace.as_secs_f64(),
     ) + &ops_to_toml(c)
 }

@@ -1,4 +1,4 @@
-//! Client subcommands for humans and scripts: `vserve probe`, `get`, `datasets`, `stats`.
+//! Client subcommands for humans and scripts: `vserve probe`, `get`, `stream`, `datasets`, `stats`.
 //!
 //! Output goes to stdout as JSON (or to the .npy file for `get`). Failures return the client error, whose
 //! text starts with the gRPC status name (`NOT_FOUND: ...`), for `main` to print and exit non-zero.
@@ -9,7 +9,37 @@ use std::path::Path;
 use serde_json::json;
 use vserve_client::{proto, Client, ClientError};
 
-use crate::cli::{AddrArgs, GetArgs, ProbeArgs};
+use crate::cli::{
+    AddrArgs, DTypeArg, GetArgs, OnErrorArg, ProbeArgs, RemainderArg, SamplerArg, ShortVideoArg,
+    StreamArgs,
+};
+
+fn bad_arg(msg: String) -> ClientError {
+    ClientError::Status(tonic::Status::invalid_argument(msg))
+}
+
+/// Parses `WxH`.
+fn parse_size(flag: &str, s: &str) -> Result<proto::Size, ClientError> {
+    s.split_once(['x', 'X'])
+        .and_then(|(w, h)| {
+            Some(proto::Size {
+                width: w.parse().ok()?,
+                height: h.parse().ok()?,
+            })
+        })
+        .ok_or_else(|| bad_arg(format!("{flag} {s:?}: expected WxH")))
+}
+
+fn resize_of(
+    size: &Option<String>,
+    short_side: Option<u32>,
+) -> Result<Option<proto::transform::Resize>, ClientError> {
+    Ok(match (size, short_side) {
+        (Some(s), _) => Some(proto::transform::Resize::Size(parse_size("--size", s)?)),
+        (None, Some(n)) => Some(proto::transform::Resize::ShortSide(n)),
+        (None, None) => None,
+    })
+}
 
 /// Connects to `--addr` with the token from `--token-file` (else `VSERVE_TOKEN`) and the `--tls-ca`
 /// certificate, when given.
@@ -77,24 +107,7 @@ pub async fn probe(args: &ProbeArgs) -> Result<(), ClientError> {
 }
 
 pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
-    let resize = match (&args.size, args.short_side) {
-        (Some(s), _) => {
-            let (w, h) = s
-                .split_once(['x', 'X'])
-                .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
-                .ok_or_else(|| {
-                    ClientError::Status(tonic::Status::invalid_argument(format!(
-                        "--size {s:?}: expected WxH"
-                    )))
-                })?;
-            Some(proto::transform::Resize::Size(proto::Size {
-                width: w,
-                height: h,
-            }))
-        }
-        (None, Some(n)) => Some(proto::transform::Resize::ShortSide(n)),
-        (None, None) => None,
-    };
+    let resize = resize_of(&args.size, args.short_side)?;
     let mut clip = if args.times.is_empty() {
         vserve_client::clip_frames(&args.video, &args.frames)
     } else {
@@ -115,7 +128,7 @@ pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
         .await?;
     // [1, T, H, W, 3] → [T, H, W, 3]
     let shape = &batch.header.shape[1..];
-    write_npy(&args.out, shape, &batch.data).map_err(|e| {
+    write_npy(&args.out, shape, "|u1", &batch.data).map_err(|e| {
         ClientError::Status(tonic::Status::internal(format!(
             "cannot write {}: {e}",
             args.out.display()
@@ -131,6 +144,153 @@ pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
             "pts_seconds": info.map(|c| c.pts_seconds.clone()),
         })
     );
+    Ok(())
+}
+
+/// The StreamBatches request the flags describe.
+pub fn stream_request(args: &StreamArgs) -> Result<proto::StreamBatchesRequest, ClientError> {
+    let kind = match args.sampler {
+        SamplerArg::RandomIndices => proto::SamplerKind::SamplerRandomIndices,
+        SamplerArg::RegularIndices => proto::SamplerKind::SamplerRegularIndices,
+        SamplerArg::RandomTimestamps => proto::SamplerKind::SamplerRandomTimestamps,
+        SamplerArg::RegularTimestamps => proto::SamplerKind::SamplerRegularTimestamps,
+    };
+    let short_video = match args.short_video {
+        ShortVideoArg::RepeatLast => proto::ShortVideoPolicy::ShortVideoRepeatLast,
+        ShortVideoArg::Wrap => proto::ShortVideoPolicy::ShortVideoWrap,
+        ShortVideoArg::Skip => proto::ShortVideoPolicy::ShortVideoSkip,
+    };
+    let crop = match (&args.random_crop, &args.random_resized_crop) {
+        (Some(c), _) => Some(proto::augment::Crop::RandomCrop(parse_size(
+            "--random-crop",
+            c,
+        )?)),
+        (None, Some(c)) => Some(proto::augment::Crop::RandomResizedCrop(
+            proto::RandomResizedCrop {
+                size: Some(parse_size("--random-resized-crop", c)?),
+                ..Default::default()
+            },
+        )),
+        (None, None) => None,
+    };
+    let center_crop = args
+        .crop
+        .as_deref()
+        .map(|c| parse_size("--crop", c))
+        .transpose()?;
+    Ok(proto::StreamBatchesRequest {
+        dataset: args.dataset.clone(),
+        sampler: Some(proto::ClipSampler {
+            kind: kind as i32,
+            num_clips: args.clips_per_video,
+            frames_per_clip: args.frames_per_clip,
+            frame_stride: args.frame_stride,
+            seconds_between_frames: args.seconds_between_frames.unwrap_or(0.0),
+            seconds_between_clip_starts: args.seconds_between_clip_starts.unwrap_or(0.0),
+            range_start: args.range_start,
+            range_end: args.range_end,
+            short_video: short_video as i32,
+        }),
+        transform: Some(proto::Transform {
+            resize: resize_of(&args.size, args.short_side)?,
+            center_crop,
+            hflip: args.flip,
+            dtype: match args.dtype {
+                DTypeArg::Uint8 => proto::DType::DtypeUint8,
+                DTypeArg::Float16 => proto::DType::DtypeFloat16,
+                DTypeArg::Float32 => proto::DType::DtypeFloat32,
+            } as i32,
+            no_rotate: args.no_rotate,
+            ..Default::default()
+        }),
+        augment: Some(proto::Augment {
+            crop,
+            random_hflip: args.random_flip,
+        }),
+        batch_size: args.batch_size,
+        drop_last: args.drop_last,
+        seed: args.seed,
+        epoch: args.epoch,
+        rank: args.rank,
+        world_size: args.world_size,
+        start_batch: args.start_batch,
+        prefetch: args.prefetch,
+        no_shuffle: args.no_shuffle,
+        shard_remainder: match args.shard_remainder {
+            RemainderArg::Uneven => proto::ShardRemainder::Uneven,
+            RemainderArg::Pad => proto::ShardRemainder::Pad,
+            RemainderArg::Drop => proto::ShardRemainder::Drop,
+        } as i32,
+        on_error: match args.on_error {
+            OnErrorArg::Skip => proto::OnError::Skip,
+            OnErrorArg::Fail => proto::OnError::Fail,
+        } as i32,
+    })
+}
+
+pub async fn stream(args: &StreamArgs) -> Result<(), ClientError> {
+    let req = stream_request(args)?;
+    if let Some(dir) = &args.out_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            ClientError::Status(tonic::Status::internal(format!(
+                "cannot create {}: {e}",
+                dir.display()
+            )))
+        })?;
+    }
+    let mut client = connect(&args.addr).await?;
+    let mut batches = client.stream_batches(req).await?;
+    let mut received = 0u64;
+    let stdout = std::io::stdout();
+    while let Some(batch) = batches.next().await? {
+        let h = &batch.header;
+        for s in &h.skipped {
+            eprintln!(
+                "{}",
+                json!({"batch": h.batch, "skipped": {"sample": s.sample, "video": s.video, "code": s.code, "message": s.message}})
+            );
+        }
+        if args.list {
+            let mut out = stdout.lock();
+            for c in &h.clips {
+                let line = json!({
+                    "batch": h.batch,
+                    "video": c.video,
+                    "label": c.label,
+                    "label_index": c.label_index,
+                    "frames": c.frame_indices,
+                    "sample": c.sample,
+                    "clip": c.clip,
+                    "replaced_by": c.replaced_by,
+                    "crop": c.crop.as_ref().map(|r| [r.x, r.y, r.width, r.height]),
+                    "flipped": c.flipped,
+                });
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        if let Some(dir) = &args.out_dir {
+            let path = dir.join(format!("batch_{:06}.npy", h.batch));
+            let descr = match h.dtype() {
+                proto::DType::DtypeUint8 => "|u1",
+                proto::DType::DtypeFloat16 => "<f2",
+                proto::DType::DtypeFloat32 => "<f4",
+            };
+            write_npy(&path, &h.shape, descr, &batch.data).map_err(|e| {
+                ClientError::Status(tonic::Status::internal(format!(
+                    "cannot write {}: {e}",
+                    path.display()
+                )))
+            })?;
+            println!(
+                "{}",
+                json!({"batch": h.batch, "out": path.display().to_string(), "shape": h.shape})
+            );
+        }
+        received += 1;
+        if args.max_batches.is_some_and(|m| received >= m) {
+            break;
+        }
+    }
     Ok(())
 }
 
@@ -163,20 +323,26 @@ pub async fn stats(args: &AddrArgs) -> Result<(), ClientError> {
             "decode_queue_depth": s.decode_queue_depth,
             "shared_frames": s.shared_frames,
             "frames_skipped": s.frames_skipped,
+            "active_streams": s.active_streams,
+            "inflight_requests": s.inflight_requests,
+            "samples_skipped": s.samples_skipped,
+            "batches_sent": s.batches_sent,
         })
     );
     Ok(())
 }
 
-/// Writes a uint8 array in NumPy's .npy format, version 1.0, C order.
-pub fn write_npy(path: &Path, shape: &[u64], data: &[u8]) -> std::io::Result<()> {
+/// Writes an array in NumPy's .npy format, version 1.0, C order; `descr` is NumPy's type string
+/// (`|u1`, `<f2`, `<f4`).
+pub fn write_npy(path: &Path, shape: &[u64], descr: &str, data: &[u8]) -> std::io::Result<()> {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     let shape_txt = if dims.len() == 1 {
         format!("({},)", dims[0])
     } else {
         format!("({})", dims.join(", "))
     };
-    let mut header = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': {shape_txt}, }}");
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_txt}, }}");
     // Magic (6) + version (2) + length (2) + header + '\n', padded to a multiple of 64.
     let unpadded = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
@@ -195,7 +361,7 @@ mod tests {
     fn npy_header_is_aligned_and_parsable() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.npy");
-        super::write_npy(&p, &[2, 1, 1, 3], &[1, 2, 3, 4, 5, 6]).unwrap();
+        super::write_npy(&p, &[2, 1, 1, 3], "|u1", &[1, 2, 3, 4, 5, 6]).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
         assert_eq!((10 + hlen) % 64, 0);

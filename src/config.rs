@@ -31,6 +31,8 @@ impl std::fmt::Display for ListenAddr {
 pub struct DatasetConfig {
     pub name: String,
     pub root: PathBuf,
+    /// The sample list for streams (CSV or JSON Lines); None = every video file under the root.
+    pub manifest: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +60,8 @@ pub struct Limits {
     pub max_clips: usize,
     pub max_side: u32,
     pub max_output_bytes: u64,
+    /// Batches a stream may prepare ahead of its reader.
+    pub max_prefetch: usize,
     /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
     pub max_streams: usize,
 }
@@ -69,6 +73,7 @@ impl Default for Limits {
             max_clips: 4_096,
             max_side: 8_192,
             max_output_bytes: 4 << 30,
+            max_prefetch: 8,
             max_streams: 64,
         }
     }
@@ -170,10 +175,16 @@ pub fn parse_listen(s: &str) -> Result<ListenAddr, ConfigError> {
         .map_err(|_| ConfigError::new("listen", s, "expected HOST:PORT or unix:/path.sock"))
 }
 
+/// Parses `NAME=DIR` or `NAME=DIR:manifest=FILE`.
 pub fn parse_dataset(s: &str) -> Result<DatasetConfig, ConfigError> {
-    let (name, root) = s
+    let (name, rest) = s
         .split_once('=')
-        .ok_or_else(|| ConfigError::new("dataset", s, "expected NAME=DIR"))?;
+        .ok_or_else(|| ConfigError::new("dataset", s, "expected NAME=DIR[:manifest=FILE]"))?;
+    let (root, manifest) = match rest.rsplit_once(":manifest=") {
+        Some((root, m)) if !m.is_empty() => (root, Some(PathBuf::from(m))),
+        Some(_) => return Err(ConfigError::new("dataset", s, "empty manifest path")),
+        None => (rest, None),
+    };
     if name.is_empty() || name.contains(['/', '\0']) {
         return Err(ConfigError::new(
             "dataset",
@@ -187,6 +198,7 @@ pub fn parse_dataset(s: &str) -> Result<DatasetConfig, ConfigError> {
     Ok(DatasetConfig {
         name: name.to_owned(),
         root: PathBuf::from(root),
+        manifest,
     })
 }
 
@@ -327,6 +339,10 @@ mod tests {
         assert!(parse_listen("localhost").is_err());
         assert_eq!(parse_dataset("kin=/data/k").unwrap().name, "kin");
         assert!(parse_dataset("kin").is_err());
+        let d = parse_dataset("kin=/data/k:manifest=/data/train.csv").unwrap();
+        assert_eq!(d.root, PathBuf::from("/data/k"));
+        assert_eq!(d.manifest, Some(PathBuf::from("/data/train.csv")));
+        assert!(parse_dataset("kin=/data/k:manifest=").is_err());
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub struct RequestStats {
 }
 
 impl RequestStats {
-    fn add(&mut self, o: &RequestStats) {
+    pub(crate) fn add(&mut self, o: &RequestStats) {
         self.frames_decoded += o.frames_decoded;
         self.cache_hits += o.cache_hits;
         self.cache_misses += o.cache_misses;
@@ -138,6 +138,10 @@ pub struct Stats {
     pub decode_queue_depth: u64,
     pub shared_frames: u64,
     pub frames_skipped: u64,
+    pub active_streams: u64,
+    pub inflight_requests: u64,
+    pub samples_skipped: u64,
+    pub batches_sent: u64,
 }
 
 #[derive(Default)]
@@ -147,6 +151,16 @@ struct Counters {
     cache_misses: AtomicU64,
     index_builds: AtomicU64,
     shared_frames: AtomicU64,
+    tenants: AtomicU64,
+    inflight_calls: AtomicU64,
+}
+
+/// Stream counters, kept by the stream module.
+#[derive(Default)]
+pub(crate) struct StreamCounters {
+    pub active: AtomicU64,
+    pub batches: AtomicU64,
+    pub skipped: AtomicU64,
 }
 
 type RunResult = Result<Arc<RunOutput>, DecodeError>;
@@ -157,6 +171,14 @@ type RunSender = Arc<watch::Sender<Option<RunResult>>>;
 struct InFlight {
     tx: RunSender,
     pending: Arc<Mutex<PendingRun>>,
+}
+
+/// Whose decode work a fetch queues: the fleet shares threads fairly between tenants. `bounded` work
+/// (GetClips) is refused when the queue is full; a stream's is not, since its prefetch bounds it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tenant {
+    pub id: u64,
+    pub bounded: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -177,7 +199,10 @@ pub struct Engine {
     /// GOP runs being decoded now, for single flight.
     inflight: Arc<Mutex<HashMap<RunKey, InFlight>>>,
     counters: Counters,
+    streams: StreamCounters,
     limits: Limits,
+    /// Parsed manifests, by dataset name (datasets without one are scanned per stream).
+    manifests: BTreeMap<String, Arc<crate::manifest::Samples>>,
     /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
     /// by decoding from then on.
     damaged: Mutex<std::collections::HashSet<VideoId>>,
@@ -192,10 +217,17 @@ impl Engine {
     /// Opens the datasets and starts the decode fleet.
     pub fn new(config: &Config, factory: BackendFactory) -> Result<Arc<Engine>, String> {
         let mut datasets = BTreeMap::new();
+        let mut manifests = BTreeMap::new();
         for d in &config.datasets {
             let ds = Dataset::new(&d.name, &d.root)
                 .map_err(|e| format!("dataset {:?}: root {:?}: {e}", d.name, d.root))?;
             datasets.insert(d.name.clone(), ds);
+            if let Some(m) = &d.manifest {
+                let samples = crate::manifest::Samples::from_manifest(m)
+                    .map_err(|e| format!("dataset {:?}: {e}", d.name))?;
+                tracing::info!(dataset = %d.name, manifest = %m.display(), samples = samples.len(), "manifest loaded");
+                manifests.insert(d.name.clone(), Arc::new(samples));
+            }
         }
         let fleet = Fleet::start(config.decode.threads, config.decode.queue, factory)
             .map_err(|e| format!("cannot start decode threads: {e}"))?;
@@ -217,7 +249,9 @@ impl Engine {
             fleet,
             inflight: Arc::new(Mutex::new(HashMap::new())),
             counters: Counters::default(),
+            streams: StreamCounters::default(),
             limits: config.limits.clone(),
+            manifests,
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             damaged: Mutex::new(std::collections::HashSet::new()),
             metrics: Default::default(),
@@ -251,6 +285,50 @@ impl Engine {
             decode_queue_depth: self.fleet.queue_depth() as u64,
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
             frames_skipped: f.frames_skipped.load(Ordering::Relaxed),
+            active_streams: self.streams.active.load(Ordering::Relaxed),
+            inflight_requests: c.inflight_calls.load(Ordering::Relaxed)
+                + self.streams.active.load(Ordering::Relaxed),
+            samples_skipped: self.streams.skipped.load(Ordering::Relaxed),
+            batches_sent: self.streams.batches.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn stream_counters(&self) -> &StreamCounters {
+        &self.streams
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn manifest_of(
+        &self,
+        dataset: &str,
+    ) -> Result<Option<Arc<crate::manifest::Samples>>, Error> {
+        self.dataset(dataset)?;
+        Ok(self.manifests.get(dataset).cloned())
+    }
+
+    /// Resolves and indexes one video on a blocking thread, within the index-build bound.
+    pub(crate) async fn index_video(
+        self: &Arc<Self>,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Result<(Arc<VideoId>, Arc<VideoIndex>, VideoSource), Error> {
+        let permit = self.index_permit().await?;
+        let (this, d, v) = (self.clone(), dataset.to_owned(), video.to_owned());
+        blocking(move || {
+            let _permit = permit;
+            this.index_blocking(&d, &v, stream)
+        })
+        .await
+    }
+
+    pub(crate) fn new_tenant(&self, bounded: bool) -> Tenant {
+        Tenant {
+            id: self.counters.tenants.fetch_add(1, Ordering::Relaxed),
+            bounded,
         }
     }
 
@@ -272,7 +350,7 @@ impl Engine {
             .map_err(|_| Error::ShuttingDown)
     }
 
-    fn dataset(&self, name: &str) -> Result<&Dataset, Error> {
+    pub(crate) fn dataset(&self, name: &str) -> Result<&Dataset, Error> {
         self.datasets
             .get(name)
             .ok_or_else(|| Error::NotFound(format!("dataset {name:?} not served here")))
@@ -349,6 +427,8 @@ impl Engine {
 
     pub async fn get_clips(self: &Arc<Self>, req: ClipsRequest) -> Result<ClipsReply, Error> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.counters.inflight_calls.fetch_add(1, Ordering::Relaxed);
+        let _inflight = CallGuard(&self.counters.inflight_calls);
         match self.get_clips_once(&req).await {
             // The damaged video is now indexed by decoding; frame numbers may have changed, so the whole
             // request is resolved again.
@@ -358,7 +438,7 @@ impl Engine {
     }
 
     /// Records that a video's coded data is damaged, so its next index comes from a decode.
-    fn mark_damaged(&self, id: &VideoId, detail: &str) {
+    pub(crate) fn mark_damaged(&self, id: &VideoId, detail: &str) {
         let mut plain = id.clone();
         plain.decode_table = false;
         if self.damaged.lock().insert(plain) {
@@ -369,6 +449,7 @@ impl Engine {
 
     async fn get_clips_once(self: &Arc<Self>, req: &ClipsRequest) -> Result<ClipsReply, Error> {
         self.validate(req)?;
+        let tenant = self.new_tenant(true);
         self.dataset(&req.dataset)?;
 
         // Index every distinct video once, in parallel on blocking threads. `clip_video[i]` is the
@@ -455,7 +536,7 @@ impl Engine {
         }
         let mut fetches = Vec::with_capacity(videos.len());
         for (i, ((id, _, source), wanted)) in videos.iter().zip(wanted).enumerate() {
-            fetches.push(self.fetch(id, source, geometries[i], wanted));
+            fetches.push(self.fetch(id, source, geometries[i], wanted, tenant));
         }
         let mut stats = RequestStats::default();
         let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
@@ -542,6 +623,12 @@ impl Engine {
                 limits.max_frames
             )));
         }
+        self.validate_transform(&req.transform)
+    }
+
+    /// Checks a transform's sizes and normalisation.
+    pub(crate) fn validate_transform(&self, transform: &Transform) -> Result<(), Error> {
+        let limits = &self.limits;
         let side = |what: &str, v: u32| {
             if v == 0 || v > limits.max_side {
                 Err(Error::InvalidArgument(format!(
@@ -552,7 +639,7 @@ impl Engine {
                 Ok(())
             }
         };
-        match req.transform.resize {
+        match transform.resize {
             Resize::Native => {}
             Resize::Exact { width, height } => {
                 side("output width", width)?;
@@ -560,7 +647,7 @@ impl Engine {
             }
             Resize::ShortSide(s) => side("short side", s)?,
         }
-        let spec = &req.transform.batch;
+        let spec = &transform.batch;
         if let Some((cw, ch)) = spec.crop {
             side("crop width", cw)?;
             side("crop height", ch)?;
@@ -582,12 +669,13 @@ impl Engine {
     }
 
     /// Returns the wanted frames of one video: from the cache, another request's pass, or new GOP runs.
-    async fn fetch(
+    pub(crate) async fn fetch(
         &self,
         id: &Arc<VideoId>,
         source: &VideoSource,
         geometry: Geometry,
         wanted: BTreeSet<usize>,
+        tenant: Tenant,
     ) -> Result<(HashMap<usize, Arc<Frame>>, RequestStats), Error> {
         let mut stats = RequestStats::default();
         let key_of = |frame: usize| FrameKey {
@@ -641,7 +729,7 @@ impl Engine {
                 };
                 match joined {
                     Some(rx) => waits.push((rx, false)),
-                    None => waits.push((self.start_run(key, source, run, geometry)?, true)),
+                    None => waits.push((self.start_run(key, source, run, geometry, tenant)?, true)),
                 }
             }
             for (mut rx, leader) in waits {
@@ -693,6 +781,7 @@ impl Engine {
         source: &VideoSource,
         run: GopRun,
         geometry: Geometry,
+        tenant: Tenant,
     ) -> Result<watch::Receiver<Option<RunResult>>, Error> {
         let (tx, rx) = watch::channel(None);
         let tx: RunSender = Arc::new(tx);
@@ -721,6 +810,7 @@ impl Engine {
         let taken_at = Arc::new(std::sync::OnceLock::new());
         let taken = taken_at.clone();
         let job = Job {
+            tenant: tenant.id,
             source: source.clone(),
             run: pending,
             geometry,
@@ -761,7 +851,12 @@ impl Engine {
                 wanted_tx.receiver_count() > 0
             }),
         };
-        if let Err(e) = self.fleet.submit(job) {
+        let submitted = if tenant.bounded {
+            self.fleet.submit(job)
+        } else {
+            self.fleet.submit_unbounded(job)
+        };
+        if let Err(e) = submitted {
             let mut map = self.inflight.lock();
             if map.get(&key).is_some_and(|f| Arc::ptr_eq(&f.tx, &tx)) {
                 map.remove(&key);
@@ -772,7 +867,16 @@ impl Engine {
     }
 }
 
-async fn blocking<T: Send + 'static>(
+/// Decrements a gauge when a call ends, however it ends (cancellation included).
+struct CallGuard<'a>(&'a AtomicU64);
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Error> {
     tokio::task::spawn_blocking(f)
@@ -780,7 +884,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
 }
 
-fn resolve_positions(
+pub(crate) fn resolve_positions(
     video: &str,
     index: &VideoIndex,
     positions: &Positions,
@@ -813,7 +917,7 @@ fn resolve_positions(
 }
 
 /// Output size of a video's frames after rotation and resize, as the decoder must produce them.
-fn geometry_for(
+pub(crate) fn geometry_for(
     index: &VideoIndex,
     transform: &Transform,
     video: &str,
@@ -859,7 +963,7 @@ fn geometry_for(
     })
 }
 
-fn display_dims(g: Geometry) -> (u32, u32) {
+pub(crate) fn display_dims(g: Geometry) -> (u32, u32) {
     if g.rotation % 180 == 90 {
         (g.scaled_height, g.scaled_width)
     } else {
@@ -885,6 +989,7 @@ mod tests {
             datasets: vec![DatasetConfig {
                 name: "demo".into(),
                 root: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/demo").into(),
+                manifest: None,
             }],
             cache: CacheConfig {
                 bytes: 64 << 20,

@@ -105,6 +105,7 @@ fn main() -> std::process::ExitCode {
                 match &client_command {
                     Command::Probe(a) => vserve::commands::probe(a).await,
                     Command::Get(a) => vserve::commands::get(a).await,
+                    Command::Stream(a) => vserve::commands::stream(a).await,
                     Command::Datasets(a) => vserve::commands::datasets(a).await,
                     Command::Stats(a) => vserve::commands::stats(a).await,
                     Command::Serve(_) | Command::Config(_) => Ok(()),

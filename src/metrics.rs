@@ -182,7 +182,7 @@ pub struct RpcMetrics {
     pub in_flight_requests: Gauge,
     /// Streaming calls in flight (GetClips, StreamBatches, health Watch).
     pub in_flight_streams: Gauge,
-    /// Time from a streaming reply's first message to its end (the send stage).
+    /// Time from a GetClips reply's first message to its end (the send stage).
     pub send: Histogram,
     /// Reply bytes written for array-carrying calls, by transport.
     pub bytes_sent: Family<TransportLabel, Counter>,
@@ -229,7 +229,7 @@ impl RpcMetrics {
         );
         r.register(
             "transport_send_duration_seconds",
-            "Time from a streaming reply's first message to its end",
+            "Time from a GetClips reply's first message to its end",
             self.send.clone(),
         );
         r.register(
@@ -258,7 +258,7 @@ impl Collector for EngineCollector {
             return Ok(());
         };
         let s = engine.stats();
-        let counters: [(&str, &str, u64); 9] = [
+        let counters: [(&str, &str, u64); 11] = [
             (
                 "cache_hits",
                 "Frames served from the frame cache.",
@@ -291,6 +291,16 @@ impl Collector for EngineCollector {
                 "engine_requests",
                 "Probe and GetClips requests.",
                 s.requests,
+            ),
+            (
+                "stream_samples_skipped",
+                "Stream samples replaced because they could not be read.",
+                s.samples_skipped,
+            ),
+            (
+                "stream_batches_sent",
+                "Stream batches sent.",
+                s.batches_sent,
             ),
         ];
         for (name, help, value) in counters {

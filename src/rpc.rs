@@ -212,7 +212,8 @@ impl Call {
                 method: self.method,
             })
             .observe(self.started.elapsed().as_secs_f64());
-        if self.kind == Kind::DataStream {
+        // A StreamBatches reply lasts an epoch: only GetClips replies time the send stage.
+        if self.method == "GetClips" {
             if let Some(first) = self.first_data {
                 m.send.observe(first.elapsed().as_secs_f64());
             }

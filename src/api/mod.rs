@@ -4,12 +4,15 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::batch::{BatchSpec, DType, Layout};
 use crate::engine::{ClipRequest, ClipsRequest, Engine, Positions, Resize, Transform};
 use crate::error::Error;
+use crate::sample::{AugmentSpec, CropSpec, Remainder, SamplerKind, SamplerSpec, ShortVideo};
+use crate::stream::{OnError, StreamBatch, StreamRequest};
 
 /// Generated protobuf and gRPC server types.
 pub mod pb {
@@ -143,6 +146,213 @@ fn clips_from_proto(req: pb::GetClipsRequest) -> Result<ClipsRequest, Error> {
     })
 }
 
+fn dtype_to_proto(d: DType) -> i32 {
+    (match d {
+        DType::U8 => pb::DType::DtypeUint8,
+        DType::F16 => pb::DType::DtypeFloat16,
+        DType::F32 => pb::DType::DtypeFloat32,
+    }) as i32
+}
+
+fn layout_to_proto(l: Layout) -> i32 {
+    (match l {
+        Layout::Thwc => pb::Layout::Thwc,
+        Layout::Tchw => pb::Layout::Tchw,
+    }) as i32
+}
+
+fn stats_to_proto(s: &crate::engine::RequestStats) -> pb::RequestStats {
+    pb::RequestStats {
+        frames_decoded: s.frames_decoded,
+        cache_hits: s.cache_hits,
+        cache_misses: s.cache_misses,
+        gop_runs: s.gop_runs,
+        shared_frames: s.shared_frames,
+        frames_skipped: s.frames_skipped,
+    }
+}
+
+fn stream_from_proto(req: pb::StreamBatchesRequest) -> Result<StreamRequest, Error> {
+    let invalid = |m: String| Error::InvalidArgument(m);
+    let s = req.sampler.unwrap_or_default();
+    let kind = match pb::SamplerKind::try_from(s.kind) {
+        Ok(pb::SamplerKind::SamplerRandomIndices) => SamplerKind::RandomIndices,
+        Ok(pb::SamplerKind::SamplerRegularIndices) => SamplerKind::RegularIndices,
+        Ok(pb::SamplerKind::SamplerRandomTimestamps) => SamplerKind::RandomTimestamps,
+        Ok(pb::SamplerKind::SamplerRegularTimestamps) => SamplerKind::RegularTimestamps,
+        Err(_) => return Err(invalid(format!("unknown sampler kind {}", s.kind))),
+    };
+    let short_video = match pb::ShortVideoPolicy::try_from(s.short_video) {
+        Ok(pb::ShortVideoPolicy::ShortVideoRepeatLast) => ShortVideo::RepeatLast,
+        Ok(pb::ShortVideoPolicy::ShortVideoWrap) => ShortVideo::Wrap,
+        Ok(pb::ShortVideoPolicy::ShortVideoSkip) => ShortVideo::Skip,
+        Err(_) => {
+            return Err(invalid(format!(
+                "unknown short-video policy {}",
+                s.short_video
+            )))
+        }
+    };
+    let or_default = |v: u32, d: u32| if v == 0 { d } else { v };
+    let positive = |v: f64| (v != 0.0).then_some(v);
+    let sampler = SamplerSpec {
+        kind,
+        num_clips: if kind == SamplerKind::RegularTimestamps {
+            0
+        } else {
+            or_default(s.num_clips, 1)
+        },
+        frames_per_clip: or_default(s.frames_per_clip, 1),
+        frame_stride: or_default(s.frame_stride, 1),
+        seconds_between_frames: positive(s.seconds_between_frames),
+        seconds_between_clip_starts: positive(s.seconds_between_clip_starts),
+        range_start: s.range_start,
+        range_end: s.range_end,
+        short_video,
+    };
+    let a = req.augment.unwrap_or_default();
+    let crop = match a.crop {
+        None => None,
+        Some(pb::augment::Crop::RandomCrop(c)) => Some(CropSpec::Random {
+            width: c.width,
+            height: c.height,
+        }),
+        Some(pb::augment::Crop::RandomResizedCrop(r)) => {
+            let size = r.size.unwrap_or_default();
+            let or = |v: f32, d: f64| if v == 0.0 { d } else { v as f64 };
+            Some(CropSpec::RandomResized {
+                width: size.width,
+                height: size.height,
+                scale: (or(r.scale_min, 0.08), or(r.scale_max, 1.0)),
+                ratio: (or(r.ratio_min, 3.0 / 4.0), or(r.ratio_max, 4.0 / 3.0)),
+            })
+        }
+    };
+    let remainder = match pb::ShardRemainder::try_from(req.shard_remainder) {
+        Ok(pb::ShardRemainder::Uneven) => Remainder::Uneven,
+        Ok(pb::ShardRemainder::Pad) => Remainder::Pad,
+        Ok(pb::ShardRemainder::Drop) => Remainder::Drop,
+        Err(_) => {
+            return Err(invalid(format!(
+                "unknown shard remainder {}",
+                req.shard_remainder
+            )))
+        }
+    };
+    let on_error = match pb::OnError::try_from(req.on_error) {
+        Ok(pb::OnError::Skip) => OnError::Skip,
+        Ok(pb::OnError::Fail) => OnError::Fail,
+        Err(_) => return Err(invalid(format!("unknown on_error policy {}", req.on_error))),
+    };
+    Ok(StreamRequest {
+        dataset: req.dataset,
+        sampler,
+        transform: transform_from_proto(req.transform)?,
+        augment: AugmentSpec {
+            crop,
+            random_hflip: a.random_hflip,
+        },
+        batch_size: req.batch_size as usize,
+        drop_last: req.drop_last,
+        seed: req.seed,
+        epoch: req.epoch,
+        rank: req.rank as usize,
+        world_size: if req.world_size == 0 {
+            1
+        } else {
+            req.world_size as usize
+        },
+        start_batch: req.start_batch,
+        prefetch: if req.prefetch == 0 {
+            2
+        } else {
+            req.prefetch as usize
+        },
+        shuffle: !req.no_shuffle,
+        remainder,
+        on_error,
+    })
+}
+
+/// One batch as messages: the header first, then the bytes in chunks.
+fn stream_batch_messages(
+    b: StreamBatch,
+    dtype: DType,
+    layout: Layout,
+) -> Vec<Result<pb::StreamBatchesResponse, Status>> {
+    let header = pb::BatchHeader {
+        shape: b.shape,
+        dtype: dtype_to_proto(dtype),
+        layout: layout_to_proto(layout),
+        clips: b
+            .clips
+            .into_iter()
+            .map(|c| pb::ClipInfo {
+                video: c.meta.video,
+                frame_indices: c.meta.frames,
+                pts: c.meta.pts,
+                pts_seconds: c.meta.pts_seconds,
+                label: c.label.unwrap_or_default(),
+                label_index: c.label_index,
+                sample: c.sample,
+                clip: c.clip,
+                replaced_by: c.replaced_by,
+                crop: c.crop.map(|r| pb::CropBox {
+                    x: r.x,
+                    y: r.y,
+                    width: r.width,
+                    height: r.height,
+                }),
+                flipped: c.flipped,
+            })
+            .collect(),
+        nbytes: b.data.len() as u64,
+        stats: Some(stats_to_proto(&b.stats)),
+        batch: b.batch,
+        batches_total: b.batches_total.unwrap_or(0),
+        skipped: b
+            .skipped
+            .into_iter()
+            .map(|s| pb::SkippedSample {
+                sample: s.sample,
+                video: s.video,
+                code: s.code,
+                message: s.message,
+            })
+            .collect(),
+    };
+    chunks(b.data, header)
+        .into_iter()
+        .map(|(header, offset, data)| {
+            Ok(pb::StreamBatchesResponse {
+                header,
+                offset,
+                data,
+            })
+        })
+        .collect()
+}
+
+/// Splits an array into (header on the first, offset, bytes) chunks of at most [`CHUNK_BYTES`].
+fn chunks(
+    data: Vec<u8>,
+    header: pb::BatchHeader,
+) -> Vec<(Option<pb::BatchHeader>, u64, bytes::Bytes)> {
+    let data = bytes::Bytes::from(data);
+    let mut out = Vec::with_capacity(data.len() / CHUNK_BYTES + 1);
+    let mut offset = 0;
+    let mut header = Some(header);
+    loop {
+        let end = (offset + CHUNK_BYTES).min(data.len());
+        out.push((header.take(), offset as u64, data.slice(offset..end)));
+        offset = end;
+        if offset >= data.len() {
+            break;
+        }
+    }
+    out
+}
+
 type ClipStream = Pin<Box<dyn Stream<Item = Result<pb::GetClipsResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -200,15 +410,8 @@ impl pb::v_serve_server::VServe for Api {
             .map_err(|e| fail("GetClips", e))?;
         let header = pb::BatchHeader {
             shape: reply.shape,
-            dtype: match dtype {
-                DType::U8 => pb::DType::DtypeUint8,
-                DType::F16 => pb::DType::DtypeFloat16,
-                DType::F32 => pb::DType::DtypeFloat32,
-            } as i32,
-            layout: match layout {
-                Layout::Thwc => pb::Layout::Thwc,
-                Layout::Tchw => pb::Layout::Tchw,
-            } as i32,
+            dtype: dtype_to_proto(dtype),
+            layout: layout_to_proto(layout),
             clips: reply
                 .clips
                 .into_iter()
@@ -221,32 +424,19 @@ impl pb::v_serve_server::VServe for Api {
                 })
                 .collect(),
             nbytes: reply.data.len() as u64,
-            stats: Some(pb::RequestStats {
-                frames_decoded: reply.stats.frames_decoded,
-                cache_hits: reply.stats.cache_hits,
-                cache_misses: reply.stats.cache_misses,
-                gop_runs: reply.stats.gop_runs,
-                shared_frames: reply.stats.shared_frames,
-                frames_skipped: reply.stats.frames_skipped,
-            }),
+            stats: Some(stats_to_proto(&reply.stats)),
             ..Default::default()
         };
-        let data = bytes::Bytes::from(reply.data);
-        let mut messages = Vec::with_capacity(data.len() / CHUNK_BYTES + 1);
-        let mut offset = 0;
-        let mut header = Some(header);
-        loop {
-            let end = (offset + CHUNK_BYTES).min(data.len());
-            messages.push(Ok(pb::GetClipsResponse {
-                header: header.take(),
-                offset: offset as u64,
-                data: data.slice(offset..end),
-            }));
-            offset = end;
-            if offset >= data.len() {
-                break;
-            }
-        }
+        let messages: Vec<Result<pb::GetClipsResponse, Status>> = chunks(reply.data, header)
+            .into_iter()
+            .map(|(header, offset, data)| {
+                Ok(pb::GetClipsResponse {
+                    header,
+                    offset,
+                    data,
+                })
+            })
+            .collect();
         Ok(Response::new(Box::pin(tokio_stream::iter(messages))))
     }
 
@@ -255,9 +445,23 @@ impl pb::v_serve_server::VServe for Api {
 
     async fn stream_batches(
         &self,
-        _request: Request<pb::StreamBatchesRequest>,
+        request: Request<pb::StreamBatchesRequest>,
     ) -> Result<Response<Self::StreamBatchesStream>, Status> {
-        Err(Status::unimplemented("StreamBatches is being built"))
+        let req = stream_from_proto(request.into_inner()).map_err(|e| fail("StreamBatches", e))?;
+        let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);
+        let rx = self
+            .engine
+            .stream(req)
+            .await
+            .map_err(|e| fail("StreamBatches", e))?;
+        let messages = tokio_stream::wrappers::ReceiverStream::new(rx).flat_map(move |item| {
+            let out: Vec<Result<pb::StreamBatchesResponse, Status>> = match item {
+                Err(e) => vec![Err(fail("StreamBatches", e))],
+                Ok(b) => stream_batch_messages(b, dtype, layout),
+            };
+            tokio_stream::iter(out)
+        });
+        Ok(Response::new(Box::pin(messages)))
     }
 
     async fn list_datasets(
@@ -297,7 +501,10 @@ impl pb::v_serve_server::VServe for Api {
             decode_queue_depth: s.decode_queue_depth,
             shared_frames: s.shared_frames,
             frames_skipped: s.frames_skipped,
-            ..Default::default()
+            active_streams: s.active_streams,
+            inflight_requests: s.inflight_requests,
+            samples_skipped: s.samples_skipped,
+            batches_sent: s.batches_sent,
         }))
     }
 }

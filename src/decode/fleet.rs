@@ -1,15 +1,25 @@
-//! The decode fleet: named OS threads that run a [`Backend`] behind one bounded queue.
+//! The decode fleet: named OS threads that run a [`Backend`] behind a fair, bounded queue.
 //!
-//! Input: [`Job`]s (a video, a GOP run, a geometry, and what to do with the result). Output: each job's
-//! `on_done` is called exactly once, on the decode thread, with the run's frames or an error.
+//! Input: [`Job`]s (a video, a GOP run, a geometry, the tenant it is for, and what to do with the
+//! result). Output: each job's `on_done` is called exactly once, on the decode thread, with the run's
+//! frames or an error.
 //!
-//! Decoding never runs on the async runtime. Submitting never blocks: a full queue answers
-//! [`DecodeError::Overloaded`] at once. A job nobody waits for any more is skipped, not decoded. A panic
-//! inside a backend fails that job only; the thread gets a fresh backend and keeps serving.
+//! Fair share: every tenant (one stream, or one GetClips call) has its own FIFO; a free thread takes the
+//! next job of the next tenant in round-robin order, so N tenants with work queued get about 1/N of the
+//! threads each, however much each has queued.
+//!
+//! Decoding never runs on the async runtime. Submitting never blocks: when the queue holds `capacity`
+//! jobs, a bounded submission answers [`DecodeError::Overloaded`] at once (streams, whose queued work
+//! their prefetch depth already bounds, submit without that check). A job nobody waits for any more is
+//! skipped, not decoded. A panic inside a backend fails that job only; the thread gets a fresh backend
+//! and keeps serving.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
 
@@ -37,6 +47,8 @@ impl PendingRun {
 }
 
 pub struct Job {
+    /// Who the job is for: the unit of fair share.
+    pub tenant: u64,
     pub source: VideoSource,
     /// Shared with the engine's single-flight table, which may extend it until it starts.
     pub run: Arc<parking_lot::Mutex<PendingRun>>,
@@ -58,8 +70,88 @@ pub struct FleetCounters {
     pub panics: AtomicU64,
 }
 
+/// The queue: one FIFO per tenant and the round-robin ring of tenants that have jobs.
+struct Queues<T> {
+    per_tenant: HashMap<u64, VecDeque<T>>,
+    ring: VecDeque<u64>,
+    len: usize,
+    closed: bool,
+}
+
+struct Scheduler<T> {
+    queues: Mutex<Queues<T>>,
+    ready: Condvar,
+}
+
+impl<T> Scheduler<T> {
+    fn new() -> Self {
+        Scheduler {
+            queues: Mutex::new(Queues {
+                per_tenant: HashMap::new(),
+                ring: VecDeque::new(),
+                len: 0,
+                closed: false,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn push(&self, tenant: u64, job: T, capacity: Option<usize>) -> Result<(), DecodeError> {
+        let mut q = self.queues.lock();
+        if q.closed {
+            return Err(DecodeError::ShuttingDown);
+        }
+        if let Some(cap) = capacity {
+            if q.len >= cap {
+                return Err(DecodeError::Overloaded(cap));
+            }
+        }
+        let fifo = q.per_tenant.entry(tenant).or_default();
+        fifo.push_back(job);
+        if fifo.len() == 1 {
+            q.ring.push_back(tenant);
+        }
+        q.len += 1;
+        drop(q);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The next job in round-robin order; None once closed and empty.
+    fn pop(&self) -> Option<T> {
+        let mut q = self.queues.lock();
+        loop {
+            if let Some(tenant) = q.ring.pop_front() {
+                let Some(fifo) = q.per_tenant.get_mut(&tenant) else {
+                    continue;
+                };
+                let job = fifo.pop_front();
+                if fifo.is_empty() {
+                    q.per_tenant.remove(&tenant);
+                } else {
+                    q.ring.push_back(tenant);
+                }
+                if job.is_some() {
+                    q.len -= 1;
+                    return job;
+                }
+                continue;
+            }
+            if q.closed {
+                return None;
+            }
+            self.ready.wait(&mut q);
+        }
+    }
+
+    fn close(&self) {
+        self.queues.lock().closed = true;
+        self.ready.notify_all();
+    }
+}
+
 pub struct Fleet {
-    tx: Option<crossbeam_channel::Sender<Job>>,
+    scheduler: Arc<Scheduler<Job>>,
     threads: Vec<JoinHandle<()>>,
     capacity: usize,
     pub counters: Arc<FleetCounters>,
@@ -74,11 +166,11 @@ impl Fleet {
         capacity: usize,
         factory: BackendFactory,
     ) -> std::io::Result<Fleet> {
-        let (tx, rx) = crossbeam_channel::bounded::<Job>(capacity.max(1));
+        let scheduler = Arc::new(Scheduler::new());
         let counters = Arc::new(FleetCounters::default());
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads.max(1) {
-            let rx = rx.clone();
+            let rx = scheduler.clone();
             let counters = counters.clone();
             let factory = factory.clone();
             let handle = std::thread::Builder::new()
@@ -87,31 +179,32 @@ impl Fleet {
             handles.push(handle);
         }
         Ok(Fleet {
-            tx: Some(tx),
+            scheduler,
             threads: handles,
-            capacity,
+            capacity: capacity.max(1),
             counters,
         })
     }
 
-    /// Queues a job without blocking. A refused job is dropped without calling its `on_done`.
+    /// Queues a job without blocking; a full queue refuses it. A refused job is dropped without calling
+    /// its `on_done`.
     pub fn submit(&self, job: Job) -> Result<(), DecodeError> {
-        let Some(tx) = &self.tx else {
-            return Err(DecodeError::ShuttingDown);
-        };
+        self.push(job, Some(self.capacity))
+    }
+
+    /// Queues a job whatever the queue's length: for callers whose queued work is bounded already (a
+    /// stream's prefetch).
+    pub fn submit_unbounded(&self, job: Job) -> Result<(), DecodeError> {
+        self.push(job, None)
+    }
+
+    fn push(&self, job: Job, capacity: Option<usize>) -> Result<(), DecodeError> {
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        match tx.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-                Err(match e {
-                    crossbeam_channel::TrySendError::Full(_) => {
-                        DecodeError::Overloaded(self.capacity)
-                    }
-                    crossbeam_channel::TrySendError::Disconnected(_) => DecodeError::ShuttingDown,
-                })
-            }
+        let pushed = self.scheduler.push(job.tenant, job, capacity);
+        if pushed.is_err() {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
         }
+        pushed
     }
 
     pub fn queue_depth(&self) -> usize {
@@ -120,7 +213,7 @@ impl Fleet {
 
     /// Stops accepting jobs, lets the threads finish what is queued, and joins them.
     pub fn shutdown(&mut self) {
-        self.tx.take();
+        self.scheduler.close();
         for handle in self.threads.drain(..) {
             if handle.join().is_err() {
                 tracing::error!("decode thread panicked outside a job");
@@ -135,15 +228,12 @@ impl Drop for Fleet {
     }
 }
 
-fn worker(
-    rx: crossbeam_channel::Receiver<Job>,
-    counters: Arc<FleetCounters>,
-    factory: BackendFactory,
-) {
+fn worker(rx: Arc<Scheduler<Job>>, counters: Arc<FleetCounters>, factory: BackendFactory) {
     let mut backend = factory();
-    while let Ok(job) = rx.recv() {
+    while let Some(job) = rx.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         let Job {
+            tenant: _,
             source,
             run,
             geometry,
@@ -185,5 +275,55 @@ fn worker(
                 .fetch_add(out.skipped, Ordering::Relaxed);
         }
         on_done(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_take_turns_and_the_bound_applies_to_bounded_pushes() {
+        let s = Scheduler::new();
+        // Tenant 1 queues six jobs before tenant 2 queues two and tenant 3 one.
+        for i in 0..6 {
+            s.push(1, (1, i), None).unwrap();
+        }
+        s.push(2, (2, 0), None).unwrap();
+        s.push(2, (2, 1), None).unwrap();
+        s.push(3, (3, 0), Some(100)).unwrap();
+        assert!(matches!(
+            s.push(4, (4, 0), Some(9)),
+            Err(DecodeError::Overloaded(9))
+        ));
+        let order: Vec<(u64, i32)> = std::iter::from_fn(|| {
+            let q = s.queues.lock();
+            if q.len == 0 {
+                return None;
+            }
+            drop(q);
+            s.pop()
+        })
+        .collect();
+        assert_eq!(
+            order,
+            vec![
+                (1, 0),
+                (2, 0),
+                (3, 0),
+                (1, 1),
+                (2, 1),
+                (1, 2),
+                (1, 3),
+                (1, 4),
+                (1, 5)
+            ]
+        );
+        s.close();
+        assert!(s.pop().is_none());
+        assert!(matches!(
+            s.push(1, (1, 9), None),
+            Err(DecodeError::ShuttingDown)
+        ));
     }
 }

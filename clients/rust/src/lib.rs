@@ -121,7 +121,7 @@ pub fn clip_times(video: &str, seconds: &[f64]) -> proto::ClipSpec {
     }
 }
 
-/// One reassembled `GetClips` reply: the header and the array's bytes (little-endian, C order).
+/// One reassembled `GetClips` reply or `StreamBatches` batch: the header and the array's bytes (little-endian, C order).
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub header: proto::BatchHeader,
@@ -265,6 +265,15 @@ impl Client {
             .into_inner())
     }
 
+    /// Opens a stream of batches (one rank's share of one epoch).
+    pub async fn stream_batches(
+        &mut self,
+        req: proto::StreamBatchesRequest,
+    ) -> Result<BatchStream, ClientError> {
+        let inner = self.inner.stream_batches(req).await?.into_inner();
+        Ok(BatchStream { inner })
+    }
+
     /// Fetches clips and reassembles the chunked reply into one array.
     pub async fn get_clips(&mut self, req: proto::GetClipsRequest) -> Result<Batch, ClientError> {
         let mut stream = self.inner.get_clips(req).await?.into_inner();
@@ -306,6 +315,58 @@ impl Client {
             )));
         }
         Ok(Batch { header, data })
+    }
+}
+
+/// The batches of one `StreamBatches` call, reassembled one at a time.
+pub struct BatchStream {
+    inner: tonic::Streaming<proto::StreamBatchesResponse>,
+}
+
+impl BatchStream {
+    /// The next batch, or None after the last one. Dropping the stream cancels it on the server.
+    pub async fn next(&mut self) -> Result<Option<Batch>, ClientError> {
+        let Some(first) = self.inner.message().await? else {
+            return Ok(None);
+        };
+        let header = first
+            .header
+            .clone()
+            .ok_or_else(|| ClientError::Protocol("batch starts without a header".into()))?;
+        let nbytes = usize::try_from(header.nbytes)
+            .map_err(|_| ClientError::Protocol(format!("array of {} bytes", header.nbytes)))?;
+        let mut data = Vec::with_capacity(nbytes);
+        let mut msg = first;
+        loop {
+            if msg.offset != data.len() as u64 || data.len() + msg.data.len() > nbytes {
+                return Err(ClientError::Protocol(format!(
+                    "chunk of {} bytes at offset {} does not continue {} of {nbytes} bytes",
+                    msg.data.len(),
+                    msg.offset,
+                    data.len()
+                )));
+            }
+            data.extend_from_slice(&msg.data);
+            if data.len() == nbytes {
+                break;
+            }
+            msg = match self.inner.message().await? {
+                Some(m) if m.header.is_none() => m,
+                Some(_) => {
+                    return Err(ClientError::Protocol(format!(
+                        "next batch began after {} of {nbytes} bytes",
+                        data.len()
+                    )))
+                }
+                None => {
+                    return Err(ClientError::Protocol(format!(
+                        "stream ended after {} of {nbytes} bytes",
+                        data.len()
+                    )))
+                }
+            };
+        }
+        Ok(Some(Batch { header, data }))
     }
 }
 

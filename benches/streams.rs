@@ -1,0 +1,309 @@
+//! `streams`: StreamBatches on DESIGN.md's `train` workload, several readers at once.
+//!
+//! ```text
+//! cargo bench --bench streams -- [--dir DIR] [--threads N] [--repeat N] [--step-ms MS]
+//! ```
+//!
+//! Corpus: `--dir`, else `target/bench-corpus/kinetics-like-v1` (built by `cargo bench --bench uniform`,
+//! which documents the ffmpeg commands). Workload `train`: per video one random clip of 8 frames with
+//! stride 4, short side 256, random crop 224, random flip, batch 32.
+//!
+//! Phases, each on a fresh daemon (`--decode-threads N`, empty cache) so every phase starts cold:
+//! 1. `one stream`: rank 0 of world 1 reads the whole epoch: clips/s, the floor for the others.
+//! 2. `two ranks`: ranks 0 and 1 of world 2 read at once (disjoint halves): clips/s each and together,
+//!    and the time a trainer waits for each batch (p50/p99; the trainer "computes" `--step-ms` between
+//!    batches). Together / one stream ≈ 1 means the two ranks share the fleet without loss.
+//! 3. `shared`: two jobs (both world 1, same seed and epoch, so the same clips) read at once: frames
+//!    decoded ÷ frames delivered from GetStats (aim ≤ 0.55: each GOP run decoded once for both).
+//! 4. `fair`: two jobs on different clips (seeds differ), one with prefetch 1 and one with prefetch 8:
+//!    clips/s of each while both run (fair share: about equal).
+//!
+//! Prints a table and writes `target/bench-results/streams.json`. Nothing is asserted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use clap::Parser;
+use vserve_client::{proto, Client};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Folder of videos (default: the uniform bench's corpus).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Decode threads of the daemon.
+    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(2, |n| n.get()))]
+    threads: usize,
+    /// Trials per phase; the fastest counts (other load only slows a run down).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Simulated training step between batches, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    step_ms: u64,
+    /// The daemon binary (default: the one Cargo built next to this bench).
+    #[arg(long)]
+    vserve: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    _filters: Vec<String>,
+}
+
+struct Daemon {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    async fn start(bin: &Path, root: &Path, threads: usize) -> Result<Daemon> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("vserve.sock");
+        let addr = format!("unix:{}", socket.display());
+        let log = std::fs::File::create(dir.path().join("daemon.log"))?;
+        let child = Command::new(bin)
+            .args(["serve", "--listen", &addr, "--dataset"])
+            .arg(format!("bench={}", root.display()))
+            .args([
+                "--decode-threads",
+                &threads.to_string(),
+                "--cache-bytes",
+                "8GiB",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if socket.exists() {
+                if let Ok(mut c) = Client::connect(&addr).await {
+                    if c.list_datasets().await.is_ok() {
+                        break;
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("daemon not ready after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(Daemon {
+            child,
+            addr,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn train(seed: u64, rank: u32, world: u32, prefetch: u32) -> proto::StreamBatchesRequest {
+    proto::StreamBatchesRequest {
+        dataset: "bench".into(),
+        sampler: Some(proto::ClipSampler {
+            kind: proto::SamplerKind::SamplerRandomIndices as i32,
+            num_clips: 1,
+            frames_per_clip: 8,
+            frame_stride: 4,
+            ..Default::default()
+        }),
+        transform: Some(proto::Transform {
+            resize: Some(proto::transform::Resize::ShortSide(256)),
+            ..Default::default()
+        }),
+        augment: Some(proto::Augment {
+            crop: Some(proto::augment::Crop::RandomCrop(proto::Size {
+                width: 224,
+                height: 224,
+            })),
+            random_hflip: true,
+        }),
+        batch_size: 32,
+        seed,
+        rank,
+        world_size: world,
+        prefetch,
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Reader {
+    clips: u64,
+    seconds: f64,
+    clips_per_s: f64,
+    wait_p50_ms: f64,
+    wait_p99_ms: f64,
+}
+
+/// Reads a whole stream; the wait per batch is the time `next()` blocks.
+async fn read(addr: String, req: proto::StreamBatchesRequest, step: Duration) -> Result<Reader> {
+    let mut c = Client::connect(&addr).await?;
+    let started = Instant::now();
+    let mut s = c.stream_batches(req).await?;
+    let mut waits = Vec::new();
+    let mut clips = 0;
+    loop {
+        let asked = Instant::now();
+        let Some(b) = s.next().await? else { break };
+        waits.push(asked.elapsed().as_secs_f64() * 1e3);
+        clips += b.header.clips.len() as u64;
+        if !step.is_zero() {
+            tokio::time::sleep(step).await;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    waits.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| {
+        waits
+            .get(((waits.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Ok(Reader {
+        clips,
+        seconds,
+        clips_per_s: clips as f64 / seconds,
+        wait_p50_ms: pct(0.5),
+        wait_p99_ms: pct(0.99),
+    })
+}
+
+/// Runs readers at once on a fresh daemon; returns each reader and GetStats after.
+async fn phase(
+    args: &Args,
+    bin: &Path,
+    root: &Path,
+    reqs: Vec<proto::StreamBatchesRequest>,
+) -> Result<(Vec<Reader>, proto::GetStatsResponse, f64)> {
+    let d = Daemon::start(bin, root, args.threads).await?;
+    let step = Duration::from_millis(args.step_ms);
+    let started = Instant::now();
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|r| tokio::spawn(read(d.addr.clone(), r, step)))
+        .collect();
+    let mut readers = Vec::new();
+    for t in tasks {
+        readers.push(t.await??);
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let stats = Client::connect(&d.addr).await?.stats().await?;
+    Ok((readers, stats, wall))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<()> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| manifest.join("target/bench-corpus/kinetics-like-v1"));
+    if !root.is_dir() {
+        bail!(
+            "no corpus at {}: build it with `cargo bench --bench uniform` or pass --dir",
+            root.display()
+        );
+    }
+    let bin = args
+        .vserve
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vserve")));
+    let mut report = serde_json::Map::new();
+    let best = |runs: &[(Vec<Reader>, proto::GetStatsResponse, f64)]| {
+        runs.iter()
+            .min_by(|a, b| a.2.total_cmp(&b.2))
+            .cloned()
+            .expect("one run")
+    };
+    let trials = |reqs: Vec<proto::StreamBatchesRequest>| {
+        let args = &args;
+        let bin = bin.clone();
+        let root = root.clone();
+        async move {
+            let mut runs = Vec::new();
+            for _ in 0..args.repeat.max(1) {
+                runs.push(phase(args, &bin, &root, reqs.clone()).await?);
+            }
+            anyhow::Ok(best(&runs))
+        }
+    };
+
+    let (one, _, one_wall) = trials(vec![train(1, 0, 1, 2)]).await?;
+    let one_rate = one[0].clips as f64 / one_wall;
+    println!(
+        "one stream:  {:>5} clips in {one_wall:6.2} s  {one_rate:7.1} clips/s  wait p50 {:6.1} ms  p99 {:6.1} ms",
+        one[0].clips, one[0].wait_p50_ms, one[0].wait_p99_ms
+    );
+
+    let (two, _, two_wall) = trials(vec![train(1, 0, 2, 2), train(1, 1, 2, 2)]).await?;
+    let two_clips: u64 = two.iter().map(|r| r.clips).sum();
+    let two_rate = two_clips as f64 / two_wall;
+    for (i, r) in two.iter().enumerate() {
+        println!(
+            "two ranks, rank {i}: {:>5} clips  {:7.1} clips/s  wait p50 {:6.1} ms  p99 {:6.1} ms",
+            r.clips, r.clips_per_s, r.wait_p50_ms, r.wait_p99_ms
+        );
+    }
+    println!(
+        "two ranks together: {two_rate:7.1} clips/s = {:.2} × one stream",
+        two_rate / one_rate
+    );
+
+    let (shared, shared_stats, shared_wall) =
+        trials(vec![train(7, 0, 1, 2), train(7, 0, 1, 2)]).await?;
+    let delivered: u64 = shared.iter().map(|r| r.clips * 8).sum();
+    let ratio = shared_stats.frames_decoded as f64 / delivered as f64;
+    println!(
+        "shared (2 jobs, same clips): {delivered} frames delivered, {} decoded (+{} skipped unread): decoded/delivered = {ratio:.3} (aim <= 0.55); {} frames shared in flight; {:.1} s",
+        shared_stats.frames_decoded, shared_stats.frames_skipped, shared_stats.shared_frames, shared_wall
+    );
+
+    let (fair, _, fair_wall) = trials(vec![train(3, 0, 1, 1), train(4, 0, 1, 8)]).await?;
+    // Throughput while both ran: the shorter reader's clips over its time, and the other's clips in
+    // that same time are not observable from outside, so compare rates over each reader's own run.
+    println!(
+        "fair share: prefetch 1 {:7.1} clips/s, prefetch 8 {:7.1} clips/s (ratio {:.2}); {:.1} s",
+        fair[0].clips_per_s,
+        fair[1].clips_per_s,
+        fair[1].clips_per_s / fair[0].clips_per_s,
+        fair_wall
+    );
+
+    report.insert("threads".into(), args.threads.into());
+    report.insert("corpus".into(), root.display().to_string().into());
+    report.insert("one_stream".into(), serde_json::to_value(&one)?);
+    report.insert("one_stream_clips_per_s".into(), one_rate.into());
+    report.insert("two_ranks".into(), serde_json::to_value(&two)?);
+    report.insert("two_ranks_clips_per_s".into(), two_rate.into());
+    report.insert("two_over_one".into(), (two_rate / one_rate).into());
+    report.insert("shared_decoded_over_delivered".into(), ratio.into());
+    report.insert(
+        "shared_frames_decoded".into(),
+        shared_stats.frames_decoded.into(),
+    );
+    report.insert("shared_frames_delivered".into(), delivered.into());
+    report.insert("fair".into(), serde_json::to_value(&fair)?);
+    let out = manifest.join("target/bench-results/streams.json");
+    std::fs::create_dir_all(out.parent().expect("parent"))?;
+    std::fs::write(&out, serde_json::to_string_pretty(&report)?)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
