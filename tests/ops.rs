@@ -516,10 +516,26 @@ async fn streams_beyond_max_streams_are_refused_while_admitted_ones_complete() {
 }
 
 #[tokio::test]
-async fn socket_mode_and_json_logs() {
-    let d = Daemon::start_with(&["--socket-mode", "0600", "--log-format", "json"]).await;
-    let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777;
+async fn socket_mode_group_and_json_logs() {
+    use std::os::unix::fs::MetadataExt;
+    // A group other than ours: any gid works as root; otherwise our own (the call must still succeed).
+    let probe = tempfile::NamedTempFile::new().unwrap();
+    let me = probe.as_file().metadata().unwrap();
+    let gid = if me.uid() == 0 { 1 } else { me.gid() };
+    let gid_arg = gid.to_string();
+    let d = Daemon::start_with(&[
+        "--socket-mode",
+        "0600",
+        "--socket-group",
+        &gid_arg,
+        "--log-format",
+        "json",
+    ])
+    .await;
+    let meta = std::fs::metadata(&d.socket).unwrap();
+    let mode = meta.permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket mode {mode:o}");
+    assert_eq!(meta.gid(), gid, "socket group");
     let log = d.log_text();
     assert!(!log.trim().is_empty());
     for line in log.lines() {
@@ -659,4 +675,77 @@ fn operating_settings_print_and_bad_values_exit_64_naming_the_key() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn stream_batches_count_against_max_streams() {
+    let d = Daemon::start_with(&["--max-streams", "1"]).await;
+    let request = proto::StreamBatchesRequest {
+        dataset: MEDIA.into(),
+        sampler: Some(proto::ClipSampler {
+            kind: proto::SamplerKind::SamplerRandomIndices as i32,
+            num_clips: 1,
+            frames_per_clip: 2,
+            ..Default::default()
+        }),
+        transform: Some(proto::Transform {
+            resize: Some(proto::transform::Resize::Size(proto::Size {
+                width: 32,
+                height: 24,
+            })),
+            ..Default::default()
+        }),
+        batch_size: 2,
+        world_size: 1,
+        ..Default::default()
+    };
+    let mut c = d.client().await;
+    let mut admitted = c.stream_batches(request.clone()).await.expect("admitted");
+    let first = admitted
+        .next()
+        .await
+        .expect("first batch")
+        .expect("a batch");
+    assert_eq!(first.header.shape[..2], [2, 2]);
+    // The one slot is taken: another stream, or a GetClips, is refused at once.
+    let refused = d.client().await.stream_batches(request.clone()).await;
+    expect_code(
+        refused.map(|_| ()),
+        &["RESOURCE_EXHAUSTED"],
+        "second stream",
+    );
+    expect_code(
+        d.client().await.get_clips(bikes(&[0])).await,
+        &["RESOURCE_EXHAUSTED"],
+        "GetClips beside a stream",
+    );
+    // Dropping the stream cancels it; the slot comes back once the daemon sees the reset.
+    drop(admitted);
+    let mut again = None;
+    for _ in 0..400 {
+        match d.client().await.stream_batches(request.clone()).await {
+            Ok(s) => {
+                again = Some(s);
+                break;
+            }
+            Err(e) if e.code_name() == "RESOURCE_EXHAUSTED" => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    let mut again = again.expect("the slot is freed after the stream is dropped");
+    let batch = again.next().await.expect("batch").expect("a batch");
+    assert_eq!(
+        batch.data, first.data,
+        "same seed and epoch, same first batch"
+    );
+    let s = Scrape::take(&d);
+    assert!(
+        s.get(
+            "vserve_rpc_requests_total",
+            "code=RESOURCE_EXHAUSTED,method=StreamBatches"
+        ) >= 1.0
+    );
+    assert!(s.get("vserve_stream_batches_sent_total", "") >= 2.0);
 }
