@@ -521,15 +521,15 @@ impl ServeArgs {
             (Some(cert), None) => {
                 return Err(ConfigError::new(
                     "tls-key",
-                    "",
-                    format!("missing: --tls-cert {} needs a key", cert.display()),
+                    "(not set)",
+                    format!("--tls-cert {} needs a key", cert.display()),
                 ))
             }
             (None, Some(key)) => {
                 return Err(ConfigError::new(
                     "tls-cert",
-                    "",
-                    format!("missing: --tls-key {} needs a certificate", key.display()),
+                    "(not set)",
+                    format!("--tls-key {} needs a certificate", key.display()),
                 ))
             }
             (None, None) => None,

@@ -660,7 +660,7 @@ fn operating_settings_print_and_bad_values_exit_64_naming_the_key() {
             vec!["--tls-cert", token.to_str().unwrap()],
             vec![],
             "tls-key",
-            "",
+            "(not set)",
         ),
     ];
     for sub in ["config", "serve"] {
