@@ -20,7 +20,7 @@ use crate::batch::{self, BatchSpec};
 use crate::cache::{FrameCache, FrameKey, VideoId};
 use crate::config::{Config, Limits};
 use crate::dataset::Dataset;
-use crate::decode::fleet::{BackendFactory, Fleet, Job, PendingRun};
+use crate::decode::fleet::{BackendFactory, Fleet, Job, OnDone, PendingRun};
 use crate::decode::{DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
 use crate::error::Error;
 use crate::index::{self, Lookup, VideoIndex};
@@ -166,11 +166,13 @@ pub(crate) struct StreamCounters {
 type RunResult = Result<Arc<RunOutput>, DecodeError>;
 type RunSender = Arc<watch::Sender<Option<RunResult>>>;
 
-/// A run in the single-flight table: its result channel, and the run itself while it may still grow.
+/// A run in the single-flight table: its result channel, the run itself while it may still grow, and
+/// its queued job (a joiner from another tenant queues a copy under its own tenant).
 #[derive(Clone)]
 struct InFlight {
     tx: RunSender,
     pending: Arc<Mutex<PendingRun>>,
+    job: Job,
 }
 
 /// Whose decode work a fetch queues: the fleet shares threads fairly between tenants. `bounded` work
@@ -206,6 +208,8 @@ pub struct Engine {
     /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
     /// by decoding from then on.
     damaged: Mutex<std::collections::HashSet<VideoId>>,
+    /// Set when the server starts draining: streams end after the batch they are preparing.
+    draining: watch::Sender<bool>,
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
     /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
     index_permits: Arc<tokio::sync::Semaphore>,
@@ -254,6 +258,7 @@ impl Engine {
             manifests,
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             damaged: Mutex::new(std::collections::HashSet::new()),
+            draining: watch::channel(false).0,
             metrics: Default::default(),
         }))
     }
@@ -291,6 +296,16 @@ impl Engine {
             samples_skipped: self.streams.skipped.load(Ordering::Relaxed),
             batches_sent: self.streams.batches.load(Ordering::Relaxed),
         }
+    }
+
+    /// Starts the drain: open streams send the batch they are preparing, then end with UNAVAILABLE
+    /// (the client resumes from the next batch elsewhere or later).
+    pub fn begin_drain(&self) {
+        self.draining.send_replace(true);
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        *self.draining.borrow()
     }
 
     pub(crate) fn stream_counters(&self) -> &StreamCounters {
@@ -720,9 +735,22 @@ impl Engine {
                 // Join a pass of the same run; while it is still queued, add our frames to it so one
                 // pass serves both (a started pass gives what it gives; round 1 decodes the rest).
                 let joined = if round == 0 {
-                    self.inflight.lock().get(&key).map(|f| {
-                        f.pending.lock().extend(&run.wanted);
-                        f.tx.subscribe()
+                    let found = self.inflight.lock().get(&key).map(|f| {
+                        let queued = f.pending.lock().extend(&run.wanted);
+                        (f.tx.subscribe(), queued.then(|| f.job.clone()))
+                    });
+                    found.map(|(rx, queued)| {
+                        // Still queued under another tenant: queue a copy under ours too, so the run
+                        // starts at whichever turn comes first (fair share holds for joiners).
+                        if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
+                            job.tenant = tenant.id;
+                            let _ = if tenant.bounded {
+                                self.fleet.submit(job)
+                            } else {
+                                self.fleet.submit_unbounded(job)
+                            };
+                        }
+                        rx
                     })
                 } else {
                     None
@@ -789,13 +817,6 @@ impl Engine {
             started: false,
             run,
         }));
-        self.inflight.lock().insert(
-            key.clone(),
-            InFlight {
-                tx: tx.clone(),
-                pending: pending.clone(),
-            },
-        );
         let (cache, inflight, done_tx, done_key) = (
             self.frames.clone(),
             self.inflight.clone(),
@@ -814,43 +835,53 @@ impl Engine {
             source: source.clone(),
             run: pending,
             geometry,
-            on_done: Box::new(move |result: Result<RunOutput, DecodeError>| {
-                let result = result.map(Arc::new);
-                if let Ok(out) = &result {
-                    let started = *taken_at.get_or_init(std::time::Instant::now);
-                    metrics.observe_run(
-                        started.saturating_duration_since(queued_at),
-                        started.elapsed(),
-                        out.decoded,
-                        out.frames.len() as u64,
-                    );
-                    for (k, f) in &out.frames {
-                        cache.insert(
-                            FrameKey {
-                                video: video.clone(),
-                                frame: *k,
-                                geometry,
-                            },
-                            f.clone(),
+            on_done: Arc::new(Mutex::new(Some(Box::new(
+                move |result: Result<RunOutput, DecodeError>| {
+                    let result = result.map(Arc::new);
+                    if let Ok(out) = &result {
+                        let started = *taken_at.get_or_init(std::time::Instant::now);
+                        metrics.observe_run(
+                            started.saturating_duration_since(queued_at),
+                            started.elapsed(),
+                            out.decoded,
+                            out.frames.len() as u64,
                         );
+                        for (k, f) in &out.frames {
+                            cache.insert(
+                                FrameKey {
+                                    video: video.clone(),
+                                    frame: *k,
+                                    geometry,
+                                },
+                                f.clone(),
+                            );
+                        }
                     }
-                }
-                {
-                    let mut map = inflight.lock();
-                    if map
-                        .get(&done_key)
-                        .is_some_and(|f| Arc::ptr_eq(&f.tx, &done_tx))
                     {
-                        map.remove(&done_key);
+                        let mut map = inflight.lock();
+                        if map
+                            .get(&done_key)
+                            .is_some_and(|f| Arc::ptr_eq(&f.tx, &done_tx))
+                        {
+                            map.remove(&done_key);
+                        }
                     }
-                }
-                done_tx.send_replace(Some(result));
-            }),
-            still_wanted: Box::new(move || {
+                    done_tx.send_replace(Some(result));
+                },
+            ) as OnDone))),
+            still_wanted: Arc::new(move || {
                 taken.get_or_init(std::time::Instant::now);
                 wanted_tx.receiver_count() > 0
             }),
         };
+        self.inflight.lock().insert(
+            key.clone(),
+            InFlight {
+                tx: tx.clone(),
+                pending: job.run.clone(),
+                job: job.clone(),
+            },
+        );
         let submitted = if tenant.bounded {
             self.fleet.submit(job)
         } else {
@@ -1028,6 +1059,47 @@ mod tests {
                 ..Transform::default()
             },
         }
+    }
+
+    /// A request that joins a run still queued behind another tenant's backlog is served at its own
+    /// turn, not at the end of that backlog.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn joined_runs_start_at_the_joiners_turn() {
+        let e = engine_with(30, 1);
+        let (id, _, source) = e.index_video("demo", "nasa_13013.mp4", None).await.unwrap();
+        let a = e.new_tenant(false);
+        let b = e.new_tenant(false);
+        let geometry = |w: u32| Geometry {
+            scaled_width: w,
+            scaled_height: 4,
+            rotation: 0,
+        };
+        // Tenant a queues ten runs (one per geometry); the last is the one b will want.
+        let mut backlog = Vec::new();
+        for w in 1..=10 {
+            let (e, id, source) = (e.clone(), id.clone(), source.clone());
+            backlog.push(tokio::spawn(async move {
+                e.fetch(&id, &source, geometry(w), BTreeSet::from([5]), a)
+                    .await
+                    .map(|_| ())
+            }));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let (got, stats) = e
+            .fetch(&id, &source, geometry(10), BTreeSet::from([5]), b)
+            .await
+            .unwrap();
+        assert_eq!(got[&5].data[0], fake_value(5));
+        assert_eq!(stats.shared_frames, 1, "b joined a's queued run");
+        let runs_done = e.fleet.counters.runs.load(Ordering::Relaxed);
+        assert!(
+            runs_done <= 4,
+            "b waited for {runs_done} runs of a's backlog"
+        );
+        for h in backlog {
+            h.await.unwrap().unwrap();
+        }
+        assert_eq!(e.fleet.counters.runs.load(Ordering::Relaxed), 10);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

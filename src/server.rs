@@ -229,6 +229,7 @@ pub async fn serve_engine(
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
     let _ = stop_tx.send(true);
+    engine.begin_drain();
     let drain = async {
         while let Some(done) = tasks.join_next().await {
             if let Ok(Err(e)) = done {

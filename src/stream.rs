@@ -16,6 +16,8 @@
 //!   readable sample of the shard (cyclically), with the clip positions and augmentation keyed by the
 //!   replaced slot; the batch reports it in `skipped`. With [`OnError::Fail`] an unreadable sample ends
 //!   the stream with its error instead.
+//! - Drain: when the server starts shutting down, a stream sends the batch it has ready and ends with
+//!   UNAVAILABLE; the client resumes at the next batch.
 //! - Bounded: at most `prefetch` batches are being prepared and one waits in the channel; a slow reader
 //!   holds only that. When the reader goes away the channel closes, the producer stops, and queued
 //!   decode runs nobody waits for are skipped.
@@ -362,6 +364,10 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
                 .fetch_add(b.skipped.len() as u64, Ordering::Relaxed);
         }
         if tx.send(item).await.is_err() || failed {
+            return;
+        }
+        if ctx.engine.is_draining() {
+            let _ = tx.send(Err(Error::ShuttingDown)).await;
             return;
         }
     }

@@ -313,11 +313,11 @@ async fn health_turns_not_serving_on_sigterm_while_a_stream_finishes() {
 
     drop(watch);
     drop(channel);
-    let status = d
+    let code = d
         .wait_exit(Duration::from_secs(30))
         .await
         .unwrap_or_else(|| panic!("no exit within the grace period; log:\n{}", d.log_text()));
-    assert_eq!(status.code(), Some(0), "log:\n{}", d.log_text());
+    assert_eq!(code, Some(0), "log:\n{}", d.log_text());
     assert!(!d.socket.exists(), "socket file left behind");
     assert!(d.log_text().contains("stopped"), "{}", d.log_text());
 }

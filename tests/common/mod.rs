@@ -176,21 +176,6 @@ impl Daemon {
         assert!(ok, "kill -{name} failed");
     }
 
-    /// Waits for the daemon to exit, serving the async runtime meanwhile; None if still running at
-    /// `timeout`.
-    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     async fn wait_ready(&mut self, socket: &Path) {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         let mut last_err = String::from("socket not created");
@@ -224,6 +209,30 @@ impl Daemon {
         Client::connect(&self.addr)
             .await
             .unwrap_or_else(|e| panic!("connect {}: {e}", self.addr))
+    }
+
+    /// Sends SIGTERM to the daemon.
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -TERM failed");
+    }
+
+    /// Waits (serving the async runtime) until the daemon exits; its exit code, or None on timeout.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status.code());
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Whether the daemon process is still alive.
