@@ -94,6 +94,9 @@ pub struct ServeArgs {
     /// Seconds calls in flight may take to finish after SIGTERM/SIGINT (a second signal stops at once).
     #[arg(long, env = "VSERVE_SHUTDOWN_GRACE", value_name = "SECONDS")]
     pub shutdown_grace: Option<f64>,
+    /// Directory for shared-memory batch arenas (a tmpfs).
+    #[arg(long, env = "VSERVE_SHM_DIR", value_name = "DIR")]
+    pub shm_dir: Option<PathBuf>,
     /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
     #[arg(long, env = "VSERVE_MAX_STREAMS", value_name = "N")]
     pub max_streams: Option<usize>,
@@ -328,6 +331,7 @@ struct FileConfig {
     max_output_bytes: Option<toml::Value>,
     max_prefetch: Option<usize>,
     shutdown_grace: Option<f64>,
+    shm_dir: Option<PathBuf>,
     max_streams: Option<usize>,
     admin_listen: Option<String>,
     log_format: Option<String>,
@@ -453,7 +457,21 @@ impl ServeArgs {
                 "must be 0..=3600 seconds",
             ));
         }
+        let ops = self.ops_config(&file)?;
+        let shm_dir = self
+            .shm_dir
+            .clone()
+            .or(file.shm_dir)
+            .unwrap_or_else(|| PathBuf::from("/dev/shm"));
+        if !shm_dir.is_dir() {
+            return Err(ConfigError::new(
+                "shm-dir",
+                shm_dir.display().to_string(),
+                "not a directory",
+            ));
+        }
         Ok(Config {
+            shm_dir,
             shutdown_grace: std::time::Duration::from_secs_f64(grace),
             listen,
             datasets,
@@ -467,7 +485,7 @@ impl ServeArgs {
                 threads_per_decoder: 1,
             },
             limits,
-            ops: self.ops_config(&file)?,
+            ops,
         })
     }
 
@@ -552,7 +570,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -571,6 +589,7 @@ pub fn config_to_toml(c: &Config) -> String {
         c.limits.max_output_bytes,
         c.limits.max_prefetch,
         c.shutdown_grace.as_secs_f64(),
+        c.shm_dir.display().to_string(),
     ) + &ops_to_toml(c)
 }
 

@@ -14,6 +14,15 @@ use crate::cli::{
     StreamArgs,
 };
 
+/// Shared memory for a daemon on this host (a Unix socket), inline bytes otherwise.
+fn local_transport(addr: &str) -> i32 {
+    if addr.starts_with("unix:") {
+        proto::Transport::Shm as i32
+    } else {
+        proto::Transport::Inline as i32
+    }
+}
+
 fn bad_arg(msg: String) -> ClientError {
     ClientError::Status(tonic::Status::invalid_argument(msg))
 }
@@ -124,6 +133,7 @@ pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
                 no_rotate: args.no_rotate,
                 ..Default::default()
             }),
+            transport: local_transport(&args.addr.addr),
         })
         .await?;
     // [1, T, H, W, 3] → [T, H, W, 3]
@@ -225,6 +235,9 @@ pub fn stream_request(args: &StreamArgs) -> Result<proto::StreamBatchesRequest, 
             OnErrorArg::Skip => proto::OnError::Skip,
             OnErrorArg::Fail => proto::OnError::Fail,
         } as i32,
+        transport: local_transport(&args.addr.addr),
+        worker: 0,
+        num_workers: 0,
     })
 }
 

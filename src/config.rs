@@ -88,6 +88,8 @@ pub struct Config {
     pub limits: Limits,
     /// How long calls in flight may take to finish after SIGTERM/SIGINT.
     pub shutdown_grace: std::time::Duration,
+    /// Where shared-memory arenas are created (transport SHM).
+    pub shm_dir: PathBuf,
     /// Admin listener, logs and access control.
     pub ops: OpsConfig,
 }

@@ -142,6 +142,7 @@ pub struct Stats {
     pub inflight_requests: u64,
     pub samples_skipped: u64,
     pub batches_sent: u64,
+    pub shm_arenas: u64,
 }
 
 #[derive(Default)]
@@ -208,6 +209,11 @@ pub struct Engine {
     /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
     /// by decoding from then on.
     damaged: Mutex<std::collections::HashSet<VideoId>>,
+    /// Dataset scans of the last seconds: every rank and data-loader worker opening a stream at an
+    /// epoch's start shares one directory walk.
+    pub(crate) recent_scans: moka::sync::Cache<String, Arc<crate::manifest::Samples>>,
+    /// Shared-memory arenas (transport SHM).
+    pub(crate) shm: crate::transport::shm::ShmRegistry,
     /// Set when the server starts draining: streams end after the batch they are preparing.
     draining: watch::Sender<bool>,
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
@@ -232,6 +238,15 @@ impl Engine {
                 tracing::info!(dataset = %d.name, manifest = %m.display(), samples = samples.len(), "manifest loaded");
                 manifests.insert(d.name.clone(), Arc::new(samples));
             }
+        }
+        let shm = crate::transport::shm::ShmRegistry::new(
+            config.shm_dir.clone(),
+            0o640,
+            std::time::Duration::from_secs(60),
+        );
+        let stale = shm.remove_stale();
+        if stale > 0 {
+            tracing::info!(removed = stale, dir = %config.shm_dir.display(), "removed shared-memory arenas of daemons no longer running");
         }
         let fleet = Fleet::start(config.decode.threads, config.decode.queue, factory)
             .map_err(|e| format!("cannot start decode threads: {e}"))?;
@@ -259,6 +274,11 @@ impl Engine {
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             damaged: Mutex::new(std::collections::HashSet::new()),
             draining: watch::channel(false).0,
+            shm,
+            recent_scans: moka::sync::Cache::builder()
+                .max_capacity(64)
+                .time_to_live(std::time::Duration::from_secs(10))
+                .build(),
             metrics: Default::default(),
         }))
     }
@@ -295,6 +315,7 @@ impl Engine {
                 + self.streams.active.load(Ordering::Relaxed),
             samples_skipped: self.streams.skipped.load(Ordering::Relaxed),
             batches_sent: self.streams.batches.load(Ordering::Relaxed),
+            shm_arenas: self.shm.open_arenas(),
         }
     }
 
@@ -1033,6 +1054,7 @@ mod tests {
             },
             limits: Limits::default(),
             shutdown_grace: std::time::Duration::from_secs(1),
+            shm_dir: std::env::temp_dir(),
             ops: Default::default(),
         };
         let factory: BackendFactory = Arc::new(move || {

@@ -41,3 +41,4 @@ pub mod sample;
 pub mod server;
 pub mod shutdown;
 pub mod stream;
+pub mod transport;

@@ -51,6 +51,9 @@ pub struct EngineMetrics {
     pub index_failures: Counter,
     /// Files found damaged inside their coded data (re-indexed by decoding).
     pub damaged_files: Counter,
+    /// Batch bytes handed to clients, by transport (shared with [`RpcMetrics::bytes_sent`], which counts
+    /// inline bytes as they leave; shared-memory bytes are counted where a slot is written).
+    pub bytes_sent: Family<TransportLabel, Counter>,
 }
 
 impl Default for EngineMetrics {
@@ -66,14 +69,23 @@ impl Default for EngineMetrics {
             busy_seconds: Family::default(),
             index_failures: Counter::default(),
             damaged_files: Counter::default(),
+            bytes_sent: Family::default(),
         };
         // Series exist from the start, so rates over them are defined before the first decode.
         m.busy_seconds.get_or_create(&BackendLabel::CPU).inc_by(0.0);
+        for t in [TransportLabel::INLINE, TransportLabel::SHM] {
+            m.bytes_sent.get_or_create(&t).inc_by(0);
+        }
         m
     }
 }
 
 impl EngineMetrics {
+    /// Counts batch bytes handed to a client through `transport`.
+    pub fn sent(&self, transport: TransportLabel, bytes: u64) {
+        self.bytes_sent.get_or_create(&transport).inc_by(bytes);
+    }
+
     /// Records one finished GOP run: its queue wait, decode time, length and lead-in.
     pub fn observe_run(&self, waited: Duration, decoding: Duration, decoded: u64, delivered: u64) {
         self.queue_wait.observe(waited.as_secs_f64());
@@ -169,6 +181,7 @@ impl TransportLabel {
     pub const INLINE: TransportLabel = TransportLabel {
         transport: "inline",
     };
+    pub const SHM: TransportLabel = TransportLabel { transport: "shm" };
 }
 
 /// What the RPC layer observes for every call, whatever the service.
@@ -188,20 +201,18 @@ pub struct RpcMetrics {
     pub bytes_sent: Family<TransportLabel, Counter>,
 }
 
-impl Default for RpcMetrics {
-    fn default() -> Self {
-        let m = RpcMetrics {
+impl RpcMetrics {
+    /// New RPC metrics counting reply bytes into `bytes_sent` (the engine's family, one series per
+    /// transport).
+    pub fn new(bytes_sent: Family<TransportLabel, Counter>) -> Self {
+        RpcMetrics {
             requests: Family::default(),
             duration: Family::new_with_constructor(seconds_histogram),
             in_flight_requests: Gauge::default(),
             in_flight_streams: Gauge::default(),
             send: seconds_histogram(),
-            bytes_sent: Family::default(),
-        };
-        m.bytes_sent
-            .get_or_create(&TransportLabel::INLINE)
-            .inc_by(0);
-        m
+            bytes_sent,
+        }
     }
 }
 
@@ -234,7 +245,7 @@ impl RpcMetrics {
         );
         r.register(
             "transport_sent_bytes",
-            "Reply bytes of array-carrying RPCs, by transport",
+            "Batch bytes sent to clients, by transport",
             self.bytes_sent.clone(),
         );
     }
@@ -353,7 +364,7 @@ impl Metrics {
             engine: Arc::downgrade(engine),
             decode_threads,
         }));
-        let rpc = RpcMetrics::default();
+        let rpc = RpcMetrics::new(engine.metrics().bytes_sent.clone());
         rpc.register(&mut registry);
         Metrics { registry, rpc }
     }

@@ -44,6 +44,8 @@ use crate::sample::{
     self, AugmentSpec, ClipAug, ClipPositions, CropBox, Purpose, Remainder, Rng, SampleError,
     SamplerSpec, VideoFacts,
 };
+use crate::transport::shm::{Arena, ShmRef};
+use crate::transport::Transport;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnError {
@@ -68,6 +70,10 @@ pub struct StreamRequest {
     pub shuffle: bool,
     pub remainder: Remainder,
     pub on_error: OnError,
+    pub transport: Transport,
+    /// Data-loader worker split: send only batches b with (b - start_batch) mod workers == worker.
+    pub worker: u64,
+    pub workers: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -103,6 +109,8 @@ pub struct StreamBatch {
     pub clips: Vec<StreamClip>,
     pub skipped: Vec<Skipped>,
     pub stats: RequestStats,
+    /// Transport SHM: where `data`'s bytes went (`data` is then empty).
+    pub shm: Option<ShmRef>,
 }
 
 /// Why a sample could not be used.
@@ -277,6 +285,12 @@ impl Engine {
                 req.prefetch, limits.max_prefetch
             ));
         }
+        if req.workers > 1 && req.worker >= req.workers {
+            return invalid(format!(
+                "worker {} is not in 0..{} (num_workers)",
+                req.worker, req.workers
+            ));
+        }
         if req.augment.crop.is_some() && req.transform.batch.crop.is_some() {
             return invalid("give either a centre crop or a random crop, not both".into());
         }
@@ -323,8 +337,14 @@ impl Engine {
         if let Some(s) = self.manifest_of(dataset)? {
             return Ok(s);
         }
+        if let Some(s) = self.recent_scans.get(dataset) {
+            return Ok(s);
+        }
         let root = self.dataset(dataset)?.root.clone();
-        blocking(move || Ok(Arc::new(Samples::scan(&root)))).await
+        let scanned = blocking(move || Ok(Arc::new(Samples::scan(&root)))).await?;
+        self.recent_scans
+            .insert(dataset.to_owned(), scanned.clone());
+        Ok(scanned)
     }
 }
 
@@ -355,7 +375,17 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         })
         .buffered(prefetch);
     futures::pin_mut!(prepared);
-    while let Some(item) = prepared.next().await {
+    // Transport SHM: the stream's arena, made at the first batch (whose size sets the slots').
+    let mut arena: Option<Arc<Arena>> = None;
+    while let Some(mut item) = prepared.next().await {
+        if ctx.req.transport == Transport::Shm {
+            if let Ok(b) = &mut item {
+                if let Err(e) = to_shm(&ctx, &mut arena, b).await {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
         let failed = item.is_err();
         if let Ok(b) = &item {
             let c = ctx.engine.stream_counters();
@@ -368,9 +398,51 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         }
         if ctx.engine.is_draining() {
             let _ = tx.send(Err(Error::ShuttingDown)).await;
-            return;
+            break;
         }
     }
+    // Sent everything: the client may still be reading the last slots.
+    if let Some(a) = arena.take() {
+        ctx.engine.shm.retire(a);
+    }
+}
+
+/// Moves a batch's bytes into a slot of the stream's arena (waiting for the client to release one).
+async fn to_shm(
+    ctx: &Context,
+    arena: &mut Option<Arc<Arena>>,
+    b: &mut StreamBatch,
+) -> Result<(), Error> {
+    let shm_err = |e: crate::transport::shm::ShmError| Error::Internal(e.to_string());
+    let a = match arena {
+        Some(a) => a.clone(),
+        None => {
+            let per_clip = b.data.len() / b.clips.len().max(1);
+            // One slot per batch the stream may hold: in preparation is not in the arena; one in the
+            // channel, one on the wire, one the client reads, one it may keep.
+            let slots = ctx.req.prefetch + 3;
+            let a = ctx
+                .engine
+                .shm
+                .stream_arena(per_clip * ctx.req.batch_size, slots)
+                .map_err(shm_err)?;
+            *arena = Some(a.clone());
+            a
+        }
+    };
+    let slot = a.acquire().await;
+    let data = std::mem::take(&mut b.data);
+    let nbytes = data.len();
+    let a2 = a.clone();
+    let r = blocking(move || a2.write(slot, &data).map_err(shm_err)).await?;
+    // Keep the array's size: the header announces it.
+    b.data = Vec::new();
+    b.shm = Some(r);
+    ctx.engine
+        .metrics()
+        .sent(crate::metrics::TransportLabel::SHM, nbytes as u64);
+    debug_assert!(nbytes > 0);
+    Ok(())
 }
 
 /// The rank's clip sequence cut into batches.
@@ -403,7 +475,7 @@ impl Plan {
         } else {
             // Counted plans walk the skipped batches (indexing, no decoding).
             for _ in 0..ctx.req.start_batch {
-                if plan.next_batch().await.transpose()?.is_none() {
+                if plan.next_any_batch().await.transpose()?.is_none() {
                     break;
                 }
             }
@@ -422,7 +494,24 @@ impl Plan {
         })
     }
 
+    /// The next batch of this worker's share.
     async fn next_batch(&mut self) -> Option<PlannedBatch> {
+        loop {
+            let planned = self.next_any_batch().await?;
+            let ours = match &planned {
+                Ok((b, _, _)) => {
+                    let req = &self.ctx.req;
+                    (b - req.start_batch) % req.workers.max(1) == req.worker
+                }
+                Err(_) => true,
+            };
+            if ours {
+                return Some(planned);
+            }
+        }
+    }
+
+    async fn next_any_batch(&mut self) -> Option<PlannedBatch> {
         let b = self.ctx.req.batch_size;
         let batch = self.batch;
         if let Some(per) = self.fixed {
@@ -782,6 +871,7 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
         clips,
         skipped,
         stats,
+        shm: None,
     })
 }
 

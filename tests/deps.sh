@@ -19,3 +19,11 @@ if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 fi
 command -v cargo >/dev/null 2>&1 || { echo "deps: cargo not found; install Rust (https://rustup.rs)" >&2; exit 1; }
+# The Python client's tests (tests/run.sh builds a virtualenv): python3 with venv and ensurepip.
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "deps: installing python3 python3-venv" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
+fi

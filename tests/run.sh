@@ -9,3 +9,4 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
 tests/deploy.sh
+tests/python.sh

@@ -922,3 +922,41 @@ async fn a_stalled_reader_holds_only_its_prefetch() {
     assert_eq!(after.active_streams, 1);
     drop(stalled);
 }
+
+/// Data-loader workers: worker w of n gets batches b with (b - start_batch) mod n == w, the same bytes the
+/// whole stream sends.
+#[tokio::test]
+async fn worker_split_partitions_the_batches() {
+    let dir = dataset_dir(SMALL);
+    let d = Daemon::start_with(&["--dataset", &dataset_arg("small", dir.path())]).await;
+    let mut c = d.client().await;
+    let base = proto::StreamBatchesRequest {
+        batch_size: 2,
+        start_batch: 1,
+        ..request("small")
+    };
+    let whole = collect(&mut c, base.clone()).await;
+    assert_eq!(whole.len(), 6, "batches 1..7 of 7");
+    let mut got = BTreeMap::new();
+    for w in 0..3u32 {
+        let part = collect(
+            &mut c,
+            proto::StreamBatchesRequest {
+                worker: w,
+                num_workers: 3,
+                ..base.clone()
+            },
+        )
+        .await;
+        for b in part {
+            assert_eq!((b.header.batch - 1) % 3, w as u64);
+            assert!(got.insert(b.header.batch, b).is_none());
+        }
+    }
+    assert_eq!(got.len(), whole.len());
+    for b in &whole {
+        let g = &got[&b.header.batch];
+        assert_eq!(g.header.clips, b.header.clips);
+        assert_bytes_eq(&g.data, &b.data, None, &format!("batch {}", b.header.batch));
+    }
+}

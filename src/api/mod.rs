@@ -13,6 +13,8 @@ use crate::engine::{ClipRequest, ClipsRequest, Engine, Positions, Resize, Transf
 use crate::error::Error;
 use crate::sample::{AugmentSpec, CropSpec, Remainder, SamplerKind, SamplerSpec, ShortVideo};
 use crate::stream::{OnError, StreamBatch, StreamRequest};
+use crate::transport::shm::ShmRef;
+use crate::transport::Transport;
 
 /// Generated protobuf and gRPC server types.
 pub mod pb {
@@ -172,6 +174,24 @@ fn stats_to_proto(s: &crate::engine::RequestStats) -> pb::RequestStats {
     }
 }
 
+fn transport_from_proto(t: i32) -> Result<Transport, Error> {
+    match pb::Transport::try_from(t) {
+        Ok(pb::Transport::Inline) => Ok(Transport::Inline),
+        Ok(pb::Transport::Shm) => Ok(Transport::Shm),
+        Err(_) => Err(Error::InvalidArgument(format!("unknown transport {t}"))),
+    }
+}
+
+fn shm_to_proto(r: &ShmRef) -> pb::ShmSlot {
+    pb::ShmSlot {
+        path: r.path.display().to_string(),
+        arena: r.arena.clone(),
+        slot: r.slot,
+        offset: r.offset,
+        arena_bytes: r.arena_bytes,
+    }
+}
+
 fn stream_from_proto(req: pb::StreamBatchesRequest) -> Result<StreamRequest, Error> {
     let invalid = |m: String| Error::InvalidArgument(m);
     let s = req.sampler.unwrap_or_default();
@@ -271,6 +291,9 @@ fn stream_from_proto(req: pb::StreamBatchesRequest) -> Result<StreamRequest, Err
         shuffle: !req.no_shuffle,
         remainder,
         on_error,
+        transport: transport_from_proto(req.transport)?,
+        worker: req.worker as u64,
+        workers: (req.num_workers as u64).max(1),
     })
 }
 
@@ -280,6 +303,7 @@ fn stream_batch_messages(
     dtype: DType,
     layout: Layout,
 ) -> Vec<Result<pb::StreamBatchesResponse, Status>> {
+    let nbytes = b.shape.iter().product::<u64>() * dtype.size() as u64;
     let header = pb::BatchHeader {
         shape: b.shape,
         dtype: dtype_to_proto(dtype),
@@ -306,8 +330,9 @@ fn stream_batch_messages(
                 flipped: c.flipped,
             })
             .collect(),
-        nbytes: b.data.len() as u64,
+        nbytes,
         stats: Some(stats_to_proto(&b.stats)),
+        shm: b.shm.as_ref().map(shm_to_proto),
         batch: b.batch,
         batches_total: b.batches_total.unwrap_or(0),
         skipped: b
@@ -400,7 +425,9 @@ impl pb::v_serve_server::VServe for Api {
         &self,
         request: Request<pb::GetClipsRequest>,
     ) -> Result<Response<Self::GetClipsStream>, Status> {
-        let req = clips_from_proto(request.into_inner()).map_err(|e| fail("GetClips", e))?;
+        let raw = request.into_inner();
+        let transport = transport_from_proto(raw.transport).map_err(|e| fail("GetClips", e))?;
+        let req = clips_from_proto(raw).map_err(|e| fail("GetClips", e))?;
         let dtype = req.transform.batch.dtype;
         let layout = req.transform.batch.layout;
         let reply = self
@@ -424,10 +451,26 @@ impl pb::v_serve_server::VServe for Api {
                 })
                 .collect(),
             nbytes: reply.data.len() as u64,
+            shm: None,
             stats: Some(stats_to_proto(&reply.stats)),
             ..Default::default()
         };
-        let messages: Vec<Result<pb::GetClipsResponse, Status>> = chunks(reply.data, header)
+        let (mut header, data) = (header, reply.data);
+        let data = if transport == Transport::Shm {
+            let engine = self.engine.clone();
+            let r = tokio::task::spawn_blocking(move || engine.shm.one_shot(&data))
+                .await
+                .map_err(|e| fail("GetClips", Error::Internal(e.to_string())))?
+                .map_err(|e| fail("GetClips", Error::Internal(e.to_string())))?;
+            header.shm = Some(shm_to_proto(&r));
+            self.engine
+                .metrics()
+                .sent(crate::metrics::TransportLabel::SHM, header.nbytes);
+            Vec::new()
+        } else {
+            data
+        };
+        let messages: Vec<Result<pb::GetClipsResponse, Status>> = chunks(data, header)
             .into_iter()
             .map(|(header, offset, data)| {
                 Ok(pb::GetClipsResponse {
@@ -462,6 +505,18 @@ impl pb::v_serve_server::VServe for Api {
             tokio_stream::iter(out)
         });
         Ok(Response::new(Box::pin(messages)))
+    }
+
+    async fn release_slots(
+        &self,
+        request: Request<pb::ReleaseSlotsRequest>,
+    ) -> Result<Response<pb::ReleaseSlotsResponse>, Status> {
+        let req = request.into_inner();
+        self.engine
+            .shm
+            .release(&req.arena, &req.slots)
+            .map_err(|e| fail("ReleaseSlots", Error::NotFound(e.to_string())))?;
+        Ok(Response::new(pb::ReleaseSlotsResponse {}))
     }
 
     async fn list_datasets(
@@ -505,6 +560,7 @@ impl pb::v_serve_server::VServe for Api {
             inflight_requests: s.inflight_requests,
             samples_skipped: s.samples_skipped,
             batches_sent: s.batches_sent,
+            shm_arenas: s.shm_arenas,
         }))
     }
 }

@@ -325,6 +325,7 @@ pub fn clips_req(
         dataset: dataset.into(),
         clips,
         transform,
+        transport: 0,
     }
 }
 

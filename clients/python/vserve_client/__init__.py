@@ -1,0 +1,64 @@
+"""Python client for the vserve daemon: frame-exact video clips as numpy arrays.
+
+    from vserve_client import Client
+    client = Client("unix:/run/vserve/vserve.sock")
+    batch = client.get_clips("kin", [("a/b.mp4", [0, 5, 9])], short_side=224)
+    batch.array            # uint8 [1, 3, H, W, 3]
+    for batch in client.stream("kin", batch_size=32, frames_per_clip=8, seed=0, epoch=0):
+        ...
+
+Modules, in the order a batch passes them: :mod:`~vserve_client.request` (arguments -> messages),
+:mod:`~vserve_client.client` (the gRPC calls), :mod:`~vserve_client.transport` (inline bytes or shared
+memory), :mod:`~vserve_client.batch` (chunks -> one array), :mod:`~vserve_client.workers` (batches split
+among data-loader workers), :mod:`vserve_client.torch` (the PyTorch dataset; imports torch),
+:mod:`~vserve_client.errors` (a class per gRPC status).
+"""
+
+from .batch import Batch
+from .client import BatchStream, Client
+from .errors import (
+    Aborted,
+    AlreadyExists,
+    Cancelled,
+    DataLoss,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    OutOfRange,
+    PermissionDenied,
+    ProtocolError,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+    Unknown,
+    VServeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Aborted",
+    "AlreadyExists",
+    "Batch",
+    "BatchStream",
+    "Cancelled",
+    "Client",
+    "DataLoss",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "Internal",
+    "InvalidArgument",
+    "NotFound",
+    "OutOfRange",
+    "PermissionDenied",
+    "ProtocolError",
+    "ResourceExhausted",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "Unknown",
+    "VServeError",
+]

@@ -1,0 +1,219 @@
+"""Batches: one reply of GetClips, or one batch of StreamBatches, as a numpy array plus its clip facts.
+
+Input: the reply messages of either RPC (``GetClipsResponse`` and ``StreamBatchesResponse`` have the same
+fields: ``header``, ``offset``, ``data``). Output: :class:`Batch` objects.
+
+Wire rules enforced here (proto/vserve/v1/vserve.proto):
+- a batch starts with a message carrying its ``header`` (which may also carry the first bytes);
+- the batch's bytes follow in order: each chunk's ``offset`` equals the bytes received so far;
+- a batch is complete when ``nbytes`` bytes arrived; the next header starts the next batch;
+- the array is ``header.shape`` of ``header.dtype``, little-endian, C order.
+
+Each batch's bytes are copied once, into one array allocated from the header's ``nbytes`` (no
+concatenation of chunks). Violations raise :class:`~vserve_client.errors.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+import numpy as np
+
+from ._proto import vserve_pb2 as pb
+from .errors import ProtocolError
+
+#: Wire dtype -> numpy dtype (explicitly little-endian: the wire is little-endian on every host).
+WIRE_DTYPES = {
+    pb.DTYPE_UINT8: np.dtype("u1"),
+    pb.DTYPE_FLOAT16: np.dtype("<f2"),
+    pb.DTYPE_FLOAT32: np.dtype("<f4"),
+}
+
+LAYOUT_NAMES = {pb.LAYOUT_THWC: "THWC", pb.LAYOUT_TCHW: "TCHW"}
+
+
+def message_to_dict(msg: Any) -> Dict[str, Any]:
+    """A protobuf message as a plain dict keyed by proto field names.
+
+    Integers stay ints (unlike ``json_format``, which turns 64-bit ones into strings), repeated fields become
+    lists, unset ``optional`` fields and unset sub-messages become ``None``, enums their value names. Fields
+    added to the proto later appear without changes here.
+    """
+    out: Dict[str, Any] = {}
+    for field in msg.DESCRIPTOR.fields:
+        value = getattr(msg, field.name)
+        if field.is_repeated:
+            if field.message_type is not None:
+                out[field.name] = [message_to_dict(v) for v in value]
+            elif field.enum_type is not None:
+                out[field.name] = [field.enum_type.values_by_number[v].name for v in value]
+            else:
+                out[field.name] = list(value)
+        elif field.has_presence and not msg.HasField(field.name):
+            out[field.name] = None
+        elif field.message_type is not None:
+            out[field.name] = message_to_dict(value)
+        elif field.enum_type is not None:
+            known = field.enum_type.values_by_number.get(value)
+            out[field.name] = known.name if known is not None else value
+        else:
+            out[field.name] = value
+    return out
+
+
+def _per_clip(rows: List[List[Any]], dtype: Any) -> Any:
+    """Per-clip lists as one [clips, T] array when they have one length (they do: every clip of a batch has
+    T frames), else a list of 1-D arrays."""
+    if len({len(r) for r in rows}) <= 1:
+        width = len(rows[0]) if rows else 0
+        return np.array(rows, dtype=dtype).reshape(len(rows), width)
+    return [np.array(r, dtype=dtype) for r in rows]
+
+
+class Batch:
+    """Clips as one array ``[clips, T, H, W, C]`` (layout THWC) or ``[clips, T, C, H, W]`` (TCHW), and what
+    the daemon says about them.
+
+    Attributes:
+        array: the pixels (uint8, float16 or float32; writable, owned by this batch).
+        videos: per clip, its path in the dataset.
+        labels: per clip, its manifest label ("" without one; StreamBatches only).
+        label_indices: int64 [clips], the label's index in the dataset's sorted label set (-1 without).
+        frames: int64 [clips, T], the frame indices decoded (frame k = FFmpeg's k-th output frame).
+        pts: int64 [clips, T] in the stream's time base; pts_seconds: float64 [clips, T].
+        clips: per clip, every ClipInfo field as a dict (sample, clip, replaced_by, crop, flipped, ...).
+        skipped: samples replaced in this batch, dicts with sample, video, code, message.
+        batch, batches_total: this batch's number in the rank's epoch and how many it has (StreamBatches;
+            batches_total is None where the daemon cannot know it ahead, with regular-timestamp sampling).
+        stats: what serving it cost (frames_decoded, cache_hits, gop_runs, ...).
+        layout: "THWC" or "TCHW". header: the raw ``BatchHeader`` message.
+    """
+
+    __slots__ = (
+        "array",
+        "header",
+        "videos",
+        "labels",
+        "label_indices",
+        "frames",
+        "pts",
+        "pts_seconds",
+        "clips",
+        "skipped",
+        "batch",
+        "batches_total",
+        "stats",
+        "layout",
+    )
+
+    def __init__(self, header: "pb.BatchHeader", array: np.ndarray):
+        self.header = header
+        self.array = array
+        infos = list(header.clips)
+        self.videos: List[str] = [c.video for c in infos]
+        self.labels: List[str] = [c.label for c in infos]
+        self.label_indices = np.array([c.label_index for c in infos], dtype=np.int64)
+        self.frames = _per_clip([list(c.frame_indices) for c in infos], np.int64)
+        self.pts = _per_clip([list(c.pts) for c in infos], np.int64)
+        self.pts_seconds = _per_clip([list(c.pts_seconds) for c in infos], np.float64)
+        self.clips: List[Dict[str, Any]] = [message_to_dict(c) for c in infos]
+        self.skipped: List[Dict[str, Any]] = [message_to_dict(s) for s in header.skipped]
+        self.batch: int = header.batch
+        # 0 on the wire: not a stream, or a count the daemon cannot know ahead (regular-timestamp sampling,
+        # where the clip count depends on each video's duration). A received batch never belongs to an
+        # epoch of 0 batches, so 0 always means "unknown".
+        self.batches_total: Optional[int] = header.batches_total or None
+        self.stats: Dict[str, Any] = message_to_dict(header.stats)
+        self.layout: str = LAYOUT_NAMES.get(header.layout, str(header.layout))
+
+    def __len__(self) -> int:
+        return len(self.videos)
+
+    def release(self) -> None:
+        """Gives the batch's memory back to the transport. A no-op for inline batches (the array is owned by
+        this object); with shared memory the array is a view of an arena slot that the next read releases
+        unless the batch was kept, so code that holds batches across reads should call ``release()`` when
+        done, or keep ``array.copy()``."""
+
+    def __repr__(self) -> str:
+        return (
+            f"Batch(batch={self.batch}/{self.batches_total}, shape={tuple(self.array.shape)}, "
+            f"dtype={self.array.dtype}, videos={len(self.videos)}, skipped={len(self.skipped)})"
+        )
+
+
+class ArrayAssembler:
+    """Collects one batch's chunks into a preallocated array."""
+
+    def __init__(self, header: "pb.BatchHeader"):
+        dtype = WIRE_DTYPES.get(header.dtype)
+        if dtype is None:
+            raise ProtocolError(f"unknown dtype {header.dtype} in batch header")
+        shape = tuple(int(d) for d in header.shape)
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else 0
+        if expected != header.nbytes:
+            raise ProtocolError(
+                f"header announces {header.nbytes} bytes but shape {list(shape)} of {dtype} needs {expected}"
+            )
+        self.header = header
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = int(header.nbytes)
+        self.buffer = np.empty(self.nbytes, dtype=np.uint8)
+        self.received = 0
+
+    def add(self, offset: int, data: bytes) -> None:
+        if not data:
+            return
+        if offset != self.received:
+            raise ProtocolError(f"chunk at offset {offset} but {self.received} bytes received")
+        end = self.received + len(data)
+        if end > self.nbytes:
+            raise ProtocolError(f"chunks exceed the announced {self.nbytes} bytes (chunk ends at {end})")
+        self.buffer[self.received : end] = np.frombuffer(data, dtype=np.uint8)
+        self.received = end
+
+    @property
+    def complete(self) -> bool:
+        return self.received == self.nbytes
+
+    def finish(self) -> Batch:
+        if not self.complete:
+            raise ProtocolError(f"received {self.received} of {self.nbytes} bytes")
+        return Batch(self.header, self.buffer.view(self.dtype).reshape(self.shape))
+
+
+def assemble_batches(messages: Iterable[Any]) -> Iterator[Batch]:
+    """Batches from a reply stream, each yielded as soon as its last byte arrives."""
+    current: Optional[ArrayAssembler] = None
+    for msg in messages:
+        if msg.HasField("header"):
+            if current is not None:
+                raise ProtocolError(
+                    f"batch header arrived after {current.received} of {current.nbytes} bytes of the previous batch"
+                )
+            current = ArrayAssembler(msg.header)
+        elif current is None:
+            if not msg.data:
+                continue  # an empty message between batches carries nothing
+            raise ProtocolError(
+                f"chunk of {len(msg.data)} bytes at offset {msg.offset} before any batch header"
+            )
+        current.add(msg.offset, msg.data)
+        if current.complete:
+            yield current.finish()
+            current = None
+    if current is not None:
+        raise ProtocolError(f"stream ended after {current.received} of {current.nbytes} bytes of a batch")
+
+
+def assemble_one(messages: Iterable[Any]) -> Batch:
+    """The single batch of a GetClips reply."""
+    out: Optional[Batch] = None
+    for batch in assemble_batches(messages):
+        if out is not None:
+            raise ProtocolError("GetClips reply carried more than one batch header")
+        out = batch
+    if out is None:
+        raise ProtocolError("empty reply stream (no batch header)")
+    return out

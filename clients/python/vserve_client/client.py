@@ -1,0 +1,290 @@
+"""The client: one gRPC channel to one daemon, and a method per RPC.
+
+``Client(addr)`` with addr ``unix:/path.sock``, ``host:port`` or ``https://host:port`` (TLS). Calls raise
+:class:`~vserve_client.errors.VServeError` subclasses (never ``grpc.RpcError``); batch bytes arrive through
+the transport chosen at construction (see :mod:`vserve_client.transport`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import request as rq
+from ._proto import vserve_pb2 as pb
+from ._proto import vserve_pb2_grpc as pb_grpc
+from .batch import Batch, message_to_dict
+from .errors import InvalidArgument, from_rpc_error
+from .transport import Transport, select
+from .workers import iter_worker_batches
+
+#: The largest message accepted or sent. The daemon sends 8 MiB chunks; headers of huge requests (per-clip
+#: frame lists) are the other large messages.
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+def _target(addr: str) -> Tuple[str, bool]:
+    """The gRPC target of ``unix:/path.sock``, ``host:port``, ``http://host:port`` or ``https://host:port``,
+    and whether it needs TLS."""
+    if not isinstance(addr, str) or not addr:
+        raise InvalidArgument(f"addr={addr!r}: expected unix:/path.sock or host:port")
+    if addr.startswith("unix:"):
+        if len(addr) == len("unix:"):
+            raise InvalidArgument(f"addr={addr!r}: no socket path after 'unix:'")
+        return addr, False
+    secure = addr.startswith("https://")
+    rest = addr
+    for scheme in ("http://", "https://"):
+        if rest.startswith(scheme):
+            rest = rest[len(scheme) :]
+    rest = rest.rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise InvalidArgument(f"addr={addr!r}: expected unix:/path.sock, host:port or https://host:port")
+    return rest, secure
+
+
+def _pem(tls_ca: Union[None, str, bytes, "os.PathLike[str]"]) -> Optional[bytes]:
+    """The CA certificate(s): PEM bytes as given, or read from a file path."""
+    if tls_ca is None or isinstance(tls_ca, bytes):
+        return tls_ca
+    try:
+        with open(tls_ca, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidArgument(f"tls_ca={str(tls_ca)!r}: {e.strerror}") from None
+
+
+class BatchStream:
+    """The batches of one StreamBatches call (an iterator). ``close()`` (or leaving a ``with`` block, or
+    dropping it) cancels the call, so the daemon stops preparing batches."""
+
+    def __init__(self, batches: Iterator[Batch], close: Any):
+        self._batches = batches
+        self._close = close
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def __next__(self) -> Batch:
+        return next(self._batches)
+
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self) -> "BatchStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to cancel
+            pass
+
+
+class Client:
+    """A connection to a vserve daemon.
+
+    Args:
+        addr: ``unix:/path/to.sock`` or ``host:port``.
+        transport: ``"auto"`` (shared memory when the daemon is local and offers it, else inline; inline
+            today), ``"shm"`` (not served yet: raises :class:`~vserve_client.errors.Unimplemented`) or
+            ``"inline"`` (bytes in the gRPC messages).
+        token: sent as ``authorization: Bearer <token>`` with every call (daemons started with
+            ``--auth-token-file`` require it on TCP listeners).
+        tls_ca: for ``https://host:port``: the CA certificate that signed the daemon's certificate, as PEM
+            bytes or a file path (None: the system's roots).
+        timeout: seconds allowed for each unary call and each GetClips (None: no limit). Streams have none.
+    """
+
+    def __init__(
+        self,
+        addr: str,
+        transport: str = "auto",
+        token: Optional[str] = None,
+        *,
+        tls_ca: Union[None, str, bytes, "os.PathLike[str]"] = None,
+        timeout: Optional[float] = None,
+    ):
+        self.addr = addr
+        self._transport: Transport = select(transport, addr)
+        self._timeout = timeout
+        self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
+        target, secure = _target(addr)
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if target.startswith("unix:"):
+            # gRPC core sends the socket path as the HTTP/2 :authority, which the daemon's HTTP stack
+            # rejects as malformed (RST_STREAM, PROTOCOL_ERROR); a host name is what it expects.
+            options.append(("grpc.default_authority", "localhost"))
+        if secure:
+            creds = grpc.ssl_channel_credentials(root_certificates=_pem(tls_ca))
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        elif tls_ca is not None:
+            raise InvalidArgument(f"tls_ca given but addr={addr!r} is not https://host:port")
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = pb_grpc.VServeStub(self._channel)
+
+    @property
+    def transport(self) -> str:
+        """The transport in use: ``"inline"`` or ``"shm"``."""
+        return self._transport.name
+
+    def close(self) -> None:
+        self._transport.close()
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        raise TypeError(
+            "a vserve_client.Client holds a gRPC channel and cannot be pickled; create one per process "
+            "(vserve_client.torch.VideoClipDataset does)"
+        )
+
+    # -- unary calls ------------------------------------------------------------------------------------
+
+    def _unary(self, method: Any, req: Any) -> Any:
+        try:
+            return method(req, metadata=self._metadata, timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def probe(
+        self, dataset: str, video: str, include_pts: bool = False, stream: Optional[int] = None
+    ) -> Dict[str, Any]:
+        """Stream facts and frame table of one video: codec, width/height (stored), display_width/height,
+        rotation, avg_fps, time_base {num, den}, duration_seconds, frame_count, keyframes, pts (with
+        include_pts), stream, pixel_format, declared_frames."""
+        req = pb.ProbeRequest(dataset=dataset, video=video, include_pts=include_pts)
+        if stream is not None:
+            req.stream = int(stream)
+        return message_to_dict(self._unary(self._stub.Probe, req))
+
+    def list_datasets(self) -> List[Dict[str, Any]]:
+        """The datasets served: dicts with name, root, video_count."""
+        reply = self._unary(self._stub.ListDatasets, pb.ListDatasetsRequest())
+        return [message_to_dict(d) for d in reply.datasets]
+
+    def stats(self) -> Dict[str, Any]:
+        """The daemon's counters since start-up (frames_decoded, cache_hits, requests, ...)."""
+        return message_to_dict(self._unary(self._stub.GetStats, pb.GetStatsRequest()))
+
+    # -- batches ----------------------------------------------------------------------------------------
+
+    def _messages(self, method: Any, req: Any, timeout: Optional[float]) -> Iterator[Any]:
+        """The reply messages of a server-streaming call; errors become VServeError; closing cancels."""
+        call = method(req, metadata=self._metadata, timeout=timeout)
+        try:
+            for msg in call:
+                yield msg
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        finally:
+            call.cancel()  # a no-op once the call has finished
+
+    def get_clips(
+        self,
+        dataset: str,
+        clips: Sequence[Any],
+        *,
+        size: Optional[rq.SizeArg] = None,
+        short_side: Optional[int] = None,
+        crop: Optional[rq.SizeArg] = None,
+        flip: bool = False,
+        dtype: Any = "uint8",
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+        layout: str = "THWC",
+        rotate: bool = True,
+    ) -> Batch:
+        """Decodes explicit clips into one array ``[clips, T, H, W, 3]`` (or ``[clips, T, 3, H, W]``).
+
+        ``clips``: ``(video, [frame indices])`` or ``(video, {"times": [seconds]})`` items (a dict may add
+        ``"stream": N``). ``size=(width, height)`` or ``short_side=N`` resizes (bilinear), ``crop=(width,
+        height)`` centre-crops after it, ``flip`` mirrors, ``dtype`` "uint8" | "float16" | "float32" (floats
+        are ``(x/255 - mean) / std`` per channel), ``rotate=False`` keeps the stored orientation.
+        """
+        req = rq.get_clips_request(
+            dataset,
+            clips,
+            size=size,
+            short_side=short_side,
+            crop=crop,
+            flip=flip,
+            dtype=dtype,
+            mean=mean,
+            std=std,
+            layout=layout,
+            rotate=rotate,
+        )
+        self._transport.prepare(req)
+        messages = self._messages(self._stub.GetClips, req, self._timeout)
+        try:
+            return self._transport.one(messages)
+        finally:
+            messages.close()
+
+    def stream(self, dataset: str, **kwargs: Any) -> BatchStream:
+        """One rank's share of one epoch, as batches sampled, shuffled and transformed by the daemon.
+
+        Keyword arguments (defaults in brackets):
+        - sampler ["random-indices"] | "regular-indices" | "random-timestamps" | "regular-timestamps";
+          clips_per_video [1], frames_per_clip [1], frame_stride [1], seconds_between_frames,
+          seconds_between_clip_starts, range_start, range_end, short_video ["repeat_last"] | "wrap" | "skip";
+        - the transform of :meth:`get_clips` (size, short_side, crop, flip, dtype, mean, std, layout,
+          rotate), plus per-clip augmentation: random_crop=(w, h), random_resized_crop=(w, h) or
+          {"size": (w, h), "scale": (lo, hi), "ratio": (lo, hi)}, random_hflip [False];
+        - batch_size (required), drop_last [False], seed [0], epoch [0], rank [0], world_size [1],
+          start_batch [0] (resume: the next batch after the last one consumed), prefetch [2], shuffle [True],
+          shard_remainder ["uneven"] | "pad" | "drop", on_error ["skip"] | "fail".
+
+        Also ``worker=(w, n)``: only the batches of data-loader worker w of n (see :mod:`vserve_client.workers`).
+        """
+        worker = kwargs.pop("worker", None)
+        req = rq.stream_request(dataset, **kwargs)
+        if worker is None:
+            return self._open_stream(req)
+        w, n = worker
+        if n < 1 or not 0 <= w < n:
+            raise InvalidArgument(f"worker={worker!r}: expected (w, n) with 0 <= w < n")
+
+        def open_from(start: int, prefetch: Optional[int]) -> BatchStream:
+            sub = pb.StreamBatchesRequest()
+            sub.CopyFrom(req)
+            sub.start_batch = start
+            if prefetch is not None:
+                sub.prefetch = prefetch
+            return self._open_stream(sub)
+
+        it = iter_worker_batches(open_from, req.start_batch, w, n)
+        return BatchStream(it, it.close)
+
+    # help(Client.stream) and IDEs that read signatures show every keyword stream_request takes.
+    stream.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            inspect.Parameter("dataset", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str),
+            *list(inspect.signature(rq.stream_request).parameters.values())[1:],
+            inspect.Parameter("worker", inspect.Parameter.KEYWORD_ONLY, default=None),
+        ],
+        return_annotation=BatchStream,
+    )
+
+    def _open_stream(self, req: "pb.StreamBatchesRequest") -> BatchStream:
+        self._transport.prepare(req)
+        messages = self._messages(self._stub.StreamBatches, req, None)
+        return BatchStream(self._transport.batches(messages), messages.close)

