@@ -414,10 +414,15 @@ async fn to_shm(
     b: &mut StreamBatch,
 ) -> Result<(), Error> {
     let shm_err = |e: crate::transport::shm::ShmError| Error::Internal(e.to_string());
+    // A batch larger than the slots (frames of another size, at native size) moves the stream to a new
+    // arena; the old one stays until the client has released its slots.
+    if let Some(old) = arena.take_if(|a| a.slot_bytes() < b.data.len()) {
+        ctx.engine.shm.retire(old);
+    }
     let a = match arena {
         Some(a) => a.clone(),
         None => {
-            let per_clip = b.data.len() / b.clips.len().max(1);
+            let per_clip = b.data.len().div_ceil(b.clips.len().max(1));
             // One slot per batch the stream may hold: in preparation is not in the arena; one in the
             // channel, one on the wire, one the client reads, one it may keep.
             let slots = ctx.req.prefetch + 3;

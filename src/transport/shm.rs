@@ -100,6 +100,10 @@ impl Arena {
         &self.name
     }
 
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
     /// Waits for a free slot and takes it.
     pub async fn acquire(&self) -> u32 {
         loop {

@@ -259,7 +259,7 @@ class FakeDaemon:
             raise RuntimeError(f"fake daemon did not start (said {line!r})")
 
     def calls(self) -> List[List[int]]:
-        """(rank, world_size, start_batch, prefetch) of every StreamBatches call so far."""
+        """(rank, world_size, start_batch, prefetch, worker, num_workers) of every StreamBatches call so far."""
         if not self.calls_log.exists():
             return []
         return [[int(x) for x in line.split()] for line in self.calls_log.read_text().splitlines()]

@@ -42,7 +42,10 @@ class Servicer(pb_grpc.VServeServicer):
 
     def StreamBatches(self, request, context):
         with open(self.calls_log, "a") as f:
-            f.write(f"{request.rank} {request.world_size} {request.start_batch} {request.prefetch}\n")
+            f.write(
+                f"{request.rank} {request.world_size} {request.start_batch} {request.prefetch} "
+                f"{request.worker} {request.num_workers}\n"
+            )
         if request.dataset not in ("synthetic", "fails-after-1"):
             context.abort(grpc.StatusCode.NOT_FOUND, f'dataset "{request.dataset}" not served')
         world = request.world_size or 1
@@ -56,8 +59,11 @@ class Servicer(pb_grpc.VServeServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch_size 0")
         total = len(mine) // bs if request.drop_last else -(-len(mine) // bs)
         t = request.sampler.frames_per_clip or 1
+        workers = max(request.num_workers, 1)
         for b in range(request.start_batch, total):
-            if request.dataset == "fails-after-1" and b > request.start_batch:
+            if (b - request.start_batch) % workers != request.worker:
+                continue
+            if request.dataset == "fails-after-1" and b > request.start_batch + request.worker:
                 context.abort(grpc.StatusCode.DATA_LOSS, 'video "v3.mp4" is corrupt at frame 4')
             samples = mine[b * bs : (b + 1) * bs]
             header = pb.BatchHeader(

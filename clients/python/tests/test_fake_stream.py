@@ -80,7 +80,8 @@ def test_worker_split_over_grpc(fake, n, start):
     for b, batch in got.items():
         check([batch], [full[b]])
     calls = fake.calls()[before:]
-    assert calls and all(call[3] == 1 for call in calls)  # one batch per call, prefetch 1
+    # One call per worker, naming its share.
+    assert sorted((call[4], call[5]) for call in calls) == [(w, n) for w in range(n)]
 
 
 def test_error_in_the_middle_of_a_stream(fake):

@@ -30,7 +30,8 @@ def read_all(client: vserve_client.Client, dataset: str = "clips", **kw: Any) ->
     """All batches of a stream, or a skip when StreamBatches is not served."""
     try:
         with client.stream(dataset, **kw) as stream:
-            return list(stream)
+            # Shared-memory batches are views of slots the next read releases: keep copies.
+            return [b.detach() for b in stream]
     except vserve_client.Unimplemented as e:
         pytest.skip(f"{NOT_SERVED}: {e}")
 

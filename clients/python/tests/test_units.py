@@ -11,7 +11,7 @@ from vserve_client import errors, request as rq
 from vserve_client._proto import vserve_pb2 as pb
 from vserve_client.batch import Batch
 from vserve_client.transport import is_local, select
-from vserve_client.workers import iter_worker_batches, worker_batches
+from vserve_client.workers import worker_batches
 
 # -- requests ------------------------------------------------------------------------------------------
 
@@ -207,14 +207,16 @@ def test_error_classes_by_name():
 
 
 def test_transport_selection():
-    assert select("auto", "unix:/x.sock").name == "inline"
-    assert select("inline", "host:1").name == "inline"
-    with pytest.raises(vserve_client.Unimplemented, match="shared-memory transport is not available"):
-        select("shm", "unix:/x.sock")
+    def release(arena, slots):
+        raise AssertionError("no release expected")
+
+    assert select("auto", "unix:/x.sock", release).name == "shm"
+    assert select("auto", "localhost:7070", release).name == "inline"
+    assert select("inline", "unix:/x.sock", release).name == "inline"
+    assert select("shm", "host:1", release).name == "shm"
     with pytest.raises(vserve_client.InvalidArgument, match="transport='tcp'"):
-        select("tcp", "unix:/x.sock")
-    with pytest.raises(vserve_client.Unimplemented):
-        vserve_client.Client("unix:/nonexistent.sock", transport="shm")
+        select("tcp", "unix:/x.sock", release)
+    assert vserve_client.Client("unix:/nonexistent.sock").transport == "shm"
     assert is_local("unix:/a.sock") and is_local("localhost:7070") and is_local("[::1]:7070")
     assert not is_local("gpu-node-3:7070")
 
@@ -248,66 +250,6 @@ def test_worker_batches_partition(total, start, n):
     # A DataLoader takes one item per worker in turn: that yields start, start + 1, ...
     order = [s[i] for i in range(max(map(len, shares), default=0)) for s in shares if i < len(s)]
     assert order == list(range(start, total))
-
-
-def fake_batch(b: int, total: int) -> Batch:
-    h = pb.BatchHeader(shape=[1, 1, 1, 1, 3], nbytes=3, batch=b, batches_total=total)
-    return Batch(h, np.full((1, 1, 1, 1, 3), b, dtype=np.uint8))
-
-
-class FakeDaemon:
-    """Stands in for StreamBatches: ``open(start, prefetch)`` returns the rank's batches from ``start``."""
-
-    def __init__(self, total: int):
-        self.total = total
-        self.calls = []
-        self.closed = 0
-
-    def open(self, start, prefetch):
-        self.calls.append((start, prefetch))
-
-        def gen():
-            try:
-                for b in range(start, self.total):
-                    yield fake_batch(b, self.total)
-            finally:
-                self.closed += 1
-
-        return gen()
-
-
-@pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("start", [0, 4])
-def test_iter_worker_batches(n, start):
-    total = 11
-    got = {}
-    for w in range(n):
-        fake = FakeDaemon(total)
-        got[w] = [b.batch for b in iter_worker_batches(fake.open, start, w, n)]
-        assert got[w] == list(worker_batches(start, total, w, n))
-        assert all(int(b) == b for b in got[w])
-        if n == 1:
-            assert fake.calls == [(start, None)]  # one stream for the whole epoch
-        else:
-            # One call per batch, prefetching 1; each closed after its batch.
-            assert [c[0] for c in fake.calls][: len(got[w])] == got[w]
-            assert all(p == 1 for _, p in fake.calls)
-            assert fake.closed == len(fake.calls)
-    assert sorted(b for s in got.values() for b in s) == list(range(start, total))
-
-
-def test_iter_worker_batches_past_the_end():
-    fake = FakeDaemon(2)
-    assert list(iter_worker_batches(fake.open, 0, 3, 4)) == []
-    assert fake.calls == [(3, 1)]
-
-
-def test_iter_worker_batches_checks_the_batch_number():
-    def wrong(start, prefetch):
-        return iter([fake_batch(start + 1, 10)])
-
-    with pytest.raises(vserve_client.ProtocolError, match="asked for batch 1"):
-        list(iter_worker_batches(wrong, 0, 1, 2))
 
 
 def test_resolve_rank():

@@ -104,11 +104,16 @@ class Batch:
         "batches_total",
         "stats",
         "layout",
+        "_releaser",
+        "_kept",
     )
 
-    def __init__(self, header: "pb.BatchHeader", array: np.ndarray):
+    def __init__(self, header: "pb.BatchHeader", array: np.ndarray, releaser: Any = None):
         self.header = header
         self.array = array
+        # Shared memory: gives the arena slot under ``array`` back to the daemon (once).
+        self._releaser = releaser
+        self._kept = False
         infos = list(header.clips)
         self.videos: List[str] = [c.video for c in infos]
         self.labels: List[str] = [c.label for c in infos]
@@ -129,11 +134,34 @@ class Batch:
     def __len__(self) -> int:
         return len(self.videos)
 
+    @property
+    def shared(self) -> bool:
+        """Whether ``array`` is a view of a shared-memory slot the daemon will reuse once released."""
+        return self._releaser is not None
+
+    def keep(self) -> "Batch":
+        """Keeps this batch's shared-memory slot past the next read of its stream (which otherwise releases
+        it): call :meth:`release` when done with ``array``, or take ``array.copy()`` and release. A stream
+        whose slots are all kept waits until one is released."""
+        self._kept = True
+        return self
+
+    def detach(self) -> "Batch":
+        """Makes ``array`` this batch's own copy and releases its shared-memory slot (a no-op for inline
+        batches): for code that collects batches, e.g. ``[b.detach() for b in client.stream(...)]``."""
+        if self._releaser is not None:
+            self.array = self.array.copy()
+            self.release()
+        return self
+
     def release(self) -> None:
-        """Gives the batch's memory back to the transport. A no-op for inline batches (the array is owned by
-        this object); with shared memory the array is a view of an arena slot that the next read releases
-        unless the batch was kept, so code that holds batches across reads should call ``release()`` when
-        done, or keep ``array.copy()``."""
+        """Gives the batch's memory back. A no-op for inline batches (the array is owned by this object);
+        with shared memory the array is a view of an arena slot that the daemon may overwrite afterwards, so
+        do not use ``array`` after releasing (copy it first if needed). A stream's next read releases the
+        previous batch unless it was kept."""
+        r, self._releaser = self._releaser, None
+        if r is not None:
+            r()
 
     def __repr__(self) -> str:
         return (

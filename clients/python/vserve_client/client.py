@@ -19,7 +19,6 @@ from ._proto import vserve_pb2_grpc as pb_grpc
 from .batch import Batch, message_to_dict
 from .errors import InvalidArgument, from_rpc_error
 from .transport import Transport, select
-from .workers import iter_worker_batches
 
 #: The largest message accepted or sent. The daemon sends 8 MiB chunks; headers of huge requests (per-clip
 #: frame lists) are the other large messages.
@@ -93,9 +92,9 @@ class Client:
 
     Args:
         addr: ``unix:/path/to.sock`` or ``host:port``.
-        transport: ``"auto"`` (shared memory when the daemon is local and offers it, else inline; inline
-            today), ``"shm"`` (not served yet: raises :class:`~vserve_client.errors.Unimplemented`) or
-            ``"inline"`` (bytes in the gRPC messages).
+        transport: ``"auto"`` (shared memory for a Unix socket address, else inline), ``"shm"`` (batches
+            are views of the daemon's /dev/shm arenas; see :mod:`vserve_client.transport`) or ``"inline"``
+            (bytes in the gRPC messages).
         token: sent as ``authorization: Bearer <token>`` with every call (daemons started with
             ``--auth-token-file`` require it on TCP listeners).
         tls_ca: for ``https://host:port``: the CA certificate that signed the daemon's certificate, as PEM
@@ -113,7 +112,7 @@ class Client:
         timeout: Optional[float] = None,
     ):
         self.addr = addr
-        self._transport: Transport = select(transport, addr)
+        self._transport: Transport = select(transport, addr, self._release_slots)
         self._timeout = timeout
         self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
         target, secure = _target(addr)
@@ -178,6 +177,9 @@ class Client:
         """The datasets served: dicts with name, root, video_count."""
         reply = self._unary(self._stub.ListDatasets, pb.ListDatasetsRequest())
         return [message_to_dict(d) for d in reply.datasets]
+
+    def _release_slots(self, arena: str, slots: List[int]) -> None:
+        self._unary(self._stub.ReleaseSlots, pb.ReleaseSlotsRequest(arena=arena, slots=slots))
 
     def stats(self) -> Dict[str, Any]:
         """The daemon's counters since start-up (frames_decoded, cache_hits, requests, ...)."""
@@ -261,17 +263,9 @@ class Client:
         w, n = worker
         if n < 1 or not 0 <= w < n:
             raise InvalidArgument(f"worker={worker!r}: expected (w, n) with 0 <= w < n")
-
-        def open_from(start: int, prefetch: Optional[int]) -> BatchStream:
-            sub = pb.StreamBatchesRequest()
-            sub.CopyFrom(req)
-            sub.start_batch = start
-            if prefetch is not None:
-                sub.prefetch = prefetch
-            return self._open_stream(sub)
-
-        it = iter_worker_batches(open_from, req.start_batch, w, n)
-        return BatchStream(it, it.close)
+        req.worker = int(w)
+        req.num_workers = int(n)
+        return self._open_stream(req)
 
     # help(Client.stream) and IDEs that read signatures show every keyword stream_request takes.
     stream.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

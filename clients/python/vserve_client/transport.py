@@ -6,18 +6,25 @@ into :class:`~vserve_client.batch.Batch` objects.
 
 - ``inline``: the array's bytes travel inside the reply messages, in chunks (the daemon sends 8 MiB
   chunks); the client copies them into one preallocated array per batch.
-- ``shm`` (planned, issue 4): the daemon writes each batch into a slot of a per-stream arena; the message
-  carries the slot, never the pixels; the client maps the arena once and hands out numpy views. Not served by
-  the daemon yet: asking for it raises :class:`~vserve_client.errors.Unimplemented`.
-- ``auto``: shm when the daemon is on this host and offers it, else inline. Inline for now.
+- ``shm``: the daemon writes each batch into a slot of a per-stream arena (a file under /dev/shm); the
+  message carries the slot, never the pixels; the client maps the arena once and hands out numpy views of it
+  (copy-on-write mappings: writable, no copy unless written). The next read of a stream releases the
+  previous batch's slot unless it was kept (:meth:`Batch.keep`); a GetClips reply's one-slot arena is
+  released (and removed by the daemon) as soon as it is mapped.
+- ``auto``: shm when the address is a Unix socket (the daemon is on this host), else inline.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+import itertools
+import mmap
+from typing import Any, Callable, Dict, Iterable, Iterator, List
 
-from .batch import Batch, assemble_batches, assemble_one
-from .errors import InvalidArgument, Unimplemented
+import numpy as np
+
+from ._proto import vserve_pb2 as pb
+from .batch import WIRE_DTYPES, Batch, assemble_batches, assemble_one
+from .errors import InvalidArgument, NotFound, ProtocolError
 
 TRANSPORTS = ("auto", "shm", "inline")
 
@@ -53,6 +60,105 @@ class InlineTransport(Transport):
         return assemble_batches(messages)
 
 
+def _map(path: str) -> mmap.mmap:
+    """Maps a whole arena file, copy-on-write (writable views; the daemon's later writes to slots this
+    process has not written stay visible)."""
+    try:
+        with open(path, "rb") as f:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except OSError as e:
+        raise ProtocolError(
+            f"cannot map the daemon's shared memory {path}: {e.strerror} (is the daemon on another host or in "
+            "another container? use transport='inline')"
+        ) from None
+
+
+def _view(mapped: mmap.mmap, header: Any) -> np.ndarray:
+    dtype = WIRE_DTYPES.get(header.dtype)
+    if dtype is None:
+        raise ProtocolError(f"unknown dtype {header.dtype} in batch header")
+    shape = tuple(int(d) for d in header.shape)
+    offset, nbytes = int(header.shm.offset), int(header.nbytes)
+    if offset + nbytes > len(mapped):
+        raise ProtocolError(f"slot at {offset}+{nbytes} outside the {len(mapped)}-byte arena")
+    return np.frombuffer(mapped, dtype=np.uint8, count=nbytes, offset=offset).view(dtype).reshape(shape)
+
+
+class ShmTransport(Transport):
+    """Batches as views of the daemon's shared-memory arenas. ``release(arena, slots)`` calls ReleaseSlots."""
+
+    name = "shm"
+
+    def __init__(self, release: Callable[[str, List[int]], None]):
+        self._release = release
+
+    def _releaser(self, arena: str, slot: int) -> Callable[[], None]:
+        def release() -> None:
+            try:
+                self._release(arena, [slot])
+            except NotFound:
+                pass  # the stream ended and its arena is gone already
+
+        return release
+
+    def prepare(self, request: Any) -> None:
+        request.transport = pb.TRANSPORT_SHM
+
+    def one(self, messages: Iterable[Any]) -> Batch:
+        it = iter(messages)
+        first = next(it, None)
+        if first is None or not first.HasField("header"):
+            raise ProtocolError("empty reply stream (no batch header)")
+        if not first.header.HasField("shm"):
+            # A daemon that answered inline: assemble as such.
+            return assemble_one([first, *it])
+        for _ in it:
+            pass
+        h = first.header
+        mapped = _map(h.shm.path)
+        # The mapping stays valid after the daemon removes the file: release at once.
+        self._releaser(h.shm.arena, h.shm.slot)()
+        return Batch(h, _view(mapped, h))
+
+    def batches(self, messages: Iterable[Any]) -> Iterator[Batch]:
+        it = iter(messages)
+        first = next(it, None)
+        if first is None:
+            return
+        if first.HasField("header") and not first.header.HasField("shm"):
+            # A daemon that answers inline (one without shared memory): assemble as such.
+            yield from assemble_batches(itertools.chain([first], it))
+            return
+        yield from self._shm_batches(itertools.chain([first], it))
+
+    def _shm_batches(self, messages: Iterable[Any]) -> Iterator[Batch]:
+        maps: Dict[str, mmap.mmap] = {}
+        previous = None
+        try:
+            for msg in messages:
+                if not msg.HasField("header"):
+                    if msg.data:
+                        raise ProtocolError("inline bytes in a shared-memory stream")
+                    continue
+                h = msg.header
+                if not h.HasField("shm"):
+                    raise ProtocolError("batch without a shared-memory slot in a shared-memory stream")
+                mapped = maps.get(h.shm.path)
+                if mapped is None:
+                    mapped = maps[h.shm.path] = _map(h.shm.path)
+                batch = Batch(h, _view(mapped, h), releaser=self._releaser(h.shm.arena, h.shm.slot))
+                if previous is not None and not previous._kept:
+                    previous.release()
+                previous = batch
+                yield batch
+        finally:
+            if previous is not None and not previous._kept:
+                try:
+                    previous.release()
+                except Exception:
+                    pass  # the call is being torn down; the daemon removes the arena with the stream
+
+
 def is_local(addr: str) -> bool:
     """Whether the daemon runs on this host (a Unix socket or a loopback address): where shm can work."""
     if addr.startswith("unix:"):
@@ -61,14 +167,10 @@ def is_local(addr: str) -> bool:
     return host in ("localhost", "127.0.0.1", "::1")
 
 
-def select(kind: str, addr: str) -> Transport:
-    """The transport for ``Client(addr, transport=kind)``."""
+def select(kind: str, addr: str, release: Callable[[str, List[int]], None]) -> Transport:
+    """The transport for ``Client(addr, transport=kind)``; ``release`` calls the daemon's ReleaseSlots."""
     if kind not in TRANSPORTS:
         raise InvalidArgument(f"transport={kind!r}: expected one of {', '.join(map(repr, TRANSPORTS))}")
-    if kind == "shm":
-        raise Unimplemented(
-            "transport='shm': the shared-memory transport is not available yet (the daemon serves inline "
-            "bytes only); use transport='inline' or 'auto'"
-        )
-    # "auto": shared memory will be chosen here when is_local(addr) and the daemon offers it.
+    if kind == "shm" or (kind == "auto" and addr.startswith("unix:")):
+        return ShmTransport(release)
     return InlineTransport()

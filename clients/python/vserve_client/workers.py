@@ -9,18 +9,14 @@ each worker in turn (worker 0, 1, ..., n-1, 0, ...), the loader yields the batch
 ``start_batch = batch + 1`` and gets neither a repeat nor a gap. (Counting from ``start_batch`` rather than
 from 0 keeps that order when resuming: with ``b % n == w`` a resume at 5 with two workers would yield 6 first.)
 
-Fetching: one worker of one reads the rank's whole stream. With several, each worker opens a StreamBatches
-call at each of its batches (``start_batch = b``), reads that one batch and ends the call; ``prefetch`` is
-set to 1 there so the daemon prepares little beyond it. The daemon's frame cache keeps frames it decoded
-ahead for the worker that needs them next.
+Fetching: each worker opens one StreamBatches call for the rank with ``worker``/``num_workers`` set; the
+daemon plans the rank's whole epoch and prepares and sends only that worker's batches (numbered as in the
+rank's stream), with the call's prefetch.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Optional, Tuple
-
-from .batch import Batch
-from .errors import ProtocolError
+from typing import Mapping, Optional, Tuple
 
 
 def worker_batches(start_batch: int, batches_total: int, worker: int, num_workers: int) -> range:
@@ -28,41 +24,6 @@ def worker_batches(start_batch: int, batches_total: int, worker: int, num_worker
     if num_workers < 1 or not 0 <= worker < num_workers:
         raise ValueError(f"worker {worker} of {num_workers}: need 0 <= worker < num_workers")
     return range(start_batch + worker, max(batches_total, start_batch + worker), num_workers)
-
-
-def iter_worker_batches(
-    open_stream: Callable[[int, Optional[int]], Iterator[Batch]],
-    start_batch: int,
-    worker: int,
-    num_workers: int,
-) -> Iterator[Batch]:
-    """Yields this worker's batches.
-
-    ``open_stream(start_batch, prefetch)`` opens a StreamBatches call from a batch number (prefetch None =
-    the caller's own) and returns its batch iterator; closing that iterator ends the call.
-    """
-    if num_workers == 1:
-        yield from open_stream(start_batch, None)
-        return
-    if num_workers < 1 or not 0 <= worker < num_workers:
-        raise ValueError(f"worker {worker} of {num_workers}: need 0 <= worker < num_workers")
-    b = start_batch + worker
-    while True:
-        batches = open_stream(b, 1)
-        try:
-            batch = next(batches, None)
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
-        if batch is None:  # b is past the end of the epoch
-            return
-        if batch.batch != b:
-            raise ProtocolError(f"asked for batch {b} (start_batch) but the daemon sent batch {batch.batch}")
-        yield batch
-        b += num_workers
-        if batch.batches_total and b >= batch.batches_total:
-            return
 
 
 def resolve_rank(

@@ -18,6 +18,11 @@ class Layout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LAYOUT_THWC: _ClassVar[Layout]
     LAYOUT_TCHW: _ClassVar[Layout]
 
+class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRANSPORT_INLINE: _ClassVar[Transport]
+    TRANSPORT_SHM: _ClassVar[Transport]
+
 class SamplerKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SAMPLER_RANDOM_INDICES: _ClassVar[SamplerKind]
@@ -46,6 +51,8 @@ DTYPE_FLOAT16: DType
 DTYPE_FLOAT32: DType
 LAYOUT_THWC: Layout
 LAYOUT_TCHW: Layout
+TRANSPORT_INLINE: Transport
+TRANSPORT_SHM: Transport
 SAMPLER_RANDOM_INDICES: SamplerKind
 SAMPLER_REGULAR_INDICES: SamplerKind
 SAMPLER_RANDOM_TIMESTAMPS: SamplerKind
@@ -168,14 +175,16 @@ class Transform(_message.Message):
     def __init__(self, size: _Optional[_Union[Size, _Mapping]] = ..., short_side: _Optional[int] = ..., center_crop: _Optional[_Union[Size, _Mapping]] = ..., hflip: _Optional[bool] = ..., dtype: _Optional[_Union[DType, str]] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., layout: _Optional[_Union[Layout, str]] = ..., no_rotate: _Optional[bool] = ...) -> None: ...
 
 class GetClipsRequest(_message.Message):
-    __slots__ = ("dataset", "clips", "transform")
+    __slots__ = ("dataset", "clips", "transform", "transport")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     CLIPS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     clips: _containers.RepeatedCompositeFieldContainer[ClipSpec]
     transform: Transform
-    def __init__(self, dataset: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[ClipSpec, _Mapping]]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ...) -> None: ...
+    transport: Transport
+    def __init__(self, dataset: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[ClipSpec, _Mapping]]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
 
 class ClipInfo(_message.Message):
     __slots__ = ("video", "frame_indices", "pts", "pts_seconds", "label", "label_index", "sample", "clip", "replaced_by", "crop", "flipped")
@@ -232,7 +241,7 @@ class RequestStats(_message.Message):
     def __init__(self, frames_decoded: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., gop_runs: _Optional[int] = ..., shared_frames: _Optional[int] = ..., frames_skipped: _Optional[int] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("shape", "dtype", "layout", "clips", "nbytes", "stats", "batch", "batches_total", "skipped")
+    __slots__ = ("shape", "dtype", "layout", "clips", "nbytes", "stats", "batch", "batches_total", "skipped", "shm")
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +251,7 @@ class BatchHeader(_message.Message):
     BATCH_FIELD_NUMBER: _ClassVar[int]
     BATCHES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
     shape: _containers.RepeatedScalarFieldContainer[int]
     dtype: DType
     layout: Layout
@@ -251,7 +261,34 @@ class BatchHeader(_message.Message):
     batch: int
     batches_total: int
     skipped: _containers.RepeatedCompositeFieldContainer[SkippedSample]
-    def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., layout: _Optional[_Union[Layout, str]] = ..., clips: _Optional[_Iterable[_Union[ClipInfo, _Mapping]]] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[RequestStats, _Mapping]] = ..., batch: _Optional[int] = ..., batches_total: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ...) -> None: ...
+    shm: ShmSlot
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., layout: _Optional[_Union[Layout, str]] = ..., clips: _Optional[_Iterable[_Union[ClipInfo, _Mapping]]] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[RequestStats, _Mapping]] = ..., batch: _Optional[int] = ..., batches_total: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., shm: _Optional[_Union[ShmSlot, _Mapping]] = ...) -> None: ...
+
+class ShmSlot(_message.Message):
+    __slots__ = ("path", "arena", "slot", "offset", "arena_bytes")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ARENA_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    arena: str
+    slot: int
+    offset: int
+    arena_bytes: int
+    def __init__(self, path: _Optional[str] = ..., arena: _Optional[str] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., arena_bytes: _Optional[int] = ...) -> None: ...
+
+class ReleaseSlotsRequest(_message.Message):
+    __slots__ = ("arena", "slots")
+    ARENA_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    arena: str
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, arena: _Optional[str] = ..., slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseSlotsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class SkippedSample(_message.Message):
     __slots__ = ("sample", "video", "code", "message")
@@ -300,7 +337,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("frames_decoded", "gop_runs", "cache_hits", "cache_misses", "cache_bytes", "cache_entries", "index_builds", "requests", "decode_queue_depth", "shared_frames", "frames_skipped", "active_streams", "inflight_requests", "samples_skipped", "batches_sent")
+    __slots__ = ("frames_decoded", "gop_runs", "cache_hits", "cache_misses", "cache_bytes", "cache_entries", "index_builds", "requests", "decode_queue_depth", "shared_frames", "frames_skipped", "active_streams", "inflight_requests", "samples_skipped", "batches_sent", "shm_arenas")
     FRAMES_DECODED_FIELD_NUMBER: _ClassVar[int]
     GOP_RUNS_FIELD_NUMBER: _ClassVar[int]
     CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
@@ -316,6 +353,7 @@ class GetStatsResponse(_message.Message):
     INFLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
+    SHM_ARENAS_FIELD_NUMBER: _ClassVar[int]
     frames_decoded: int
     gop_runs: int
     cache_hits: int
@@ -331,7 +369,8 @@ class GetStatsResponse(_message.Message):
     inflight_requests: int
     samples_skipped: int
     batches_sent: int
-    def __init__(self, frames_decoded: _Optional[int] = ..., gop_runs: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., index_builds: _Optional[int] = ..., requests: _Optional[int] = ..., decode_queue_depth: _Optional[int] = ..., shared_frames: _Optional[int] = ..., frames_skipped: _Optional[int] = ..., active_streams: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., batches_sent: _Optional[int] = ...) -> None: ...
+    shm_arenas: int
+    def __init__(self, frames_decoded: _Optional[int] = ..., gop_runs: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., index_builds: _Optional[int] = ..., requests: _Optional[int] = ..., decode_queue_depth: _Optional[int] = ..., shared_frames: _Optional[int] = ..., frames_skipped: _Optional[int] = ..., active_streams: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., batches_sent: _Optional[int] = ..., shm_arenas: _Optional[int] = ...) -> None: ...
 
 class ClipSampler(_message.Message):
     __slots__ = ("kind", "num_clips", "frames_per_clip", "frame_stride", "seconds_between_frames", "seconds_between_clip_starts", "range_start", "range_end", "short_video")
@@ -380,7 +419,7 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, size: _Optional[_Union[Size, _Mapping]] = ..., scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "sampler", "transform", "augment", "batch_size", "drop_last", "seed", "epoch", "rank", "world_size", "start_batch", "prefetch", "no_shuffle", "shard_remainder", "on_error")
+    __slots__ = ("dataset", "sampler", "transform", "augment", "batch_size", "drop_last", "seed", "epoch", "rank", "world_size", "start_batch", "prefetch", "no_shuffle", "shard_remainder", "on_error", "transport", "worker", "num_workers")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
@@ -396,6 +435,9 @@ class StreamBatchesRequest(_message.Message):
     NO_SHUFFLE_FIELD_NUMBER: _ClassVar[int]
     SHARD_REMAINDER_FIELD_NUMBER: _ClassVar[int]
     ON_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     sampler: ClipSampler
     transform: Transform
@@ -411,7 +453,10 @@ class StreamBatchesRequest(_message.Message):
     no_shuffle: bool
     shard_remainder: ShardRemainder
     on_error: OnError
-    def __init__(self, dataset: _Optional[str] = ..., sampler: _Optional[_Union[ClipSampler, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., augment: _Optional[_Union[Augment, _Mapping]] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., prefetch: _Optional[int] = ..., no_shuffle: _Optional[bool] = ..., shard_remainder: _Optional[_Union[ShardRemainder, str]] = ..., on_error: _Optional[_Union[OnError, str]] = ...) -> None: ...
+    transport: Transport
+    worker: int
+    num_workers: int
+    def __init__(self, dataset: _Optional[str] = ..., sampler: _Optional[_Union[ClipSampler, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., augment: _Optional[_Union[Augment, _Mapping]] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., prefetch: _Optional[int] = ..., no_shuffle: _Optional[bool] = ..., shard_remainder: _Optional[_Union[ShardRemainder, str]] = ..., on_error: _Optional[_Union[OnError, str]] = ..., transport: _Optional[_Union[Transport, str]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesResponse(_message.Message):
     __slots__ = ("header", "offset", "data")

@@ -49,6 +49,11 @@ class VServeStub:
                 request_serializer=vserve_dot_v1_dot_vserve__pb2.StreamBatchesRequest.SerializeToString,
                 response_deserializer=vserve_dot_v1_dot_vserve__pb2.StreamBatchesResponse.FromString,
                 _registered_method=True)
+        self.ReleaseSlots = channel.unary_unary(
+                '/vserve.v1.VServe/ReleaseSlots',
+                request_serializer=vserve_dot_v1_dot_vserve__pb2.ReleaseSlotsRequest.SerializeToString,
+                response_deserializer=vserve_dot_v1_dot_vserve__pb2.ReleaseSlotsResponse.FromString,
+                _registered_method=True)
         self.ListDatasets = channel.unary_unary(
                 '/vserve.v1.VServe/ListDatasets',
                 request_serializer=vserve_dot_v1_dot_vserve__pb2.ListDatasetsRequest.SerializeToString,
@@ -89,6 +94,13 @@ class VServeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseSlots(self, request, context):
+        """Gives back shared-memory slots a client has finished reading (transport SHM).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListDatasets(self, request, context):
         """The datasets this daemon serves.
         """
@@ -120,6 +132,11 @@ def add_VServeServicer_to_server(servicer, server):
                     servicer.StreamBatches,
                     request_deserializer=vserve_dot_v1_dot_vserve__pb2.StreamBatchesRequest.FromString,
                     response_serializer=vserve_dot_v1_dot_vserve__pb2.StreamBatchesResponse.SerializeToString,
+            ),
+            'ReleaseSlots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseSlots,
+                    request_deserializer=vserve_dot_v1_dot_vserve__pb2.ReleaseSlotsRequest.FromString,
+                    response_serializer=vserve_dot_v1_dot_vserve__pb2.ReleaseSlotsResponse.SerializeToString,
             ),
             'ListDatasets': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDatasets,
@@ -213,6 +230,33 @@ class VServe:
             '/vserve.v1.VServe/StreamBatches',
             vserve_dot_v1_dot_vserve__pb2.StreamBatchesRequest.SerializeToString,
             vserve_dot_v1_dot_vserve__pb2.StreamBatchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseSlots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vserve.v1.VServe/ReleaseSlots',
+            vserve_dot_v1_dot_vserve__pb2.ReleaseSlotsRequest.SerializeToString,
+            vserve_dot_v1_dot_vserve__pb2.ReleaseSlotsResponse.FromString,
             options,
             channel_credentials,
             insecure,

