@@ -9,6 +9,7 @@
 //!         dataset: "kin".into(),
 //!         clips: vec![vserve_client::clip_frames("a/b.mp4", &[0, 5, 9])],
 //!         transform: None,
+//!         ..Default::default()
 //!     })
 //!     .await?;
 //! assert_eq!(batch.data.len() as u64, batch.header.nbytes);
@@ -16,8 +17,8 @@
 //! ```
 //!
 //! Addresses are `unix:/path/to.sock`, `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT` (with
-//! [`ConnectOptions::tls_ca_pem`]); [`Client::connect_with`] also sends a bearer token. `GetClips` replies arrive as
-//! chunks; [`Client::get_clips`] reassembles them into one [`Batch`].
+//! [`ConnectOptions::tls_ca_pem`]); [`Client::connect_with`] also sends a bearer token. `GetClips`
+//! replies arrive as chunks; [`Client::get_clips`] reassembles them into one [`Batch`].
 
 use std::path::PathBuf;
 
