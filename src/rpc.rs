@@ -47,6 +47,11 @@ pub const METHODS: &[(&str, &str, Kind)] = &[
         Kind::Unary,
     ),
     ("/vserve.v1.VServe/GetStats", "GetStats", Kind::Unary),
+    (
+        "/vserve.v1.VServe/ReleaseSlots",
+        "ReleaseSlots",
+        Kind::Unary,
+    ),
     ("/grpc.health.v1.Health/Check", "Health.Check", Kind::Unary),
     (
         "/grpc.health.v1.Health/Watch",
@@ -295,6 +300,7 @@ mod tests {
             ("GetClips", Kind::DataStream)
         );
         assert_eq!(classify("/vserve.v1.VServe/Probe").0, "Probe");
+        assert_eq!(classify("/vserve.v1.VServe/ReleaseSlots").0, "ReleaseSlots");
         assert_eq!(classify("/some/random/path/x.mp4"), ("other", Kind::Unary));
     }
 }

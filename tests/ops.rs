@@ -272,46 +272,51 @@ async fn health_turns_not_serving_on_sigterm_while_a_stream_finishes() {
     let first = watch.message().await.unwrap().unwrap();
     assert_eq!(first.status, ServingStatus::Serving as i32);
 
-    // A stream in flight when SIGTERM arrives: every frame of bikes.mp4's first GOPs, small.
-    let n = probe(&mut d.client().await, probe_req(MEDIA, BIKES, None, false))
+    // A GetClips stream in flight when SIGTERM arrives: 30 native frames (16 MB) left unread on a
+    // connection with 64 KiB windows, so flow control holds the reply open until we read it.
+    let frames: Vec<u64> = (0..30).collect();
+    let reference = get(&mut d.client().await, bikes(&frames)).await;
+    let held_channel = tonic::transport::Endpoint::from_shared(format!("http://{}", d.tcp_addr()))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
         .await
-        .frame_count
-        .min(200);
-    let frames: Vec<u64> = (0..n).collect();
-    let mut busy = d.client().await;
-    let req = clips_req(
-        MEDIA,
-        vec![frames_clip(BIKES, &frames, None)],
-        Some(proto::Transform {
-            resize: Some(proto::transform::Resize::ShortSide(32)),
-            ..Default::default()
-        }),
-    );
-    let in_flight = tokio::spawn(async move { busy.get_clips(req).await });
-    // Wait (by content, not time) until the daemon counts the GetClips in flight beside the Watch.
-    for _ in 0..2000 {
-        if Scrape::take(&d).get("vserve_rpc_in_flight_streams", "") >= 2.0
-            || in_flight.is_finished()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        .unwrap();
+    let mut held = proto::v_serve_client::VServeClient::new(held_channel.clone())
+        .max_decoding_message_size(64 << 20)
+        .get_clips(bikes(&frames))
+        .await
+        .expect("GetClips admitted")
+        .into_inner();
     d.signal("TERM");
 
     let next = watch.message().await.expect("watch").expect("an update");
     assert_eq!(next.status, ServingStatus::NotServing as i32);
-    // The drain cannot end while this Watch is open, so the admin listener still answers.
+    // The drain cannot end while these calls are open, so the admin listener still answers.
     let (ready, body) = d.admin_get("/readyz");
     assert_eq!(ready, 503, "/readyz during drain: {body}");
     assert_eq!(d.admin_get("/livez").0, 200);
 
-    let batch = in_flight
+    // The stream in flight completes with every byte.
+    let mut data = Vec::new();
+    let mut header = None;
+    while let Some(msg) = held
+        .message()
         .await
-        .unwrap()
-        .expect("the stream in flight completes");
-    assert_eq!(batch.header.shape[1], n);
-    assert_eq!(batch.data.len() as u64, batch.header.nbytes);
+        .expect("the stream in flight completes")
+    {
+        header = header.or(msg.header);
+        data.extend_from_slice(&msg.data);
+    }
+    let header = header.expect("header");
+    assert_eq!(header.shape, reference.header.shape);
+    assert!(
+        data == reference.data,
+        "drained stream differs from the same request before"
+    );
+    drop(held);
+    drop(held_channel);
 
     drop(watch);
     drop(channel);
