@@ -303,4 +303,22 @@ mod tests {
         assert_eq!(classify("/vserve.v1.VServe/ReleaseSlots").0, "ReleaseSlots");
         assert_eq!(classify("/some/random/path/x.mp4"), ("other", Kind::Unary));
     }
+
+    #[test]
+    fn every_rpc_of_the_proto_has_its_own_label() {
+        let proto = include_str!("../proto/vserve/v1/vserve.proto");
+        let mut seen = 0;
+        for line in proto.lines().map(str::trim) {
+            let Some(rest) = line.strip_prefix("rpc ") else {
+                continue;
+            };
+            let name = rest.split('(').next().unwrap_or_default().trim();
+            let (label, kind) = classify(&format!("/vserve.v1.VServe/{name}"));
+            assert_eq!(label, name, "add {name} to METHODS");
+            let streams_reply = line.contains("returns (stream");
+            assert_eq!(kind == Kind::DataStream, streams_reply, "{name}");
+            seen += 1;
+        }
+        assert!(seen >= 5, "no rpc lines found");
+    }
 }
