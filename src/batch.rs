@@ -68,6 +68,8 @@ pub enum BatchError {
     RaggedClips(usize, usize),
     #[error("no frames")]
     Empty,
+    #[error("output buffer of {0} bytes is smaller than the batch's {1}")]
+    OutputTooSmall(usize, usize),
 }
 
 /// Output shape for `clips` clips of `t` frames of `w`x`h` input frames.
@@ -137,16 +139,47 @@ pub fn assemble_augmented(
     augs: &[ClipAug],
     spec: &BatchSpec,
 ) -> Result<(Vec<u64>, Vec<u8>), BatchError> {
+    let shape = augmented_shape(clips, augs, spec)?;
+    let mut out = vec![0u8; shape_bytes(&shape, spec)];
+    fill(clips, augs, spec, &shape, &mut out);
+    Ok((shape.to_vec(), out))
+}
+
+/// Bytes of an array of `shape` in the spec's dtype.
+pub fn shape_bytes(shape: &[u64; 5], spec: &BatchSpec) -> usize {
+    shape.iter().product::<u64>() as usize * spec.dtype.size()
+}
+
+/// As [`assemble_augmented`], into `out` (at least [`shape_bytes`] long; a shared-memory slot).
+pub fn assemble_augmented_into(
+    clips: &[Vec<Arc<Frame>>],
+    augs: &[ClipAug],
+    spec: &BatchSpec,
+    out: &mut [u8],
+) -> Result<Vec<u64>, BatchError> {
+    let shape = augmented_shape(clips, augs, spec)?;
+    let n = shape_bytes(&shape, spec);
+    if out.len() < n {
+        return Err(BatchError::OutputTooSmall(out.len(), n));
+    }
+    fill(clips, augs, spec, &shape, &mut out[..n]);
+    Ok(shape.to_vec())
+}
+
+/// Checks that every clip has T frames holding its crop and comes out the same size; the output shape.
+pub fn augmented_shape(
+    clips: &[Vec<Arc<Frame>>],
+    augs: &[ClipAug],
+    spec: &BatchSpec,
+) -> Result<[u64; 5], BatchError> {
     let first = clips
         .first()
         .and_then(|c| c.first())
         .ok_or(BatchError::Empty)?;
+    if augs.len() != clips.len() {
+        return Err(BatchError::Empty);
+    }
     let t = clips[0].len();
-    let out_size = |f: &Frame, aug: &ClipAug| {
-        aug.resize_to
-            .or(aug.crop.map(|c| (c.width, c.height)))
-            .unwrap_or((f.width, f.height))
-    };
     let (ow, oh) = out_size(first, &augs[0]);
     for (clip, aug) in clips.iter().zip(augs) {
         if clip.len() != t {
@@ -173,12 +206,31 @@ pub fn assemble_augmented(
             }
         }
     }
-    let shape = match spec.layout {
+    Ok(match spec.layout {
         Layout::Thwc => [clips.len() as u64, t as u64, oh as u64, ow as u64, 3],
         Layout::Tchw => [clips.len() as u64, t as u64, 3, oh as u64, ow as u64],
+    })
+}
+
+fn out_size(f: &Frame, aug: &ClipAug) -> (u32, u32) {
+    aug.resize_to
+        .or(aug.crop.map(|c| (c.width, c.height)))
+        .unwrap_or((f.width, f.height))
+}
+
+/// Writes checked clips into `out` (exactly the shape's bytes).
+fn fill(
+    clips: &[Vec<Arc<Frame>>],
+    augs: &[ClipAug],
+    spec: &BatchSpec,
+    shape: &[u64; 5],
+    out: &mut [u8],
+) {
+    let (oh, ow) = match spec.layout {
+        Layout::Thwc => (shape[2] as u32, shape[3] as u32),
+        Layout::Tchw => (shape[3] as u32, shape[4] as u32),
     };
     let per_frame = ow as usize * oh as usize * 3;
-    let mut out = vec![0u8; clips.len() * t * per_frame * spec.dtype.size()];
     // Per-channel lookup tables: every output value is a function of (channel, byte).
     let lut: Vec<[f32; 256]> = (0..3)
         .map(|c| {
@@ -189,11 +241,22 @@ pub fn assemble_augmented(
             table
         })
         .collect();
-    let mut scratch = vec![0u8; per_frame];
+    // uint8 THWC frames are the output bytes themselves: written in place, no second copy.
+    let direct = spec.dtype == DType::U8 && spec.layout == Layout::Thwc;
+    let mut scratch = if direct {
+        Vec::new()
+    } else {
+        vec![0u8; per_frame]
+    };
     let mut cropped = Vec::new();
     let mut i = 0;
     for (clip, aug) in clips.iter().zip(augs) {
         for frame in clip {
+            let target: &mut [u8] = if direct {
+                &mut out[i * per_frame..(i + 1) * per_frame]
+            } else {
+                &mut scratch
+            };
             let crop = aug.crop.unwrap_or(CropBox {
                 x: 0,
                 y: 0,
@@ -208,7 +271,7 @@ pub fn assemble_augmented(
             match aug.resize_to {
                 None => {
                     for (y, src) in rows.enumerate() {
-                        let dst = &mut scratch[y * row_bytes..][..row_bytes];
+                        let dst = &mut target[y * row_bytes..][..row_bytes];
                         if aug.flip {
                             flip_row(src, dst);
                         } else {
@@ -221,22 +284,24 @@ pub fn assemble_augmented(
                     for src in rows {
                         cropped.extend_from_slice(src);
                     }
-                    resize_bilinear(&cropped, crop.width, crop.height, &mut scratch, rw, rh);
+                    resize_bilinear(&cropped, crop.width, crop.height, target, rw, rh);
                     if aug.flip {
                         let rb = rw as usize * 3;
+                        let mut copy = vec![0u8; rb];
                         for y in 0..rh as usize {
-                            let row = &mut scratch[y * rb..][..rb];
-                            let copy = row.to_vec();
+                            let row = &mut target[y * rb..][..rb];
+                            copy.copy_from_slice(row);
                             flip_row(&copy, row);
                         }
                     }
                 }
             }
-            convert(&scratch, &mut out, i, ow, oh, spec, &lut);
+            if !direct {
+                convert(&scratch, out, i, ow, oh, spec, &lut);
+            }
             i += 1;
         }
     }
-    Ok((shape.to_vec(), out))
 }
 
 fn flip_row(src: &[u8], dst: &mut [u8]) {

@@ -458,11 +458,15 @@ impl ServeArgs {
             ));
         }
         let ops = self.ops_config(&file)?;
-        let shm_dir = self
-            .shm_dir
-            .clone()
-            .or(file.shm_dir)
-            .unwrap_or_else(|| PathBuf::from("/dev/shm"));
+        // Default: /dev/shm, the tmpfs every Linux has; the temp dir where it is missing (some containers).
+        let shm_dir = self.shm_dir.clone().or(file.shm_dir).unwrap_or_else(|| {
+            let shm = PathBuf::from("/dev/shm");
+            if shm.is_dir() {
+                shm
+            } else {
+                std::env::temp_dir()
+            }
+        });
         if !shm_dir.is_dir() {
             return Err(ConfigError::new(
                 "shm-dir",

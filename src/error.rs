@@ -70,8 +70,14 @@ impl From<DecodeError> for Error {
 impl From<BatchError> for Error {
     fn from(e: BatchError) -> Self {
         match e {
-            BatchError::Empty => Error::Internal(e.to_string()),
+            BatchError::Empty | BatchError::OutputTooSmall(..) => Error::Internal(e.to_string()),
             _ => Error::InvalidArgument(e.to_string()),
         }
+    }
+}
+
+impl From<crate::transport::shm::ShmError> for Error {
+    fn from(e: crate::transport::shm::ShmError) -> Self {
+        Error::Internal(e.to_string())
     }
 }

@@ -193,6 +193,30 @@ struct Context {
     tenant: Tenant,
     /// Samples that fail whatever is asked of them (cannot be indexed, too short): not tried again.
     bad: Mutex<HashMap<usize, Failure>>,
+    /// Transport SHM: the stream's arenas, the current last (a batch larger than its slots, frames of
+    /// another size at native size, moves the stream to a new one). Dropped with the stream when the
+    /// client goes away; handed to the registry at a normal end, for the client to release.
+    arenas: Mutex<Vec<Arc<Arena>>>,
+}
+
+impl Context {
+    /// The current arena, or a new one when there is none or its slots are smaller than `nbytes`.
+    fn arena_for(&self, nbytes: usize, clips: usize) -> Result<Arc<Arena>, Error> {
+        let mut arenas = self.arenas.lock();
+        if let Some(a) = arenas.last().filter(|a| a.slot_bytes() >= nbytes) {
+            return Ok(a.clone());
+        }
+        let per_clip = nbytes.div_ceil(clips.max(1));
+        // Slots: the batches in preparation (prefetch), one in the channel, one on the wire, one the
+        // client reads and one it may keep.
+        let a = self
+            .engine
+            .shm
+            .stream_arena(per_clip * self.req.batch_size, self.req.prefetch + 3)
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        arenas.push(a.clone());
+        Ok(a)
+    }
 }
 
 /// Which clips a batch holds: (shard position, clip number) per slot.
@@ -229,6 +253,7 @@ impl Engine {
             samples,
             shard,
             bad: Mutex::new(HashMap::new()),
+            arenas: Mutex::new(Vec::new()),
         });
         let (tx, rx) = mpsc::channel(1);
         self.stream_counters()
@@ -375,17 +400,7 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         })
         .buffered(prefetch);
     futures::pin_mut!(prepared);
-    // Transport SHM: the stream's arena, made at the first batch (whose size sets the slots').
-    let mut arena: Option<Arc<Arena>> = None;
-    while let Some(mut item) = prepared.next().await {
-        if ctx.req.transport == Transport::Shm {
-            if let Ok(b) = &mut item {
-                if let Err(e) = to_shm(&ctx, &mut arena, b).await {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            }
-        }
+    while let Some(item) = prepared.next().await {
         let failed = item.is_err();
         if let Ok(b) = &item {
             let c = ctx.engine.stream_counters();
@@ -402,52 +417,9 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         }
     }
     // Sent everything: the client may still be reading the last slots.
-    if let Some(a) = arena.take() {
+    for a in ctx.arenas.lock().drain(..) {
         ctx.engine.shm.retire(a);
     }
-}
-
-/// Moves a batch's bytes into a slot of the stream's arena (waiting for the client to release one).
-async fn to_shm(
-    ctx: &Context,
-    arena: &mut Option<Arc<Arena>>,
-    b: &mut StreamBatch,
-) -> Result<(), Error> {
-    let shm_err = |e: crate::transport::shm::ShmError| Error::Internal(e.to_string());
-    // A batch larger than the slots (frames of another size, at native size) moves the stream to a new
-    // arena; the old one stays until the client has released its slots.
-    if let Some(old) = arena.take_if(|a| a.slot_bytes() < b.data.len()) {
-        ctx.engine.shm.retire(old);
-    }
-    let a = match arena {
-        Some(a) => a.clone(),
-        None => {
-            let per_clip = b.data.len().div_ceil(b.clips.len().max(1));
-            // One slot per batch the stream may hold: in preparation is not in the arena; one in the
-            // channel, one on the wire, one the client reads, one it may keep.
-            let slots = ctx.req.prefetch + 3;
-            let a = ctx
-                .engine
-                .shm
-                .stream_arena(per_clip * ctx.req.batch_size, slots)
-                .map_err(shm_err)?;
-            *arena = Some(a.clone());
-            a
-        }
-    };
-    let slot = a.acquire().await;
-    let data = std::mem::take(&mut b.data);
-    let nbytes = data.len();
-    let a2 = a.clone();
-    let r = blocking(move || a2.write(slot, &data).map_err(shm_err)).await?;
-    // Keep the array's size: the header announces it.
-    b.data = Vec::new();
-    b.shm = Some(r);
-    ctx.engine
-        .metrics()
-        .sent(crate::metrics::TransportLabel::SHM, nbytes as u64);
-    debug_assert!(nbytes > 0);
-    Ok(())
 }
 
 /// The rank's clip sequence cut into batches.
@@ -866,8 +838,32 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
         augs.push(aug);
     }
     let spec = ctx.req.transform.batch.clone();
-    let (shape, data) =
-        blocking(move || Ok(batch::assemble_augmented(&clip_frames, &augs, &spec)?)).await?;
+    let (shape, data, shm) = if ctx.req.transport == Transport::Shm {
+        // Assembled in place, in a slot of the stream's arena (waiting for the client to free one).
+        let nbytes =
+            batch::shape_bytes(&batch::augmented_shape(&clip_frames, &augs, &spec)?, &spec);
+        let arena = ctx.arena_for(nbytes, clip_frames.len())?;
+        let slot = arena.acquire().await;
+        let (shape, r) = blocking(move || {
+            arena.fill(slot, nbytes, |buf| -> Result<Vec<u64>, Error> {
+                Ok(batch::assemble_augmented_into(
+                    &clip_frames,
+                    &augs,
+                    &spec,
+                    buf,
+                )?)
+            })
+        })
+        .await?;
+        ctx.engine
+            .metrics()
+            .sent(crate::metrics::TransportLabel::SHM, nbytes as u64);
+        (shape, Vec::new(), Some(r))
+    } else {
+        let (shape, data) =
+            blocking(move || Ok(batch::assemble_augmented(&clip_frames, &augs, &spec)?)).await?;
+        (shape, data, None)
+    };
     Ok(StreamBatch {
         batch: b,
         batches_total: None,
@@ -876,7 +872,7 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
         clips,
         skipped,
         stats,
-        shm: None,
+        shm,
     })
 }
 

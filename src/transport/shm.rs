@@ -155,6 +155,49 @@ impl Arena {
         })
     }
 
+    /// Runs `f` on the first `nbytes` of a slot the caller acquired (assembling a batch in place); on
+    /// failure the slot is released again.
+    pub fn fill<T, E>(
+        &self,
+        slot: u32,
+        nbytes: usize,
+        f: impl FnOnce(&mut [u8]) -> Result<T, E>,
+    ) -> Result<(T, ShmRef), E>
+    where
+        E: From<ShmError>,
+    {
+        let offset = slot as usize * self.slot_bytes;
+        if nbytes > self.slot_bytes || offset + self.slot_bytes > self.map.len() {
+            let _ = self.release(&[slot]);
+            return Err(ShmError::TooLarge {
+                nbytes,
+                slot_bytes: self.slot_bytes,
+            }
+            .into());
+        }
+        // SAFETY: the range lies inside the mapping (checked above) and inside the slot the caller
+        // acquired, which nothing else reads or writes in this process until it is released; the client
+        // reads it only after the reply announcing it.
+        let buf =
+            unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset), nbytes) };
+        match f(buf) {
+            Ok(v) => Ok((
+                v,
+                ShmRef {
+                    path: self.path.clone(),
+                    arena: self.name.clone(),
+                    slot,
+                    offset: offset as u64,
+                    arena_bytes: self.map.len() as u64,
+                },
+            )),
+            Err(e) => {
+                let _ = self.release(&[slot]);
+                Err(e)
+            }
+        }
+    }
+
     /// Marks slots free again.
     fn release(&self, slots: &[u32]) -> Result<(), ShmError> {
         {
@@ -274,7 +317,7 @@ impl ShmRegistry {
     /// A stream ended normally: its arena stays until the client has released every slot (it may not
     /// have read the last batches yet), or for the time to live.
     pub fn retire(&self, arena: Arc<Arena>) {
-        if arena.free.lock().iter().all(|&f| f) {
+        if arena.free.lock().iter().all(|&f| f) && Arc::strong_count(&arena) == 1 {
             return;
         }
         self.retired
