@@ -72,6 +72,8 @@ impl Daemon {
         let log = std::fs::File::create(dir.path().join("daemon.log"))?;
         let child = Command::new(bin)
             .args(["serve", "--listen", &addr, "--dataset"])
+            // No admin listener: benches may run beside other daemons on the default admin port.
+            .env("VSERVE_ADMIN_LISTEN", "none")
             .arg(format!("bench={}", root.display()))
             .args([
                 "--decode-threads",

@@ -666,6 +666,8 @@ impl Daemon {
             .arg("--cache-bytes")
             .arg(args.cache_bytes.to_string())
             .args(&args.daemon_args)
+            // No admin listener (env, so older binaries without the flag still start).
+            .env("VSERVE_ADMIN_LISTEN", "none")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file);

@@ -6,6 +6,7 @@
 //! copies nothing until batch assembly.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::decode::{Frame, Geometry};
@@ -33,18 +34,32 @@ pub struct FrameKey {
 #[derive(Clone)]
 pub struct FrameCache {
     inner: moka::sync::Cache<FrameKey, Arc<Frame>>,
+    /// Entries removed to stay within the byte budget (for `/metrics`).
+    evictions: Arc<AtomicU64>,
 }
 
 impl FrameCache {
     pub fn new(max_bytes: u64) -> Self {
+        let evictions = Arc::new(AtomicU64::new(0));
+        let evicted = evictions.clone();
         let inner = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
             .weigher(|_k: &FrameKey, v: &Arc<Frame>| {
                 // Key and bookkeeping overhead counted roughly; frames are the bulk.
                 u32::try_from(v.nbytes() + 128).unwrap_or(u32::MAX)
             })
+            .eviction_listener(move |_k, _v, cause| {
+                if cause == moka::notification::RemovalCause::Size {
+                    evicted.fetch_add(1, Ordering::Relaxed);
+                }
+            })
             .build();
-        FrameCache { inner }
+        FrameCache { inner, evictions }
+    }
+
+    /// Entries evicted so far to stay within the byte budget.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
     }
 
     pub fn get(&self, key: &FrameKey) -> Option<Arc<Frame>> {
@@ -110,6 +125,7 @@ mod tests {
             cache.weighted_bytes()
         );
         assert!(cache.entries() >= 5);
+        assert!(cache.evictions() > 0);
     }
 
     #[test]

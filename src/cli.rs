@@ -8,6 +8,10 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
+    check_readable, parse_admin_listen, parse_log_format, parse_socket_group, parse_socket_mode,
+    read_token, OpsConfig, TlsFiles,
+};
+use crate::config::{
     parse_bytes, parse_dataset, parse_listen, CacheConfig, Config, ConfigError, DecodeConfig,
     Limits,
 };
@@ -93,6 +97,30 @@ pub struct ServeArgs {
     /// Directory for shared-memory batch arenas (a tmpfs).
     #[arg(long, env = "VSERVE_SHM_DIR", value_name = "DIR")]
     pub shm_dir: Option<PathBuf>,
+    /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "VSERVE_MAX_STREAMS", value_name = "N")]
+    pub max_streams: Option<usize>,
+    /// Admin HTTP listener for /metrics, /livez, /readyz: HOST:PORT, or none (default 127.0.0.1:9464).
+    #[arg(long, env = "VSERVE_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// Log format on stderr: text or json (the level filter is VSERVE_LOG).
+    #[arg(long, env = "VSERVE_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// Permission bits of Unix socket files, in octal (default 0660).
+    #[arg(long, env = "VSERVE_SOCKET_MODE", value_name = "MODE")]
+    pub socket_mode: Option<String>,
+    /// Group owning Unix socket files (name or gid).
+    #[arg(long, env = "VSERVE_SOCKET_GROUP", value_name = "GROUP")]
+    pub socket_group: Option<String>,
+    /// File with the bearer token every RPC on a TCP listener must carry.
+    #[arg(long, env = "VSERVE_AUTH_TOKEN_FILE", value_name = "FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM) for the TCP listeners; needs --tls-key.
+    #[arg(long, env = "VSERVE_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for the TCP listeners; needs --tls-cert.
+    #[arg(long, env = "VSERVE_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -100,6 +128,12 @@ pub struct AddrArgs {
     /// Daemon address: unix:/path.sock or HOST:PORT.
     #[arg(long, env = "VSERVE_ADDR", default_value_t = vserve_client::default_addr())]
     pub addr: String,
+    /// File with the bearer token to send (default: the VSERVE_TOKEN environment variable).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// CA certificate (PEM) to verify an https:// daemon with.
+    #[arg(long, env = "VSERVE_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -298,6 +332,14 @@ struct FileConfig {
     max_prefetch: Option<usize>,
     shutdown_grace: Option<f64>,
     shm_dir: Option<PathBuf>,
+    max_streams: Option<usize>,
+    admin_listen: Option<String>,
+    log_format: Option<String>,
+    socket_mode: Option<String>,
+    socket_group: Option<toml::Value>,
+    auth_token_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 fn size_value(key: &str, v: &toml::Value) -> Result<u64, ConfigError> {
@@ -386,6 +428,10 @@ impl ServeArgs {
                 .max_prefetch
                 .or(file.max_prefetch)
                 .unwrap_or(defaults.max_prefetch),
+            max_streams: self
+                .max_streams
+                .or(file.max_streams)
+                .unwrap_or(defaults.max_streams),
         };
         if limits.max_prefetch == 0 || limits.max_prefetch > 64 {
             return Err(ConfigError::new(
@@ -393,6 +439,9 @@ impl ServeArgs {
                 limits.max_prefetch.to_string(),
                 "must be 1..=64",
             ));
+        }
+        if limits.max_streams == 0 {
+            return Err(ConfigError::new("max-streams", "0", "must be at least 1"));
         }
         if limits.max_frames == 0 {
             return Err(ConfigError::new("max-frames", "0", "must be at least 1"));
@@ -408,6 +457,7 @@ impl ServeArgs {
                 "must be 0..=3600 seconds",
             ));
         }
+        let ops = self.ops_config(&file)?;
         // Default: /dev/shm, the tmpfs every Linux has; the temp dir where it is missing (some containers).
         let shm_dir = self.shm_dir.clone().or(file.shm_dir).unwrap_or_else(|| {
             let shm = PathBuf::from("/dev/shm");
@@ -439,6 +489,80 @@ impl ServeArgs {
                 threads_per_decoder: 1,
             },
             limits,
+            ops,
+        })
+    }
+
+    /// The operating settings: admin listener, logs, socket access, token, TLS.
+    fn ops_config(&self, file: &FileConfig) -> Result<OpsConfig, ConfigError> {
+        let defaults = OpsConfig::default();
+        let admin_listen = match self.admin_listen.as_ref().or(file.admin_listen.as_ref()) {
+            Some(s) => parse_admin_listen(s)?,
+            None => defaults.admin_listen,
+        };
+        let log_format = match self.log_format.as_ref().or(file.log_format.as_ref()) {
+            Some(s) => parse_log_format(s)?,
+            None => defaults.log_format,
+        };
+        let socket_mode = match self.socket_mode.as_ref().or(file.socket_mode.as_ref()) {
+            Some(s) => parse_socket_mode(s)?,
+            None => defaults.socket_mode,
+        };
+        let group_file = std::path::Path::new("/etc/group");
+        let socket_group = match (&self.socket_group, &file.socket_group) {
+            (Some(s), _) => Some(parse_socket_group(s, group_file)?),
+            (None, Some(toml::Value::String(s))) => Some(parse_socket_group(s, group_file)?),
+            (None, Some(toml::Value::Integer(i))) => Some(
+                u32::try_from(*i)
+                    .map_err(|_| ConfigError::new("socket-group", i.to_string(), "not a gid"))?,
+            ),
+            (None, Some(other)) => {
+                return Err(ConfigError::new(
+                    "socket-group",
+                    other.to_string(),
+                    "expected a group name or gid",
+                ))
+            }
+            (None, None) => None,
+        };
+        let auth_token_file = self
+            .auth_token_file
+            .clone()
+            .or_else(|| file.auth_token_file.clone());
+        if let Some(path) = &auth_token_file {
+            read_token("auth-token-file", path)?;
+        }
+        let cert = self.tls_cert.clone().or_else(|| file.tls_cert.clone());
+        let key = self.tls_key.clone().or_else(|| file.tls_key.clone());
+        let tls = match (cert, key) {
+            (Some(cert), Some(key)) => {
+                check_readable("tls-cert", &cert)?;
+                check_readable("tls-key", &key)?;
+                Some(TlsFiles { cert, key })
+            }
+            (Some(cert), None) => {
+                return Err(ConfigError::new(
+                    "tls-key",
+                    "(not set)",
+                    format!("--tls-cert {} needs a key", cert.display()),
+                ))
+            }
+            (None, Some(key)) => {
+                return Err(ConfigError::new(
+                    "tls-cert",
+                    "(not set)",
+                    format!("--tls-key {} needs a certificate", key.display()),
+                ))
+            }
+            (None, None) => None,
+        };
+        Ok(OpsConfig {
+            admin_listen,
+            log_format,
+            socket_mode,
+            socket_group,
+            auth_token_file,
+            tls,
         })
     }
 }
@@ -470,7 +594,32 @@ pub fn config_to_toml(c: &Config) -> String {
         c.limits.max_prefetch,
         c.shutdown_grace.as_secs_f64(),
         c.shm_dir.display().to_string(),
-    )
+    ) + &ops_to_toml(c)
+}
+
+/// The operating keys of `vserve config`; settings left unset are printed as comments.
+fn ops_to_toml(c: &Config) -> String {
+    let o = &c.ops;
+    let path = |key: &str, p: Option<&std::path::Path>| match p {
+        Some(p) => format!("{key} = {:?}\n", p.display().to_string()),
+        None => format!("# {key} = (not set)\n"),
+    };
+    let mut out = format!(
+        "max-streams = {}\nadmin-listen = {:?}\nlog-format = {:?}\nsocket-mode = \"{:04o}\"\n",
+        c.limits.max_streams,
+        o.admin_listen
+            .map_or_else(|| "none".to_owned(), |a| a.to_string()),
+        o.log_format.name(),
+        o.socket_mode,
+    );
+    out += &match o.socket_group {
+        Some(gid) => format!("socket-group = \"{gid}\"\n"),
+        None => "# socket-group = (not set)\n".to_owned(),
+    };
+    out += &path("auth-token-file", o.auth_token_file.as_deref());
+    out += &path("tls-cert", o.tls.as_ref().map(|t| t.cert.as_path()));
+    out += &path("tls-key", o.tls.as_ref().map(|t| t.key.as_path()));
+    out
 }
 
 #[cfg(test)]

@@ -50,8 +50,39 @@ fn resize_of(
     })
 }
 
+/// Connects to `--addr` with the token from `--token-file` (else `VSERVE_TOKEN`) and the `--tls-ca`
+/// certificate, when given.
+pub async fn connect(args: &AddrArgs) -> Result<Client, ClientError> {
+    let setup_err = |what: &str, path: &Path, e: std::io::Error| {
+        ClientError::Status(tonic::Status::invalid_argument(format!(
+            "cannot read {what} {}: {e}",
+            path.display()
+        )))
+    };
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| setup_err("--token-file", path, e))?
+                .trim()
+                .to_owned(),
+        ),
+        None => std::env::var("VSERVE_TOKEN")
+            .ok()
+            .filter(|t| !t.trim().is_empty()),
+    };
+    let tls_ca_pem = match &args.tls_ca {
+        Some(path) => Some(std::fs::read(path).map_err(|e| setup_err("--tls-ca", path, e))?),
+        None => None,
+    };
+    Client::connect_with(
+        &args.addr,
+        &vserve_client::ConnectOptions { token, tls_ca_pem },
+    )
+    .await
+}
+
 pub async fn probe(args: &ProbeArgs) -> Result<(), ClientError> {
-    let mut client = Client::connect(&args.addr.addr).await?;
+    let mut client = connect(&args.addr).await?;
     let r = client
         .probe(proto::ProbeRequest {
             dataset: args.dataset.clone(),
@@ -92,7 +123,7 @@ pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
         vserve_client::clip_times(&args.video, &args.times)
     };
     clip.stream = args.stream;
-    let mut client = Client::connect(&args.addr.addr).await?;
+    let mut client = connect(&args.addr).await?;
     let batch = client
         .get_clips(proto::GetClipsRequest {
             dataset: args.dataset.clone(),
@@ -220,7 +251,7 @@ pub async fn stream(args: &StreamArgs) -> Result<(), ClientError> {
             )))
         })?;
     }
-    let mut client = Client::connect(&args.addr.addr).await?;
+    let mut client = connect(&args.addr).await?;
     let mut batches = client.stream_batches(req).await?;
     let mut received = 0u64;
     let stdout = std::io::stdout();
@@ -277,7 +308,7 @@ pub async fn stream(args: &StreamArgs) -> Result<(), ClientError> {
 }
 
 pub async fn datasets(args: &AddrArgs) -> Result<(), ClientError> {
-    let mut client = Client::connect(&args.addr).await?;
+    let mut client = connect(args).await?;
     let r = client.list_datasets().await?;
     let list: Vec<_> = r
         .datasets
@@ -289,7 +320,7 @@ pub async fn datasets(args: &AddrArgs) -> Result<(), ClientError> {
 }
 
 pub async fn stats(args: &AddrArgs) -> Result<(), ClientError> {
-    let mut client = Client::connect(&args.addr).await?;
+    let mut client = connect(args).await?;
     let s = client.stats().await?;
     println!(
         "{}",

@@ -62,6 +62,8 @@ pub struct Limits {
     pub max_output_bytes: u64,
     /// Batches a stream may prepare ahead of its reader.
     pub max_prefetch: usize,
+    /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
+    pub max_streams: usize,
 }
 
 impl Default for Limits {
@@ -72,6 +74,7 @@ impl Default for Limits {
             max_side: 8_192,
             max_output_bytes: 4 << 30,
             max_prefetch: 8,
+            max_streams: 64,
         }
     }
 }
@@ -87,6 +90,60 @@ pub struct Config {
     pub shutdown_grace: std::time::Duration,
     /// Where shared-memory arenas are created (transport SHM).
     pub shm_dir: PathBuf,
+    /// Admin listener, logs and access control.
+    pub ops: OpsConfig,
+}
+
+/// Log line format on stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// Operating settings: how the daemon is observed and who may call it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpsConfig {
+    /// Where `/metrics`, `/livez` and `/readyz` are served over HTTP; `None` disables the listener.
+    pub admin_listen: Option<SocketAddr>,
+    pub log_format: LogFormat,
+    /// Permission bits of the Unix socket files (e.g. 0o660).
+    pub socket_mode: u32,
+    /// Group owning the Unix socket files (a gid resolved from a name or number at start-up).
+    pub socket_group: Option<u32>,
+    /// File holding the bearer token TCP callers must send (`authorization: Bearer <token>`).
+    pub auth_token_file: Option<PathBuf>,
+    /// Certificate chain and private key (PEM) for TLS on the TCP listeners.
+    pub tls: Option<TlsFiles>,
+}
+
+impl Default for OpsConfig {
+    fn default() -> Self {
+        OpsConfig {
+            admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+            log_format: LogFormat::Text,
+            socket_mode: 0o660,
+            socket_group: None,
+            auth_token_file: None,
+            tls: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// A bad setting: which key, which value, what is wrong.
@@ -173,6 +230,94 @@ pub fn parse_bytes(key: &str, s: &str) -> Result<u64, ConfigError> {
     Ok(v as u64)
 }
 
+/// Parses `--admin-listen`: `HOST:PORT`, or `none` to disable the admin listener.
+pub fn parse_admin_listen(s: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    s.trim()
+        .parse::<SocketAddr>()
+        .map(Some)
+        .map_err(|_| ConfigError::new("admin-listen", s, "expected HOST:PORT or none"))
+}
+
+pub fn parse_log_format(s: &str) -> Result<LogFormat, ConfigError> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(ConfigError::new("log-format", s, "expected text or json")),
+    }
+}
+
+/// Parses permission bits written in octal (`0660`, `660`, `0o660`).
+pub fn parse_socket_mode(s: &str) -> Result<u32, ConfigError> {
+    let t = s.trim();
+    let digits = t.strip_prefix("0o").unwrap_or(t);
+    match u32::from_str_radix(digits, 8) {
+        Ok(m) if !digits.is_empty() && m <= 0o777 => Ok(m),
+        _ => Err(ConfigError::new(
+            "socket-mode",
+            s,
+            "expected octal permission bits such as 0660",
+        )),
+    }
+}
+
+/// Resolves `--socket-group`: a numeric gid, or a group name looked up in `group_file` (`/etc/group`).
+pub fn parse_socket_group(s: &str, group_file: &std::path::Path) -> Result<u32, ConfigError> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(ConfigError::new("socket-group", s, "empty group"));
+    }
+    if let Ok(gid) = t.parse::<u32>() {
+        return Ok(gid);
+    }
+    let text = std::fs::read_to_string(group_file).map_err(|e| {
+        ConfigError::new(
+            "socket-group",
+            s,
+            format!("cannot read {}: {e}", group_file.display()),
+        )
+    })?;
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let gid = fields.nth(1)?.parse::<u32>().ok()?;
+            (name == t).then_some(gid)
+        })
+        .next()
+        .ok_or_else(|| {
+            ConfigError::new(
+                "socket-group",
+                s,
+                format!("no such group in {}", group_file.display()),
+            )
+        })
+}
+
+/// Checks that a file a setting names can be read now (so a typo fails at start-up, not later).
+pub fn check_readable(key: &str, path: &std::path::Path) -> Result<(), ConfigError> {
+    std::fs::File::open(path)
+        .map(|_| ())
+        .map_err(|e| ConfigError::new(key, path.display().to_string(), e.to_string()))
+}
+
+/// Reads a bearer token file: its content without surrounding whitespace, non-empty, printable ASCII.
+pub fn read_token(key: &str, path: &std::path::Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(key, path.display().to_string(), e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::new(
+            key,
+            path.display().to_string(),
+            "the token must be one non-empty line of printable ASCII",
+        ));
+    }
+    Ok(token.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +345,35 @@ mod tests {
         assert_eq!(d.root, PathBuf::from("/data/k"));
         assert_eq!(d.manifest, Some(PathBuf::from("/data/train.csv")));
         assert!(parse_dataset("kin=/data/k:manifest=").is_err());
+    }
+
+    #[test]
+    fn parses_operating_settings() {
+        assert_eq!(parse_admin_listen("none").unwrap(), None);
+        assert_eq!(
+            parse_admin_listen("0.0.0.0:9464").unwrap(),
+            Some("0.0.0.0:9464".parse().unwrap())
+        );
+        assert_eq!(parse_admin_listen("9464").unwrap_err().key, "admin-listen");
+        assert_eq!(parse_log_format("JSON").unwrap(), LogFormat::Json);
+        assert_eq!(parse_log_format("xml").unwrap_err().key, "log-format");
+        assert_eq!(parse_socket_mode("0660").unwrap(), 0o660);
+        assert_eq!(parse_socket_mode("0o600").unwrap(), 0o600);
+        assert_eq!(parse_socket_mode("0999").unwrap_err().key, "socket-mode");
+        assert!(parse_socket_mode("7777").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let groups = dir.path().join("group");
+        std::fs::write(&groups, "root:x:0:\nvideo:x:44:alice,bob\n").unwrap();
+        assert_eq!(parse_socket_group("video", &groups).unwrap(), 44);
+        assert_eq!(parse_socket_group("1234", &groups).unwrap(), 1234);
+        assert_eq!(
+            parse_socket_group("nogroup", &groups).unwrap_err().key,
+            "socket-group"
+        );
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        assert_eq!(read_token("auth-token-file", &token).unwrap(), "s3cret");
+        std::fs::write(&token, "\n").unwrap();
+        assert!(read_token("auth-token-file", &token).is_err());
     }
 }

@@ -219,6 +219,8 @@ pub struct Engine {
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
     /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
     index_permits: Arc<tokio::sync::Semaphore>,
+    /// Stage timings and decode outcomes for `/metrics` (registered by the server).
+    metrics: crate::metrics::EngineMetrics,
 }
 
 impl Engine {
@@ -277,6 +279,7 @@ impl Engine {
                 .max_capacity(64)
                 .time_to_live(std::time::Duration::from_secs(10))
                 .build(),
+            metrics: Default::default(),
         }))
     }
 
@@ -365,6 +368,16 @@ impl Engine {
         }
     }
 
+    /// The engine's metric handles, for the server to register.
+    pub fn metrics(&self) -> &crate::metrics::EngineMetrics {
+        &self.metrics
+    }
+
+    /// Frames the frame cache evicted to stay within its size.
+    pub fn cache_evictions(&self) -> u64 {
+        self.frames.evictions()
+    }
+
     async fn index_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
         self.index_permits
             .clone()
@@ -424,6 +437,7 @@ impl Engine {
                 built.map(Arc::new)
             })
             .map_err(|e| {
+                self.metrics.index_failures.inc();
                 self.failed.insert(id.clone(), (*e).clone());
                 Error::from((*e).clone())
             })?;
@@ -464,6 +478,7 @@ impl Engine {
         let mut plain = id.clone();
         plain.decode_table = false;
         if self.damaged.lock().insert(plain) {
+            self.metrics.damaged_files.inc();
             tracing::warn!(path = %id.path.display(), %detail, "decode errors in a cleanly scanned file; indexing it by decoding");
         }
     }
@@ -487,6 +502,7 @@ impl Engine {
                 })
             })
             .collect();
+        let index_timer = crate::metrics::Timer::start();
         let mut handles = Vec::with_capacity(distinct.len());
         for (video, stream) in &distinct {
             let (this, d, v, s) = (self.clone(), req.dataset.clone(), video.clone(), *stream);
@@ -503,6 +519,7 @@ impl Engine {
                     .map_err(|e| Error::Internal(format!("index task failed: {e}")))??,
             );
         }
+        index_timer.observe(&self.metrics.index);
 
         // Positions → frame numbers.
         let mut clip_frames: Vec<Vec<usize>> = Vec::with_capacity(req.clips.len());
@@ -595,7 +612,9 @@ impl Engine {
             });
         }
         let spec = req.transform.batch.clone();
+        let assembly_timer = crate::metrics::Timer::start();
         let (shape, data) = blocking(move || Ok(batch::assemble(&frames_by_clip, &spec)?)).await?;
+        assembly_timer.observe(&self.metrics.batch_assembly);
         Ok(ClipsReply {
             shape,
             data,
@@ -700,6 +719,7 @@ impl Engine {
             frame,
             geometry,
         };
+        let lookup_timer = crate::metrics::Timer::start();
         let mut got = HashMap::with_capacity(wanted.len());
         let mut missing = BTreeSet::new();
         for &k in &wanted {
@@ -712,6 +732,7 @@ impl Engine {
                 }
             }
         }
+        lookup_timer.observe(&self.metrics.cache_lookup);
         let hits = got.len() as u64;
         stats.cache_hits += hits;
         stats.cache_misses += missing.len() as u64;
@@ -825,6 +846,11 @@ impl Engine {
         );
         let video = key.video.clone();
         let wanted_tx = tx.clone();
+        // Stage timings: queued at submit, taken by a decode thread when it asks whether the run is still
+        // wanted (just before decoding), done at `on_done`.
+        let (metrics, queued_at) = (self.metrics.clone(), std::time::Instant::now());
+        let taken_at = Arc::new(std::sync::OnceLock::new());
+        let taken = taken_at.clone();
         let job = Job {
             tenant: tenant.id,
             source: source.clone(),
@@ -834,6 +860,13 @@ impl Engine {
                 move |result: Result<RunOutput, DecodeError>| {
                     let result = result.map(Arc::new);
                     if let Ok(out) = &result {
+                        let started = *taken_at.get_or_init(std::time::Instant::now);
+                        metrics.observe_run(
+                            started.saturating_duration_since(queued_at),
+                            started.elapsed(),
+                            out.decoded,
+                            out.frames.len() as u64,
+                        );
                         for (k, f) in &out.frames {
                             cache.insert(
                                 FrameKey {
@@ -857,7 +890,10 @@ impl Engine {
                     done_tx.send_replace(Some(result));
                 },
             ) as OnDone))),
-            still_wanted: Arc::new(move || wanted_tx.receiver_count() > 0),
+            still_wanted: Arc::new(move || {
+                taken.get_or_init(std::time::Instant::now);
+                wanted_tx.receiver_count() > 0
+            }),
         };
         self.inflight.lock().insert(
             key.clone(),
@@ -1019,6 +1055,7 @@ mod tests {
             limits: Limits::default(),
             shutdown_grace: std::time::Duration::from_secs(1),
             shm_dir: std::env::temp_dir(),
+            ops: Default::default(),
         };
         let factory: BackendFactory = Arc::new(move || {
             Box::new(FakeBackend {

@@ -16,8 +16,12 @@
 //! - [`cli`] and [`config`]: flags, env and TOML into a validated [`config::Config`].
 //! - [`server`]: listeners (Unix socket, TCP), `run(config, shutdown)`; [`shutdown`]: signals.
 //! - [`error`]: the crate's error kinds; [`api`] maps them to gRPC statuses, once, at the edge.
+//! - Operating: [`metrics`] (one registry), [`rpc`] (per-call metrics and `--max-streams` admission via
+//!   [`limits`]), [`auth`] (bearer token on TCP), [`admin`] (`/metrics`, `/livez`, `/readyz`).
 
+pub mod admin;
 pub mod api;
+pub mod auth;
 pub mod batch;
 pub mod cache;
 pub mod cli;
@@ -28,8 +32,11 @@ pub mod decode;
 pub mod engine;
 pub mod error;
 pub mod index;
+pub mod limits;
 pub mod manifest;
+pub mod metrics;
 pub mod plan;
+pub mod rpc;
 pub mod sample;
 pub mod server;
 pub mod shutdown;

@@ -6,14 +6,19 @@
 use clap::Parser;
 use vserve::cli::{Cli, Command};
 
-fn init_logging() {
+/// Logs to stderr, filtered by `VSERVE_LOG` (default `info`), as text or one JSON object per line.
+fn init_logging(format: vserve::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("VSERVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        vserve::config::LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        vserve::config::LogFormat::Json => builder.json().init(),
+    }
 }
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -39,7 +44,6 @@ fn main() -> std::process::ExitCode {
     let command = cli.command.unwrap_or(Command::Serve(cli.serve));
     match command {
         Command::Serve(args) => {
-            init_logging();
             let config = match args.to_config() {
                 Ok(c) => c,
                 Err(e) => {
@@ -47,6 +51,7 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::from(64);
                 }
             };
+            init_logging(config.ops.log_format);
             if config.datasets.is_empty() {
                 tracing::warn!("no --dataset given; serving nothing");
             }
@@ -55,6 +60,11 @@ fn main() -> std::process::ExitCode {
                 datasets = ?config.datasets.iter().map(|d| format!("{}={}", d.name, d.root.display())).collect::<Vec<_>>(),
                 cache_bytes = config.cache.bytes,
                 decode_threads = config.decode.threads,
+                max_streams = config.limits.max_streams,
+                admin = %config.ops.admin_listen.map_or_else(|| "none".to_owned(), |a| a.to_string()),
+                log_format = config.ops.log_format.name(),
+                auth_token = config.ops.auth_token_file.is_some(),
+                tls = config.ops.tls.is_some(),
                 "starting vserve {}",
                 env!("CARGO_PKG_VERSION")
             );

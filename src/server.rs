@@ -1,20 +1,29 @@
-//! The server: binds every listen address, serves the API on each until `shutdown` resolves, then stops
-//! accepting, lets calls in flight finish for up to the grace period (a second signal cuts it short), and
-//! removes the Unix socket files it created.
+//! The server: binds every listen address, serves the API (plus gRPC health and reflection) on each until
+//! `shutdown` resolves, then turns readiness and health to NOT_SERVING, stops accepting, lets calls in
+//! flight finish for up to the grace period (a second signal cuts it short), and removes the Unix socket
+//! files it created. The admin listener (`/metrics`, `/livez`, `/readyz`) runs beside them until the end.
 //!
-//! `run(config, shutdown)` takes both so tests and `main` drive it the same way.
+//! `run(config, shutdown)` takes both so tests and `main` drive it the same way. The one metrics registry
+//! is created here and handed to the RPC layer and the admin listener.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Identity, ServerTlsConfig};
 
+use crate::admin::AdminState;
 use crate::api::{Api, VServeServer};
-use crate::config::{Config, ListenAddr};
+use crate::auth::TokenCheck;
+use crate::config::{Config, ListenAddr, OpsConfig};
 use crate::decode::ffmpeg::FfmpegBackend;
 use crate::decode::fleet::BackendFactory;
 use crate::engine::Engine;
+use crate::limits::Admission;
+use crate::metrics::Metrics;
+use crate::rpc::RpcLayer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -31,21 +40,88 @@ pub fn ffmpeg_backends(threads_per_decoder: usize) -> BackendFactory {
     Arc::new(move || Box::new(FfmpegBackend::new(threads_per_decoder)))
 }
 
+/// The serialized descriptors of `proto/` (written by build.rs), for server reflection.
+const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("vserve_descriptor");
+
 /// Serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     let engine = Engine::new(&config, ffmpeg_backends(config.decode.threads_per_decoder))
         .map_err(ServerError::Setup)?;
-    serve_engine(engine, &config.listen, config.shutdown_grace, shutdown).await
+    serve_engine(engine, &config, shutdown).await
 }
 
-/// Serves an existing engine on `listen` until `shutdown` resolves.
+/// What TCP listeners add: a bearer-token check and TLS, each when configured.
+struct TcpAccess {
+    token: Option<TokenCheck>,
+    tls: Option<ServerTlsConfig>,
+}
+
+fn tcp_access(ops: &OpsConfig) -> Result<TcpAccess, ServerError> {
+    let token = match &ops.auth_token_file {
+        Some(path) => Some(TokenCheck::new(
+            &crate::config::read_token("auth-token-file", path)
+                .map_err(|e| ServerError::Setup(e.to_string()))?,
+        )),
+        None => None,
+    };
+    let tls = match &ops.tls {
+        Some(files) => {
+            let read = |p: &Path| {
+                std::fs::read(p)
+                    .map_err(|e| ServerError::Setup(format!("cannot read {}: {e}", p.display())))
+            };
+            let identity = Identity::from_pem(read(&files.cert)?, read(&files.key)?);
+            Some(ServerTlsConfig::new().identity(identity))
+        }
+        None => None,
+    };
+    Ok(TcpAccess { token, tls })
+}
+
+/// Serves an existing engine on the configured listeners until `shutdown` resolves.
 pub async fn serve_engine(
     engine: Arc<Engine>,
-    listen: &[ListenAddr],
-    grace: std::time::Duration,
+    config: &Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    let (listen, grace) = (&config.listen, config.shutdown_grace);
+    let metrics = Arc::new(Metrics::new(&engine, config.decode.threads));
+    let layer = RpcLayer::new(
+        metrics.rpc.clone(),
+        Admission::new(config.limits.max_streams),
+    );
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<VServeServer<Api>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServerError::Setup(format!("reflection: {e}")))?;
+    let access = tcp_access(&config.ops)?;
+    let admin_state = Arc::new(AdminState::new(metrics.clone()));
+
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+    let mut admin_task = None;
+    if let Some(addr) = config.ops.admin_listen {
+        let listener =
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServerError::Bind {
+                    addr: format!("admin {addr}"),
+                    reason: e.to_string(),
+                })?;
+        let local = listener.local_addr().map_or(addr, |a| a);
+        tracing::info!(addr = %local, "admin listening (/metrics, /livez, /readyz)");
+        let mut stop = admin_stop_rx.clone();
+        admin_task = Some(tokio::spawn(crate::admin::serve(
+            listener,
+            admin_state.clone(),
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        )));
+    }
+
     let mut tasks = tokio::task::JoinSet::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
     for addr in listen {
@@ -59,16 +135,21 @@ pub async fn serve_engine(
         let name = addr.to_string();
         match addr {
             ListenAddr::Unix(path) => {
-                let listener = bind_unix(path).map_err(|reason| ServerError::Bind {
-                    addr: name.clone(),
-                    reason,
-                })?;
+                let listener =
+                    bind_unix(path, &config.ops).map_err(|reason| ServerError::Bind {
+                        addr: name.clone(),
+                        reason,
+                    })?;
                 sockets.push(path.clone());
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
                 tracing::info!(addr = %name, "listening");
+                let router = transport()
+                    .layer(layer.clone())
+                    .add_service(health_service.clone())
+                    .add_service(reflection.clone())
+                    .add_service(svc);
                 tasks.spawn(async move {
-                    transport()
-                        .add_service(svc)
+                    router
                         .serve_with_incoming_shutdown(incoming, until)
                         .await
                         .map_err(|e| ServerError::Serve {
@@ -90,10 +171,32 @@ pub async fn serve_engine(
                     .map(|a| a.to_string())
                     .unwrap_or(name.clone());
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-                tracing::info!(addr = %local, "listening");
+                let mut builder = transport();
+                if let Some(tls) = &access.tls {
+                    builder = builder
+                        .tls_config(tls.clone())
+                        .map_err(|e| ServerError::Bind {
+                            addr: name.clone(),
+                            reason: format!("tls: {e}"),
+                        })?;
+                }
+                tracing::info!(
+                    addr = %local,
+                    tls = access.tls.is_some(),
+                    token = access.token.is_some(),
+                    "listening"
+                );
+                let router = builder
+                    .layer(layer.clone())
+                    .add_service(health_service.clone());
+                let router = match &access.token {
+                    Some(check) => router
+                        .add_service(InterceptedService::new(reflection.clone(), check.clone()))
+                        .add_service(InterceptedService::new(svc, check.clone())),
+                    None => router.add_service(reflection.clone()).add_service(svc),
+                };
                 tasks.spawn(async move {
-                    transport()
-                        .add_service(svc)
+                    router
                         .serve_with_incoming_shutdown(incoming, until)
                         .await
                         .map_err(|e| ServerError::Serve {
@@ -104,10 +207,11 @@ pub async fn serve_engine(
             }
         }
     }
+    admin_state.set_ready(true);
     let mut result = Ok(());
     tokio::select! {
         _ = shutdown => {
-            tracing::info!("shutting down: no new connections; finishing calls in flight");
+            tracing::info!("shutting down: not ready, no new connections; finishing calls in flight");
         }
         Some(done) = tasks.join_next() => {
             // A listener ended on its own: that is a failure; stop the others too.
@@ -118,6 +222,12 @@ pub async fn serve_engine(
             };
         }
     }
+    // Drain: readiness and health first, so probes see NOT_SERVING while calls finish.
+    admin_state.set_ready(false);
+    health.set_not_serving::<VServeServer<Api>>().await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
     let _ = stop_tx.send(true);
     engine.begin_drain();
     let drain = async {
@@ -140,6 +250,10 @@ pub async fn serve_engine(
     for path in sockets {
         let _ = std::fs::remove_file(&path);
     }
+    let _ = admin_stop_tx.send(true);
+    if let Some(task) = admin_task {
+        let _ = task.await;
+    }
     tracing::info!("stopped");
     result
 }
@@ -154,8 +268,20 @@ fn transport() -> tonic::transport::Server {
 }
 
 /// Binds a Unix socket, creating its directory and replacing a stale socket file (one nobody answers
-/// on). A live socket is never taken over.
-fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, String> {
+/// on), then gives it `--socket-mode` and `--socket-group`. A live socket is never taken over.
+fn bind_unix(path: &Path, ops: &OpsConfig) -> Result<tokio::net::UnixListener, String> {
+    let listener = bind_unix_file(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(ops.socket_mode))
+        .map_err(|e| format!("cannot set mode {:04o}: {e}", ops.socket_mode))?;
+    if let Some(gid) = ops.socket_group {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .map_err(|e| format!("cannot give the socket to group {gid}: {e}"))?;
+    }
+    Ok(listener)
+}
+
+fn bind_unix_file(path: &Path) -> Result<tokio::net::UnixListener, String> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

@@ -855,6 +855,9 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
             })
         })
         .await?;
+        ctx.engine
+            .metrics()
+            .sent(crate::metrics::TransportLabel::SHM, nbytes as u64);
         (shape, Vec::new(), Some(r))
     } else {
         let (shape, data) =

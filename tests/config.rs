@@ -158,6 +158,8 @@ async fn serves_tcp_and_unix_from_a_config_file_and_stops_on_sigterm() {
     let mut child = Command::new(bin())
         .args(["--config", file.to_str().unwrap()])
         .env("VSERVE_CACHE_BYTES", "64MiB")
+        // Never the default admin port: tests run in parallel.
+        .env("VSERVE_ADMIN_LISTEN", "127.0.0.1:0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -10,7 +10,9 @@ tests/deps.sh
 cargo build --release --bin vserve --example demo -p vserve -p vserve-client
 run_dir=$(mktemp -d)
 sock="$run_dir/vserve.sock"
-target/release/vserve --listen "unix:$sock" --dataset "demo=$PWD/tests/data/demo" --cache-bytes 512MiB &
+# Admin endpoints (/metrics, /livez, /readyz) on an ephemeral local port, never clashing with another daemon.
+target/release/vserve --listen "unix:$sock" --dataset "demo=$PWD/tests/data/demo" --cache-bytes 512MiB \
+  --admin-listen 127.0.0.1:0 &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$run_dir"' EXIT
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing vserve needs on a fresh Debian (bookworm) machine: FFmpeg's
 # development libraries (ffmpeg-next binds them), clang for bindgen, the ffmpeg CLI (the tests' reference
-# oracle), and checks for a Rust toolchain. Idempotent; quiet when everything is present.
+# oracle), systemd-analyze and a Python venv for the deploy/ checks (tests/deploy.sh), and checks for a
+# Rust toolchain. Idempotent; quiet when everything is present.
 set -euo pipefail
 need=()
-for pkg in libavformat-dev libavcodec-dev libavutil-dev libswscale-dev pkg-config libclang-dev clang ffmpeg ca-certificates; do
+for pkg in libavformat-dev libavcodec-dev libavutil-dev libswscale-dev pkg-config libclang-dev clang ffmpeg ca-certificates systemd python3 python3-venv; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -463,6 +463,9 @@ impl pb::v_serve_server::VServe for Api {
                 .map_err(|e| fail("GetClips", Error::Internal(e.to_string())))?
                 .map_err(|e| fail("GetClips", Error::Internal(e.to_string())))?;
             header.shm = Some(shm_to_proto(&r));
+            self.engine
+                .metrics()
+                .sent(crate::metrics::TransportLabel::SHM, header.nbytes);
             Vec::new()
         } else {
             data

@@ -55,6 +55,11 @@ pub struct Daemon {
     pub scratch: PathBuf,
     /// A valid video just outside the scratch dataset (`scratch/../outside.mov`).
     pub outside: PathBuf,
+    /// The Unix socket file.
+    pub socket: PathBuf,
+    /// The admin listener's `HOST:PORT` (an ephemeral port unless the test passes `--admin-listen`), or
+    /// None with `--admin-listen none`.
+    pub admin: Option<String>,
     log: PathBuf,
     // Holds the socket, the scratch dataset and the log; removed on drop.
     _dir: tempfile::TempDir,
@@ -65,7 +70,8 @@ impl Daemon {
         Daemon::start_with(&[]).await
     }
 
-    /// Starts a daemon with extra `serve` flags and waits until it answers ListDatasets.
+    /// Starts a daemon with extra `serve` flags and waits until it answers ListDatasets. The admin
+    /// listener gets an ephemeral port (never the default: tests run in parallel) unless `extra` names one.
     pub async fn start_with(extra: &[&str]) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("vserve-test")
@@ -96,8 +102,11 @@ impl Daemon {
             .arg("--dataset")
             .arg(format!("{MEDIA}={}", media_dir().display()))
             .arg("--dataset")
-            .arg(format!("{SCRATCH}={}", scratch.display()))
-            .args(extra)
+            .arg(format!("{SCRATCH}={}", scratch.display()));
+        if !extra.iter().any(|a| a.starts_with("--admin-listen")) {
+            cmd.arg("--admin-listen").arg("127.0.0.1:0");
+        }
+        cmd.args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
@@ -107,11 +116,64 @@ impl Daemon {
             addr,
             scratch,
             outside,
+            socket: socket.clone(),
+            admin: None,
             log,
             _dir: dir,
         };
         daemon.wait_ready(&socket).await;
+        daemon.admin = daemon.logged_addr("admin listening");
         daemon
+    }
+
+    /// The `addr=` of the first log line containing `what` (text or JSON logs).
+    pub fn logged_addr(&self, what: &str) -> Option<String> {
+        self.logged_addrs(what).into_iter().next()
+    }
+
+    /// The `addr=` of every log line containing `what`.
+    pub fn logged_addrs(&self, what: &str) -> Vec<String> {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.contains(what))
+            .filter_map(|l| {
+                let rest = l
+                    .split_once("addr=")
+                    .or_else(|| l.split_once("\"addr\":\""))?
+                    .1;
+                let end = rest.find([' ', '"']).unwrap_or(rest.len());
+                Some(rest[..end].to_owned())
+            })
+            .collect()
+    }
+
+    /// The TCP address the daemon serves gRPC on (from its log), for tests that pass a TCP `--listen`.
+    pub fn tcp_addr(&self) -> String {
+        self.logged_addrs("listening")
+            .into_iter()
+            .find(|a| !a.starts_with("unix:") && Some(a) != self.admin.as_ref())
+            .unwrap_or_else(|| panic!("no TCP listener in the log:\n{}", self.log_text()))
+    }
+
+    /// `GET path` on the admin listener: (status code, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        let addr = self.admin.as_deref().expect("admin listener enabled");
+        http_get(addr, path)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`TERM`, `INT`, `KILL`) to the daemon.
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{name} failed");
     }
 
     async fn wait_ready(&mut self, socket: &Path) {
@@ -201,6 +263,28 @@ impl Drop for Daemon {
             eprintln!("---- vserve log ({}) ----\n{}", self.addr, self.log_text());
         }
     }
+}
+
+/// A minimal HTTP/1.1 GET (the admin endpoints): (status code, body). Blocking: the server is another
+/// process and the replies are small.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read reply");
+    let text = String::from_utf8(raw).expect("utf-8 reply");
+    let (head, body) = text.split_once("\r\n\r\n").expect("reply has a header");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line: {head}"));
+    (status, body.to_owned())
 }
 
 // ---------------------------------------------------------------------------------------------------------

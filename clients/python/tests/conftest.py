@@ -118,6 +118,8 @@ class Daemon:
             "--dataset",
             f"clips={self.clips}",
             *manifest_args,
+            # An ephemeral admin port: daemons of several fixtures run at once (the default is fixed).
+            *(["--admin-listen", "127.0.0.1:0"] if supports("--admin-listen") else []),
             *(extra or []),
         ]
         with open(self.log_path, "wb") as log:

@@ -56,7 +56,7 @@ def test_token_and_tls_on_tcp(secured):
     https = f"https://localhost:{port}"
     ca = root / "cert.pem"
     with vserve_client.Client(https, token=TOKEN, tls_ca=ca, timeout=10) as c:
-        assert {x["name"] for x in c.list_datasets()} == {"media", "scratch", "clips"}
+        assert {"media", "scratch", "clips"} <= {x["name"] for x in c.list_datasets()}
         batch = c.get_clips("scratch", [("ok.mov", [0, 3])])
         assert batch.array.shape[:2] == (1, 2)
     with vserve_client.Client(https, tls_ca=ca.read_bytes(), timeout=10) as c:

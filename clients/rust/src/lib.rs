@@ -16,8 +16,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Addresses are `unix:/path/to.sock`, `HOST:PORT` or `http://HOST:PORT`. `GetClips` replies arrive as
-//! chunks; [`Client::get_clips`] reassembles them into one [`Batch`].
+//! Addresses are `unix:/path/to.sock`, `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT` (with
+//! [`ConnectOptions::tls_ca_pem`]); [`Client::connect_with`] also sends a bearer token. `GetClips`
+//! replies arrive as chunks; [`Client::get_clips`] reassembles them into one [`Batch`].
 
 use std::path::PathBuf;
 
@@ -138,14 +139,70 @@ impl Batch {
     }
 }
 
+/// How to reach a daemon beyond its address: a bearer token for a daemon started with
+/// `--auth-token-file`, and the CA certificate that signed an `https://` daemon's certificate.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectOptions {
+    /// Sent as `authorization: Bearer <token>` with every call.
+    pub token: Option<String>,
+    /// PEM CA certificate to verify the daemon with (`https://` addresses).
+    pub tls_ca_pem: Option<Vec<u8>>,
+}
+
+/// Adds the bearer token, if any, to every call.
+#[derive(Clone, Default)]
+pub struct BearerToken(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret.
+        f.write_str(if self.0.is_some() {
+            "BearerToken(..)"
+        } else {
+            "BearerToken(none)"
+        })
+    }
+}
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Authed = tonic::service::interceptor::InterceptedService<Channel, BearerToken>;
+
 /// A connection to one daemon. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: VServeClient<Channel>,
+    inner: VServeClient<Authed>,
 }
 
 impl Client {
     pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        Self::connect_with(addr, &ConnectOptions::default()).await
+    }
+
+    /// Connects with a bearer token and/or a CA certificate for TLS.
+    pub async fn connect_with(addr: &str, options: &ConnectOptions) -> Result<Self, ClientError> {
+        let token = match &options.token {
+            Some(t) => Some(
+                format!("Bearer {}", t.trim())
+                    .parse::<tonic::metadata::AsciiMetadataValue>()
+                    .map_err(|_| {
+                        ClientError::Status(tonic::Status::invalid_argument(
+                            "the token must be printable ASCII",
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
         let connect_err = |e: tonic::transport::Error| ClientError::Connect {
             addr: addr.to_owned(),
             reason: source_chain(&e),
@@ -170,12 +227,17 @@ impl Client {
             } else {
                 format!("http://{addr}")
             };
-            let endpoint = tune(
+            let mut endpoint = tune(
                 Endpoint::from_shared(uri).map_err(|_| ClientError::BadAddress(addr.to_owned()))?,
             );
+            if let Some(ca) = &options.tls_ca_pem {
+                let tls = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+                endpoint = endpoint.tls_config(tls).map_err(connect_err)?;
+            }
             endpoint.connect().await.map_err(connect_err)?
         };
-        let inner = VServeClient::new(channel)
+        let inner = VServeClient::with_interceptor(channel, BearerToken(token))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Ok(Client { inner })
@@ -281,7 +343,7 @@ impl Client {
 pub struct BatchStream {
     inner: tonic::Streaming<proto::StreamBatchesResponse>,
     /// For ReleaseSlots (transport SHM).
-    client: VServeClient<Channel>,
+    client: VServeClient<Authed>,
     /// The stream's arena, mapped once (transport SHM).
     arena: Option<(String, memmap2::Mmap)>,
 }

@@ -1,0 +1,136 @@
+//! The admin listener: plain HTTP/1.1 on `--admin-listen` for operators and orchestrators.
+//!
+//! - `GET /metrics`: every metric in the OpenMetrics text format (Prometheus scrapes it);
+//! - `GET /livez`: 200 while the process serves HTTP at all;
+//! - `GET /readyz`: 200 while the gRPC listeners accept calls, 503 before start-up completes and from the
+//!   moment a drain starts (so load balancers and Kubernetes stop sending work first).
+//!
+//! Input: a bound TCP listener, the shared [`AdminState`], a stop future. The listener stops after the gRPC
+//! drain so `/readyz` keeps answering 503 while calls finish.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+
+use crate::metrics::Metrics;
+
+/// What the admin endpoints report.
+pub struct AdminState {
+    metrics: Arc<Metrics>,
+    ready: AtomicBool,
+}
+
+impl AdminState {
+    pub fn new(metrics: Arc<Metrics>) -> AdminState {
+        AdminState {
+            metrics,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Ready means serving and not draining.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+}
+
+/// Serves the admin endpoints on `listener` until `stop` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AdminState>,
+    stop: impl Future<Output = ()>,
+) {
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "admin listener: accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let state = state.clone();
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(respond(&req, &state)) }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    if let Err(e) = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await
+                    {
+                        tracing::debug!(error = %e, "admin connection ended with an error");
+                    }
+                });
+            }
+            // Reap finished connection tasks so the set does not grow.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    connections.abort_all();
+}
+
+fn text(status: StatusCode, content_type: &str, body: String) -> Response<String> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn respond(req: &Request<Incoming>, state: &AdminState) -> Response<String> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            PLAIN,
+            "only GET and HEAD\n".into(),
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => match state.metrics.encode() {
+            Ok(body) => text(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body,
+            ),
+            Err(_) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                PLAIN,
+                "cannot encode metrics\n".into(),
+            ),
+        },
+        "/livez" => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        "/readyz" => {
+            if state.is_ready() {
+                text(StatusCode::OK, PLAIN, "ready\n".into())
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    PLAIN,
+                    "not ready (starting or draining)\n".into(),
+                )
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            PLAIN,
+            "not found; try /metrics, /livez or /readyz\n".into(),
+        ),
+    }
+}

