@@ -350,7 +350,7 @@ pub struct BatchStream {
 
 /// Gives a slot back once its bytes are copied out.
 async fn release(
-    client: &mut VServeClient<Channel>,
+    client: &mut VServeClient<Authed>,
     slot: &proto::ShmSlot,
 ) -> Result<(), ClientError> {
     client
