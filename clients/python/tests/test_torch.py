@@ -105,13 +105,20 @@ def test_bad_arguments_fail_at_construction():
         VideoClipDataset("unix:/x.sock", "d", batch_size=1, output="list")
 
 
-def test_real_daemon_stream(daemon, client):
-    ds = VideoClipDataset(daemon.addr, "clips", batch_size=2, frames_per_clip=2, size=(32, 24), seed=1)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_real_daemon_stream(daemon, workers):
+    # Shared memory (the Unix socket's default) against inline bytes: workers copy each slot into a
+    # torch shared-memory tensor before releasing it; the main process holds views, cloned here.
+    kw = dict(batch_size=1, clips_per_video=3, frames_per_clip=2, size=(32, 24), seed=1)
+    ds = VideoClipDataset(daemon.addr, "clips", **kw)
     try:
-        items = [item for item in DataLoader(ds, batch_size=None, num_workers=2)]
+        items = [
+            dict(item, video=item["video"].clone())
+            for item in DataLoader(ds, batch_size=None, num_workers=workers)
+        ]
     except vserve_client.Unimplemented:
         pytest.skip("the daemon answers UNIMPLEMENTED for StreamBatches (server side not landed yet)")
-    with client.stream("clips", batch_size=2, frames_per_clip=2, size=(32, 24), seed=1) as stream:
+    with daemon.client(transport="inline") as inline, inline.stream("clips", **kw) as stream:
         want = list(stream)
     assert [i["batch"] for i in items] == [b.batch for b in want]
     for item, b in zip(items, want):

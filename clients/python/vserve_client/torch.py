@@ -23,7 +23,11 @@ delivered twice and the loader yields them in order (see :mod:`vserve_client.wor
 Resume: items carry ``"batch"``, the batch's number in the rank's epoch; after a restart call
 ``set_epoch(epoch, start_batch=last_batch + 1)``.
 
-Arrays become tensors with ``torch.from_numpy`` (no copy).
+Arrays become tensors with ``torch.from_numpy`` (no copy). With the shared-memory transport (the default
+on a Unix socket) a tensor in the main process (``num_workers=0``) is a view of the daemon's arena slot and
+stays valid until the next batch is requested: clone what you keep across iterations. In DataLoader
+workers each batch is copied once into a torch shared-memory tensor (what sending it to the main process
+needs anyway) and the slot is released at once, so the tensors the loader yields are owned.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .batch import Batch
+
+#: numpy dtype strings of the wire dtypes -> torch dtypes.
+_TORCH_DTYPES = {"|u1": torch.uint8, "<f2": torch.float16, "<f4": torch.float32}
 from .client import Client
 from .request import stream_kwargs_names, stream_request
 from .workers import resolve_rank
@@ -127,7 +134,14 @@ class VideoClipDataset(IterableDataset):
             client.close()
 
     def _item(self, batch: Batch) -> Any:
-        video = torch.from_numpy(batch.array)
+        if batch.shared and get_worker_info() is not None:
+            # The worker's queue pickles the item later, on another thread, while this generator may
+            # already have released the slot: copy now, straight into shared memory, and release.
+            video = torch.empty(batch.array.shape, dtype=_TORCH_DTYPES[batch.array.dtype.str]).share_memory_()
+            video.copy_(torch.from_numpy(batch.array))
+            batch.release()
+        else:
+            video = torch.from_numpy(batch.array)
         label = torch.from_numpy(batch.label_indices)
         if self.output == "tuple":
             return video, label
