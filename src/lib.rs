@@ -16,6 +16,9 @@
 //! - [`cli`] and [`config`]: flags, env and TOML into a validated [`config::Config`].
 //! - [`server`]: listeners (Unix socket, TCP), `run(config, shutdown)`; [`shutdown`]: signals.
 //! - [`error`]: the crate's error kinds; [`api`] maps them to gRPC statuses, once, at the edge.
+//! - [`gulp`]: GulpIO datasets (chunked JPEG frames): reader, writer, `vserve ingest`, `vserve gulp-check`.
+//!   A dataset whose root holds chunks is served by id through the same stages; its frames are decoded by
+//!   [`decode::gulp`].
 
 pub mod api;
 pub mod batch;
@@ -27,6 +30,7 @@ pub mod dataset;
 pub mod decode;
 pub mod engine;
 pub mod error;
+pub mod gulp;
 pub mod index;
 pub mod manifest;
 pub mod plan;
