@@ -2,6 +2,7 @@
 
   gulp_ref.py write OUT VIDEOS_PER_CHUNK ID=PATH:LABEL ...   writes a dataset with gulpio2's GulpChunk;
       frames are the ffmpeg CLI's `-pix_fmt rgb24` decode of each video (as `ffmpeg -i F` picks them)
+  gulp_ref.py ids DIR            prints {id: frame count} as gulpio2 reads the directory (no pixels kept)
   gulp_ref.py read DIR DUMP      reads every video with gulpio2's GulpDirectory and writes DUMP/<n>.npy
       (uint8 [T,H,W,3]) and DUMP/index.json ([{"id", "npy", "meta"}], ids sorted)
 """
@@ -65,9 +66,20 @@ def read(d, dump):
         json.dump(index, f)
 
 
+def ids(d):
+    g = GulpDirectory(d)
+    counts = {}
+    for vid in sorted(g.merged_meta_dict):
+        frames, _ = g[vid]
+        counts[vid] = len(frames)
+    print(json.dumps(counts))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         write(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    elif sys.argv[1] == "ids":
+        ids(sys.argv[2])
     elif sys.argv[1] == "read":
         read(sys.argv[2], sys.argv[3])
     else:

@@ -443,7 +443,7 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
     for (s, result) in rx {
         finished += 1;
         match result {
-            Err(reason) if s == usize::MAX => failed.push((s, reason)),
+            // s is usize::MAX when a worker could not start (reported as "(all)").
             Err(reason) => failed.push((s, reason)),
             Ok(enc) => {
                 let step = (|| -> std::io::Result<()> {
