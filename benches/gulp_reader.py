@@ -6,7 +6,8 @@ run on the same GulpIO directory (see docs/BENCHMARKS.md, "GulpIO datasets").
 Per video `--clips-per-video` random clips of 8 frames with stride 4 (uniform start), read with
 GulpDirectory[id, slice] (JPEG decode by simplejpeg, as gulpio2 does), random 224x224 crop and random
 horizontal flip per clip, batches of 32 clips stacked into one uint8 [32, 8, 224, 224, 3] array, in a pool
-of `--workers` processes (a PyTorch DataLoader's shape: each worker builds whole batches). Frames are
+of `--workers` processes (a PyTorch DataLoader's shape: each worker builds whole batches, which reach the
+main process pickled through a pipe; `--no-transfer` keeps them in the workers). Frames are
 stored at the size they are served (ingest --short-side 256), so no resize. Prints clips/s.
 """
 import argparse
@@ -17,11 +18,13 @@ import numpy as np
 from gulpio2 import GulpDirectory
 
 _gd = None
+_no_transfer = False
 
 
-def _init(d):
-    global _gd
+def _init(d, no_transfer):
+    global _gd, _no_transfer
     _gd = GulpDirectory(d)
+    _no_transfer = no_transfer
 
 
 def _batch(job):
@@ -38,7 +41,8 @@ def _batch(job):
         if rng.random() < 0.5:
             arr = arr[:, :, ::-1]
         out.append(np.ascontiguousarray(arr))
-    return np.stack(out).shape[0]
+    batch = np.stack(out)
+    return batch.shape[0] if _no_transfer else batch
 
 
 def main():
@@ -48,6 +52,7 @@ def main():
     p.add_argument("--clips-per-video", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--no-transfer", action="store_true")
     a = p.parse_args()
     gd = GulpDirectory(a.dir)
     lengths = {vid: len(m["frame_info"]) for vid, m in gd.merged_meta_dict.items()}
@@ -61,9 +66,12 @@ def main():
     jobs = [(a.seed + i, clips[i:i + 32]) for i in range(0, len(clips), 32)]
     best = None
     for _ in range(a.repeat):
-        with mp.Pool(a.workers, initializer=_init, initargs=(a.dir,)) as pool:
+        with mp.Pool(a.workers, initializer=_init, initargs=(a.dir, a.no_transfer)) as pool:
             t0 = time.perf_counter()
-            n = sum(pool.imap(_batch, jobs))
+            n = 0
+            for batch in pool.imap(_batch, jobs):
+                # The batch crossed to this process as a DataLoader's would (pickled through a pipe).
+                n += batch if a.no_transfer else batch.shape[0]
             dt = time.perf_counter() - t0
         rate = n / dt
         best = rate if best is None else max(best, rate)
