@@ -148,3 +148,47 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
     }
     Ok(r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gulp::jpeg::Encoder;
+    use crate::gulp::reader::{GulpDataset, GulpError};
+    use crate::gulp::writer::ChunkWriter;
+
+    #[test]
+    fn duplicates_orphans_and_bad_records_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let jpeg = Encoder::new(90)
+            .unwrap()
+            .encode(&[100u8; 8 * 8 * 3], 8, 8)
+            .unwrap();
+        let meta = serde_json::json!({});
+        for k in 0..2 {
+            let mut w = ChunkWriter::create(dir.path(), k).unwrap();
+            w.append("same", &meta, std::slice::from_ref(&jpeg))
+                .unwrap();
+            w.append(&format!("only{k}"), &meta, std::slice::from_ref(&jpeg))
+                .unwrap();
+            w.finish().unwrap();
+        }
+        let clean = check(dir.path()).unwrap();
+        assert_eq!((clean.chunks, clean.videos, clean.frames), (2, 4, 4));
+        assert_eq!(clean.problems, vec![r#"id "same" is in chunks 0 and 1"#]);
+        let ds = GulpDataset::open(dir.path()).unwrap();
+        assert!(matches!(ds.entry("same"), Err(GulpError::Corrupt { .. })));
+        assert!(ds.entry("only0").is_ok() && ds.entry("only1").is_ok());
+        assert!(matches!(ds.entry("nope"), Err(GulpError::NotFound { .. })));
+
+        std::fs::write(dir.path().join("data_7.gulp"), b"orphan").unwrap();
+        let mut data = std::fs::read(dir.path().join("data_1.gulp")).unwrap();
+        data[0] = 0;
+        data.extend_from_slice(&[0; 4]);
+        std::fs::write(dir.path().join("data_1.gulp"), data).unwrap();
+        let r = check(dir.path()).unwrap();
+        let text = r.problems.join("\n");
+        assert!(text.contains("data_7.gulp: no meta_7.gmeta"), "{text}");
+        assert!(text.contains("frame 0: not a valid JPEG"), "{text}");
+        assert!(text.contains("records' lengths sum to"), "{text}");
+    }
+}
