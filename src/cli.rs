@@ -46,6 +46,48 @@ pub enum Command {
     Datasets(AddrArgs),
     /// Print a daemon's counters as JSON.
     Stats(AddrArgs),
+    /// Decode every video of a dataset once into a GulpIO dataset (chunked JPEG frames); resumable.
+    Ingest(IngestArgs),
+    /// Check a GulpIO directory (GulpIO's sanity checks plus JPEG validity); exit 1 on any problem.
+    GulpCheck(GulpCheckArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct IngestArgs {
+    /// Directory holding the videos (every video file under it, unless --manifest lists them).
+    #[arg(long, value_name = "DIR")]
+    pub dataset_dir: PathBuf,
+    /// CSV or JSON Lines manifest (path, label, start, end), paths relative to --dataset-dir.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// Output directory (created; an existing one is resumed).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Store frames at this rate (the frame displayed every 1/F s); default: every frame.
+    #[arg(long, value_name = "F")]
+    pub fps: Option<f64>,
+    /// Resize so the short side has N pixels (bilinear, as GetClips' short side).
+    #[arg(long, value_name = "N")]
+    pub short_side: Option<u32>,
+    /// JPEG quality (1-100).
+    #[arg(long, default_value_t = 90, value_name = "Q")]
+    pub quality: u8,
+    /// Videos per chunk.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub videos_per_chunk: usize,
+    /// Videos decoded in parallel (default: the cores).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GulpCheckArgs {
+    /// The GulpIO directory.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
 }
 
 #[derive(Args, Debug, Clone, Default)]

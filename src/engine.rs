@@ -193,6 +193,8 @@ struct RunKey {
 
 pub struct Engine {
     datasets: BTreeMap<String, Dataset>,
+    /// Datasets whose root holds GulpIO chunks: videos are ids, frames stored JPEGs.
+    gulps: BTreeMap<String, Arc<crate::gulp::reader::GulpDataset>>,
     indexes: moka::sync::Cache<Arc<VideoId>, Arc<VideoIndex>>,
     /// Files that failed to index, remembered briefly (by identity, so a replaced file is tried again at
     /// once): a client repeating a request for a broken file costs a lookup, not another scan.
@@ -228,9 +230,19 @@ impl Engine {
     pub fn new(config: &Config, factory: BackendFactory) -> Result<Arc<Engine>, String> {
         let mut datasets = BTreeMap::new();
         let mut manifests = BTreeMap::new();
+        let mut gulps = BTreeMap::new();
         for d in &config.datasets {
             let ds = Dataset::new(&d.name, &d.root)
                 .map_err(|e| format!("dataset {:?}: root {:?}: {e}", d.name, d.root))?;
+            if crate::gulp::is_gulp_dir(&ds.root) {
+                let g = crate::gulp::reader::GulpDataset::open(&ds.root)
+                    .map_err(|e| format!("dataset {:?}: {e}", d.name))?;
+                tracing::info!(dataset = %d.name, videos = g.len(), unreadable_chunks = g.broken.len(), "gulp dataset opened");
+                if d.manifest.is_none() {
+                    manifests.insert(d.name.clone(), Arc::new(g.samples()));
+                }
+                gulps.insert(d.name.clone(), Arc::new(g));
+            }
             datasets.insert(d.name.clone(), ds);
             if let Some(m) = &d.manifest {
                 let samples = crate::manifest::Samples::from_manifest(m)
@@ -262,6 +274,7 @@ impl Engine {
             .build();
         Ok(Arc::new(Engine {
             datasets,
+            gulps,
             indexes,
             failed,
             frames: FrameCache::new(config.cache.bytes),
@@ -289,7 +302,10 @@ impl Engine {
             .map(|d| DatasetSummary {
                 name: d.name.clone(),
                 root: d.root.display().to_string(),
-                video_count: d.count_videos(),
+                video_count: self
+                    .gulps
+                    .get(&d.name)
+                    .map_or_else(|| d.count_videos(), |g| g.len() as u64),
             })
             .collect()
     }
@@ -400,6 +416,9 @@ impl Engine {
         stream: Option<u32>,
     ) -> Result<(Arc<VideoId>, Arc<VideoIndex>, VideoSource), Error> {
         let ds = self.dataset(dataset)?;
+        if let Some(g) = self.gulps.get(dataset) {
+            return self.index_stored(g, video);
+        }
         let (path, meta) = ds.resolve(video)?;
         let mtime_ns = meta
             .modified()
@@ -444,6 +463,38 @@ impl Engine {
         let source = VideoSource {
             path,
             index: index.clone(),
+            gulp: None,
+        };
+        Ok((id, index, source))
+    }
+
+    /// A video of a gulp dataset, by id: its table comes from the meta file, its identity (cache key) is
+    /// its chunk's data file plus the id.
+    fn index_stored(
+        &self,
+        g: &Arc<crate::gulp::reader::GulpDataset>,
+        video: &str,
+    ) -> Result<(Arc<VideoId>, Arc<VideoIndex>, VideoSource), Error> {
+        let (data_path, size, mtime_ns) = g.identity(video)?;
+        let id = Arc::new(VideoId {
+            // Only a cache key (never opened): the chunk's data file and the id.
+            path: std::path::PathBuf::from(format!("{}#{video}", data_path.display())),
+            size,
+            mtime_ns,
+            stream: None,
+            decode_table: false,
+        });
+        let index = self
+            .indexes
+            .try_get_with(id.clone(), || g.index(video).map(Arc::new))
+            .map_err(|e| Error::from((*e).clone()))?;
+        let source = VideoSource {
+            path: id.path.clone(),
+            index: index.clone(),
+            gulp: Some(crate::gulp::reader::GulpVideo {
+                dataset: g.clone(),
+                id: video.into(),
+            }),
         };
         Ok((id, index, source))
     }

@@ -81,3 +81,15 @@ impl From<crate::transport::shm::ShmError> for Error {
         Error::Internal(e.to_string())
     }
 }
+
+impl From<crate::gulp::reader::GulpError> for Error {
+    fn from(e: crate::gulp::reader::GulpError) -> Self {
+        use crate::gulp::reader::GulpError;
+        let msg = e.to_string();
+        match e {
+            GulpError::NotFound { .. } => Error::NotFound(msg),
+            GulpError::Corrupt { .. } => Error::DataLoss(msg),
+            GulpError::Io { .. } => Error::Internal(msg),
+        }
+    }
+}

@@ -47,6 +47,8 @@ pub enum SeekMode {
 pub enum IndexMethod {
     PacketScan,
     DecodeScan,
+    /// Frames stored one by one (a GulpIO dataset): the table is the stored records.
+    Stored,
 }
 
 #[derive(Clone, Debug)]

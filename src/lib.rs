@@ -18,6 +18,9 @@
 //! - [`error`]: the crate's error kinds; [`api`] maps them to gRPC statuses, once, at the edge.
 //! - Operating: [`metrics`] (one registry), [`rpc`] (per-call metrics and `--max-streams` admission via
 //!   [`limits`]), [`auth`] (bearer token on TCP), [`admin`] (`/metrics`, `/livez`, `/readyz`).
+//! - [`gulp`]: GulpIO datasets (chunked JPEG frames): reader, writer, `vserve ingest`, `vserve gulp-check`.
+//!   A dataset whose root holds chunks is served by id through the same stages; its frames are decoded by
+//!   [`decode::gulp`].
 
 pub mod admin;
 pub mod api;
@@ -31,6 +34,7 @@ pub mod dataset;
 pub mod decode;
 pub mod engine;
 pub mod error;
+pub mod gulp;
 pub mod index;
 pub mod limits;
 pub mod manifest;

@@ -93,6 +93,8 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::from(64)
             }
         },
+        Command::Ingest(a) => vserve::commands::ingest(&a),
+        Command::GulpCheck(a) => vserve::commands::gulp_check(&a),
         client_command => {
             let rt = match runtime() {
                 Ok(rt) => rt,
@@ -108,7 +110,10 @@ fn main() -> std::process::ExitCode {
                     Command::Stream(a) => vserve::commands::stream(a).await,
                     Command::Datasets(a) => vserve::commands::datasets(a).await,
                     Command::Stats(a) => vserve::commands::stats(a).await,
-                    Command::Serve(_) | Command::Config(_) => Ok(()),
+                    Command::Serve(_)
+                    | Command::Config(_)
+                    | Command::Ingest(_)
+                    | Command::GulpCheck(_) => Ok(()),
                 }
             });
             match result {

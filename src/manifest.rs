@@ -86,6 +86,20 @@ impl Samples {
         )
     }
 
+    /// Samples from (video, label) pairs in the given order, label indices by the manifest rule.
+    pub fn from_labeled(rows: Vec<(String, Option<String>)>) -> Samples {
+        Samples::with_labels(
+            rows.into_iter()
+                .map(|(video, label)| Row {
+                    video,
+                    label,
+                    start: None,
+                    end: None,
+                })
+                .collect(),
+        )
+    }
+
     fn with_labels(rows: Vec<Row>) -> Samples {
         let labels: BTreeSet<&str> = rows.iter().filter_map(|r| r.label.as_deref()).collect();
         let all_integers = labels.iter().all(|l| l.parse::<i64>().is_ok());

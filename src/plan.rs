@@ -12,6 +12,19 @@ use crate::index::VideoIndex;
 
 /// Groups `wanted` (frame indices valid for `index`) by the keyframe each is decoded from.
 pub fn gop_runs(index: &VideoIndex, wanted: &BTreeSet<usize>) -> Vec<GopRun> {
+    if index.method == crate::index::IndexMethod::Stored {
+        // Stored frames (GulpIO) decode independently, each its own keyframe: one run takes them all,
+        // so a clip costs one decode job, not one per frame.
+        return wanted
+            .first()
+            .map(|&k| {
+                vec![GopRun {
+                    keyframe: k,
+                    wanted: wanted.iter().copied().collect(),
+                }]
+            })
+            .unwrap_or_default();
+    }
     let mut runs: Vec<GopRun> = Vec::new();
     for &k in wanted {
         let kf = index.keyframe_before(k);
@@ -98,5 +111,21 @@ mod tests {
                 wanted: vec![3, 25]
             }]
         );
+    }
+
+    #[test]
+    fn stored_frames_are_one_run_from_the_first_wanted() {
+        let all: Vec<usize> = (0..40).collect();
+        let mut idx = index(40, &all, SeekMode::ByPts);
+        idx.method = IndexMethod::Stored;
+        let wanted: BTreeSet<usize> = [7, 11, 39].into_iter().collect();
+        assert_eq!(
+            gop_runs(&idx, &wanted),
+            vec![GopRun {
+                keyframe: 7,
+                wanted: vec![7, 11, 39]
+            }]
+        );
+        assert!(gop_runs(&idx, &BTreeSet::new()).is_empty());
     }
 }

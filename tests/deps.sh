@@ -27,3 +27,10 @@ if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
 fi
+# GulpIO datasets (src/gulp/jpeg.rs link libjpeg-turbo's TurboJPEG library).
+if ! dpkg -s libturbojpeg0-dev >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "deps: installing libturbojpeg0-dev" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libturbojpeg0-dev >/dev/null
+fi

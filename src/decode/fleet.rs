@@ -234,6 +234,7 @@ impl Drop for Fleet {
 
 fn worker(rx: Arc<Scheduler<Job>>, counters: Arc<FleetCounters>, factory: BackendFactory) {
     let mut backend = factory();
+    let mut stored = super::gulp::GulpBackend::default();
     while let Some(job) = rx.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         let Job {
@@ -262,7 +263,11 @@ fn worker(rx: Arc<Scheduler<Job>>, counters: Arc<FleetCounters>, factory: Backen
             continue;
         }
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            backend.decode_run(&source, &run, geometry)
+            if source.gulp.is_some() {
+                stored.decode_run(&source, &run, geometry)
+            } else {
+                backend.decode_run(&source, &run, geometry)
+            }
         }));
         let result = match outcome {
             Ok(r) => r,

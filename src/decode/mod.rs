@@ -9,11 +9,13 @@
 //! it cannot produce is an error naming that frame, never a silently substituted neighbour.
 //!
 //! Backends live one per module behind [`Backend`]: [`ffmpeg`] (CPU, libavcodec) and [`fake`] (deterministic
-//! synthetic frames for tests that need no media). [`fleet`] runs a backend on named OS threads.
+//! synthetic frames for tests that need no media); [`gulp`] decodes the stored JPEG frames of GulpIO
+//! datasets and is chosen per job (by [`VideoSource::gulp`]) whatever the fleet's backend. [`fleet`] runs a backend on named OS threads.
 
 pub mod fake;
 pub mod ffmpeg;
 pub mod fleet;
+pub mod gulp;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -81,6 +83,9 @@ impl GopRun {
 pub struct VideoSource {
     pub path: PathBuf,
     pub index: Arc<VideoIndex>,
+    /// Set for a video of a GulpIO dataset: its frames are stored JPEGs, decoded by [`gulp`], not a
+    /// video stream (`path` is then only a name).
+    pub gulp: Option<crate::gulp::reader::GulpVideo>,
 }
 
 /// The outcome of decoding one run.

@@ -1,0 +1,379 @@
+//! Reading a GulpIO directory: chunk meta files parsed once, data files mapped read-only (memmap2).
+//!
+//! Input: a directory of `data_<k>.gulp`/`meta_<k>.gmeta` pairs (and optionally `label2idx.json`).
+//! Output: a [`GulpDataset`]: per video id its chunk, frame records and `meta_data[0]`; a frame's JPEG bytes
+//! by (id, k); a [`VideoIndex`] per id (every frame a keyframe, pts = k, time base from a stored `fps`).
+//!
+//! Damage is confined to the videos it touches: a meta file that cannot be parsed makes its chunk's ids
+//! unknown (a request for an id not found then answers that some chunk is unreadable, not that the id does
+//! not exist); a record reaching past the end of its data file (a truncated `.gulp`), a missing data file
+//! or an id present in two chunks marks those videos corrupt; a record that is not valid JPEG fails the
+//! frames that need it. Everything else keeps serving.
+//!
+//! Invariant: the files do not change while mapped. A dataset is read at start-up; replacing or truncating
+//! a served chunk under the daemon is unsupported (a mapped file shrinking would fault the reader).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::jpeg::Decoder;
+use super::{chunk_number, data_name, meta_name, ChunkFile, FrameInfo};
+use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
+
+/// Frame rate assumed for videos whose meta data stores none (GulpIO itself stores no frame rate).
+pub const DEFAULT_FPS: f64 = 25.0;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum GulpError {
+    #[error("video {id:?} not in gulp dataset {root:?}")]
+    NotFound { root: String, id: String },
+    #[error("video {id:?} is not readable: {reason}")]
+    Corrupt { id: String, reason: String },
+    #[error("cannot read gulp dataset {path:?}: {reason}")]
+    Io { path: String, reason: String },
+}
+
+/// One chunk's data file.
+struct Chunk {
+    number: u64,
+    data_path: PathBuf,
+    /// The mapped data file; Err says why it is unusable (missing, unreadable).
+    map: Result<Arc<memmap2::Mmap>, String>,
+    size: u64,
+    mtime_ns: i128,
+}
+
+/// One video: where its records are and its meta data.
+#[derive(Debug)]
+pub struct Entry {
+    chunk: usize,
+    pub frames: Vec<FrameInfo>,
+    /// `meta_data[0]`, or null.
+    pub meta: serde_json::Value,
+    /// Why the whole video is unreadable (truncated data file, duplicate id, ...).
+    problem: Option<String>,
+}
+
+pub struct GulpDataset {
+    pub root: PathBuf,
+    chunks: Vec<Chunk>,
+    videos: BTreeMap<String, Entry>,
+    /// Meta files that could not be read or parsed, with the reason.
+    pub broken: Vec<String>,
+    /// `label2idx.json`, when present and valid.
+    pub label2idx: Option<BTreeMap<String, i64>>,
+}
+
+impl std::fmt::Debug for GulpDataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GulpDataset({}, {} chunks, {} videos)",
+            self.root.display(),
+            self.chunks.len(),
+            self.videos.len()
+        )
+    }
+}
+
+/// A video of a served gulp dataset, as a decode job carries it.
+#[derive(Clone, Debug)]
+pub struct GulpVideo {
+    pub dataset: Arc<GulpDataset>,
+    pub id: Arc<str>,
+}
+
+/// The raw `.gmeta` entry.
+#[derive(serde::Deserialize)]
+struct RawEntry {
+    frame_info: Vec<(u64, u64, u64)>,
+    #[serde(default)]
+    meta_data: Vec<serde_json::Value>,
+}
+
+/// Parses one `.gmeta` file's text into (id, frames, meta_data[0]) in file order.
+pub fn parse_meta(text: &str) -> Result<Vec<(String, Vec<FrameInfo>, serde_json::Value)>, String> {
+    let map: BTreeMap<String, RawEntry> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    Ok(map
+        .into_iter()
+        .map(|(id, raw)| {
+            let frames = raw
+                .frame_info
+                .into_iter()
+                .map(|(offset, pad, length)| FrameInfo {
+                    offset,
+                    pad,
+                    length,
+                })
+                .collect();
+            let meta = raw
+                .meta_data
+                .into_iter()
+                .next()
+                .unwrap_or(serde_json::Value::Null);
+            (id, frames, meta)
+        })
+        .collect())
+}
+
+/// Chunk numbers present in `dir`: (data files, meta files), each sorted.
+pub fn list_chunks(dir: &Path) -> std::io::Result<(Vec<u64>, Vec<u64>)> {
+    let (mut data, mut meta) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if let Some((kind, k)) = entry.file_name().to_str().and_then(chunk_number) {
+            match kind {
+                ChunkFile::Data => data.push(k),
+                ChunkFile::Meta => meta.push(k),
+            }
+        }
+    }
+    data.sort_unstable();
+    meta.sort_unstable();
+    Ok((data, meta))
+}
+
+fn map_file(path: &Path) -> (Result<Arc<memmap2::Mmap>, String>, u64, i128) {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) => return (Err(format!("{}: {e}", path.display())), 0, 0),
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return (Err(format!("{}: {e}", path.display())), 0, 0),
+    };
+    let mtime_ns = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i128);
+    if meta.len() == 0 {
+        return (Err(format!("{} is empty", path.display())), 0, mtime_ns);
+    }
+    // SAFETY: the mapping is read-only and the dataset's files are not modified while served (module
+    // invariant, documented for users); every access is bounds-checked against the mapped length.
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map(Arc::new)
+        .map_err(|e| format!("cannot map {}: {e}", path.display()));
+    (map, meta.len(), mtime_ns)
+}
+
+impl GulpDataset {
+    /// Reads every meta file and maps every data file of `root`. Fails only when the directory itself
+    /// cannot be listed; damaged chunks are recorded and affect their own videos.
+    pub fn open(root: &Path) -> Result<GulpDataset, GulpError> {
+        let io = |e: std::io::Error| GulpError::Io {
+            path: root.display().to_string(),
+            reason: e.to_string(),
+        };
+        let (_, metas) = list_chunks(root).map_err(io)?;
+        let mut chunks = Vec::new();
+        let mut videos: BTreeMap<String, Entry> = BTreeMap::new();
+        let mut broken = Vec::new();
+        for k in metas {
+            let meta_path = root.join(meta_name(k));
+            let parsed = std::fs::read_to_string(&meta_path)
+                .map_err(|e| e.to_string())
+                .and_then(|text| parse_meta(&text));
+            let entries = match parsed {
+                Ok(e) => e,
+                Err(reason) => {
+                    tracing::warn!(path = %meta_path.display(), %reason, "unreadable gulp meta file; its videos are not served");
+                    broken.push(format!("{}: {reason}", meta_name(k)));
+                    continue;
+                }
+            };
+            let data_path = root.join(data_name(k));
+            let (map, size, mtime_ns) = map_file(&data_path);
+            let chunk = chunks.len();
+            for (id, frames, meta) in entries {
+                let problem = match &map {
+                    Err(e) => Some(format!("data file unusable: {e}")),
+                    Ok(_) => frames.iter().enumerate().find_map(|(i, f)| {
+                        match f.jpeg_range() {
+                            None => Some(format!("frame {i} has an inconsistent record {:?}", (f.offset, f.pad, f.length))),
+                            Some(r) if r.end > size || f.offset + f.length > size => Some(format!(
+                                "frame {i} lies at bytes {}..{} but {} holds {size} bytes (truncated)",
+                                f.offset,
+                                f.offset + f.length,
+                                data_name(k)
+                            )),
+                            Some(_) => None,
+                        }
+                    }),
+                }
+                .or_else(|| frames.is_empty().then(|| "no frames".to_owned()));
+                if let Some(prev) = videos.get_mut(&id) {
+                    let first = chunks.get(prev.chunk).map_or(0, |c: &Chunk| c.number);
+                    prev.problem = Some(format!("id is in chunks {first} and {k}"));
+                    continue;
+                }
+                videos.insert(
+                    id,
+                    Entry {
+                        chunk,
+                        frames,
+                        meta,
+                        problem,
+                    },
+                );
+            }
+            chunks.push(Chunk {
+                number: k,
+                data_path,
+                map,
+                size,
+                mtime_ns,
+            });
+        }
+        let label2idx = std::fs::read_to_string(root.join("label2idx.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&t).ok())
+            .map(|m| {
+                m.into_iter()
+                    .filter_map(|(k, v)| v.as_i64().map(|i| (k, i)))
+                    .collect()
+            });
+        Ok(GulpDataset {
+            root: root.to_path_buf(),
+            chunks,
+            videos,
+            broken,
+            label2idx,
+        })
+    }
+
+    /// Video ids, sorted.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.videos.keys().map(|s| s.as_str())
+    }
+
+    pub fn len(&self) -> usize {
+        self.videos.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.videos.is_empty()
+    }
+
+    /// A video's entry, or why it cannot be served.
+    pub fn entry(&self, id: &str) -> Result<&Entry, GulpError> {
+        let Some(e) = self.videos.get(id) else {
+            if !self.broken.is_empty() {
+                return Err(GulpError::Corrupt {
+                    id: id.to_owned(),
+                    reason: format!(
+                        "not found, and the dataset has unreadable chunks that may hold it ({})",
+                        self.broken.join("; ")
+                    ),
+                });
+            }
+            return Err(GulpError::NotFound {
+                root: self.root.display().to_string(),
+                id: id.to_owned(),
+            });
+        };
+        if let Some(p) = &e.problem {
+            return Err(GulpError::Corrupt {
+                id: id.to_owned(),
+                reason: p.clone(),
+            });
+        }
+        Ok(e)
+    }
+
+    /// Identity of the chunk data file holding `id`: (path, size, mtime in ns), for cache keys.
+    pub fn identity(&self, id: &str) -> Result<(PathBuf, u64, i128), GulpError> {
+        let e = self.entry(id)?;
+        let c = &self.chunks[e.chunk];
+        Ok((c.data_path.clone(), c.size, c.mtime_ns))
+    }
+
+    /// The JPEG bytes of frame `k` of `id`.
+    pub fn jpeg(&self, id: &str, k: usize) -> Result<&[u8], GulpError> {
+        let e = self.entry(id)?;
+        let corrupt = |reason: String| GulpError::Corrupt {
+            id: id.to_owned(),
+            reason,
+        };
+        let f = e
+            .frames
+            .get(k)
+            .ok_or_else(|| corrupt(format!("frame {k} of {} is not stored", e.frames.len())))?;
+        let map = self.chunks[e.chunk]
+            .map
+            .as_ref()
+            .map_err(|m| corrupt(m.clone()))?;
+        let r = f
+            .jpeg_range()
+            .ok_or_else(|| corrupt(format!("frame {k} has an inconsistent record")))?;
+        map.get(r.start as usize..r.end as usize)
+            .ok_or_else(|| corrupt(format!("frame {k} lies past the end of its data file")))
+    }
+
+    /// The frame table and stream facts of `id`: frame k has pts k in a time base of 1/fps (the stored
+    /// `fps`, else [`DEFAULT_FPS`]); every frame is a keyframe; the size is frame 0's.
+    pub fn index(&self, id: &str) -> Result<VideoIndex, GulpError> {
+        let e = self.entry(id)?;
+        let first = self.jpeg(id, 0)?;
+        let mut decoder = Decoder::new().map_err(|err| GulpError::Io {
+            path: self.root.display().to_string(),
+            reason: err.to_string(),
+        })?;
+        let (width, height) = decoder.header(first).map_err(|err| GulpError::Corrupt {
+            id: id.to_owned(),
+            reason: format!("frame 0 is not a valid JPEG: {err}"),
+        })?;
+        let fps = super::stored_fps(&e.meta).unwrap_or(DEFAULT_FPS);
+        // pts k → k / fps seconds, exactly for integral rates, to 1/1000 frame otherwise.
+        let time_base = if fps.fract() == 0.0 {
+            (1, fps as i32)
+        } else {
+            (1000, (fps * 1000.0).round() as i32)
+        };
+        let n = e.frames.len();
+        Ok(VideoIndex {
+            stream: 0,
+            codec: "mjpeg".into(),
+            pixel_format: "rgb24".into(),
+            width,
+            height,
+            rotation: 0,
+            time_base,
+            avg_fps: fps,
+            frames: (0..n as i64)
+                .map(|k| FrameEntry {
+                    pts: k,
+                    duration: 1,
+                    key: true,
+                })
+                .collect(),
+            keyframes: (0..n).collect(),
+            declared_frames: 0,
+            seek: SeekMode::ByPts,
+            method: IndexMethod::Stored,
+            h264_nal_length: None,
+            damaged: false,
+        })
+    }
+
+    /// The dataset's samples for streams: every id (sorted) with its meta data's label; label indices from
+    /// `label2idx.json` when it names the label.
+    pub fn samples(&self) -> crate::manifest::Samples {
+        let mut samples = crate::manifest::Samples::from_labeled(
+            self.videos
+                .iter()
+                .map(|(id, e)| (id.clone(), super::stored_label(&e.meta)))
+                .collect(),
+        );
+        if let Some(map) = &self.label2idx {
+            for s in &mut samples.samples {
+                if let Some(i) = s.label.as_ref().and_then(|l| map.get(l)) {
+                    s.label_index = *i;
+                }
+            }
+        }
+        samples
+    }
+}

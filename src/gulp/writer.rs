@@ -1,0 +1,177 @@
+//! Writing GulpIO chunks atomically.
+//!
+//! Input: videos (an id, `meta_data[0]`, its frames' JPEG bytes) appended to an open [`ChunkWriter`].
+//! Output: `data_<k>.gulp` and `meta_<k>.gmeta` in the output directory, in gulpio2's layout (records padded
+//! with zeros to a multiple of 4 bytes, `frame_info` as `[offset, pad, length]`, `meta_data` a one-element
+//! list).
+//!
+//! Invariant: a chunk becomes visible complete or not at all. Both files are written under temporary
+//! names (`.data_<k>.gulp.tmp`, `.meta_<k>.gmeta.tmp`), fsynced, then renamed: the data file first, the
+//! meta file last, and the directory fsynced. Readers find chunks through their meta file, so a crash at
+//! any point leaves at most temporary files or a data file without its meta file, both of which readers
+//! ignore, `vserve gulp-check` reports and `vserve ingest` removes when it resumes.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use super::{data_name, meta_name, pad_for};
+
+/// Temporary name of a chunk file while it is written.
+pub fn temp_name(final_name: &str) -> String {
+    format!(".{final_name}.tmp")
+}
+
+/// Writes `bytes` to `dir/name` atomically (temporary file, fsync, rename, directory fsync).
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(temp_name(name));
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// One chunk being written.
+pub struct ChunkWriter {
+    dir: PathBuf,
+    number: u64,
+    data: BufWriter<File>,
+    offset: u64,
+    /// The meta file's text so far (entries in append order), without the closing brace.
+    meta: String,
+    videos: usize,
+}
+
+impl ChunkWriter {
+    /// Starts chunk `number` in `dir` (nothing visible until [`ChunkWriter::finish`]).
+    pub fn create(dir: &Path, number: u64) -> std::io::Result<ChunkWriter> {
+        let file = File::create(dir.join(temp_name(&data_name(number))))?;
+        Ok(ChunkWriter {
+            dir: dir.to_path_buf(),
+            number,
+            data: BufWriter::with_capacity(1 << 20, file),
+            offset: 0,
+            meta: String::from("{"),
+            videos: 0,
+        })
+    }
+
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// Videos appended so far.
+    pub fn videos(&self) -> usize {
+        self.videos
+    }
+
+    /// Appends one video: its frames in temporal order and its meta data.
+    pub fn append(
+        &mut self,
+        id: &str,
+        meta: &serde_json::Value,
+        frames: &[Vec<u8>],
+    ) -> std::io::Result<()> {
+        const ZEROS: [u8; 3] = [0; 3];
+        let mut infos = Vec::with_capacity(frames.len());
+        for jpeg in frames {
+            let pad = pad_for(jpeg.len());
+            self.data.write_all(jpeg)?;
+            self.data.write_all(&ZEROS[..pad])?;
+            let length = (jpeg.len() + pad) as u64;
+            infos.push([self.offset, pad as u64, length]);
+            self.offset += length;
+        }
+        let entry = serde_json::json!({ "frame_info": infos, "meta_data": [meta] });
+        if self.videos > 0 {
+            self.meta.push_str(", ");
+        }
+        // Serialising a String and a Value built from JSON cannot fail.
+        self.meta
+            .push_str(&serde_json::to_string(id).unwrap_or_default());
+        self.meta.push_str(": ");
+        self.meta
+            .push_str(&serde_json::to_string(&entry).unwrap_or_default());
+        self.videos += 1;
+        Ok(())
+    }
+
+    /// Makes the chunk visible: data file synced and renamed, then the meta file.
+    pub fn finish(self) -> std::io::Result<()> {
+        let ChunkWriter {
+            dir,
+            number,
+            data,
+            mut meta,
+            ..
+        } = self;
+        let file = data.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(
+            dir.join(temp_name(&data_name(number))),
+            dir.join(data_name(number)),
+        )?;
+        meta.push('}');
+        write_atomic(&dir, &meta_name(number), meta.as_bytes())
+    }
+
+    /// Abandons the chunk, removing its temporary file.
+    pub fn discard(self) {
+        let path = self.dir.join(temp_name(&data_name(self.number)));
+        drop(self.data);
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gulp::reader::GulpDataset;
+
+    #[test]
+    fn written_chunks_read_back_and_temporaries_stay_invisible() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
+        let meta = serde_json::json!({"label": "cat", "fps": 10.0});
+        // Not JPEG, but the reader's byte ranges do not care.
+        w.append("a", &meta, &[vec![1, 2, 3, 4, 5], vec![6; 8]])
+            .unwrap();
+        w.append("b/c", &serde_json::json!({}), &[vec![7; 3]])
+            .unwrap();
+        // Unfinished: nothing a reader accepts.
+        assert!(GulpDataset::open(dir.path()).unwrap().is_empty());
+        w.finish().unwrap();
+        let text = std::fs::read_to_string(dir.path().join("meta_0.gmeta")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            v["a"]["frame_info"],
+            serde_json::json!([[0, 3, 8], [8, 0, 8]])
+        );
+        assert_eq!(v["b/c"]["frame_info"], serde_json::json!([[16, 1, 4]]));
+        assert_eq!(v["a"]["meta_data"][0]["label"], "cat");
+        assert_eq!(
+            std::fs::metadata(dir.path().join("data_0.gulp"))
+                .unwrap()
+                .len(),
+            20
+        );
+        let ds = GulpDataset::open(dir.path()).unwrap();
+        assert_eq!(ds.ids().collect::<Vec<_>>(), vec!["a", "b/c"]);
+        assert_eq!(ds.jpeg("a", 0).unwrap(), &[1, 2, 3, 4, 5]);
+        assert_eq!(ds.jpeg("a", 1).unwrap(), &[6; 8]);
+        assert_eq!(ds.jpeg("b/c", 0).unwrap(), &[7; 3]);
+        assert!(ds.jpeg("a", 2).is_err());
+        let samples = ds.samples();
+        assert_eq!(samples.samples[0].label.as_deref(), Some("cat"));
+        let w = ChunkWriter::create(dir.path(), 1).unwrap();
+        w.discard();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+}
