@@ -36,6 +36,17 @@ fn dataset_dir(videos: &[&str]) -> tempfile::TempDir {
     dir
 }
 
+/// A transform resizing to exactly `width`x`height`.
+fn sized(width: u32, height: u32) -> Option<proto::Transform> {
+    Some(proto::Transform {
+        resize: Some(proto::transform::Resize::Size(proto::Size {
+            width,
+            height,
+        })),
+        ..Default::default()
+    })
+}
+
 fn dataset_arg(name: &str, root: &Path) -> String {
     format!("{name}={}", root.display())
 }
@@ -50,13 +61,7 @@ fn request(dataset: &str) -> proto::StreamBatchesRequest {
             frame_stride: 2,
             ..Default::default()
         }),
-        transform: Some(proto::Transform {
-            resize: Some(proto::transform::Resize::Size(proto::Size {
-                width: 40,
-                height: 30,
-            })),
-            ..Default::default()
-        }),
+        transform: sized(40, 30),
         batch_size: 3,
         seed: 5,
         world_size: 1,
@@ -293,13 +298,7 @@ async fn stream_pixels_are_the_reported_clips_cropped_and_flipped() {
     let mut c = d.client().await;
     let (w, h) = (48u32, 36u32);
     let req = proto::StreamBatchesRequest {
-        transform: Some(proto::Transform {
-            resize: Some(proto::transform::Resize::Size(proto::Size {
-                width: w,
-                height: h,
-            })),
-            ..Default::default()
-        }),
+        transform: sized(w, h),
         augment: Some(proto::Augment {
             crop: Some(proto::augment::Crop::RandomCrop(proto::Size {
                 width: 20,
@@ -320,13 +319,7 @@ async fn stream_pixels_are_the_reported_clips_cropped_and_flipped() {
                 clips_req(
                     "s",
                     vec![frames_clip(&clip.video, &clip.frame_indices, None)],
-                    Some(proto::Transform {
-                        resize: Some(proto::transform::Resize::Size(proto::Size {
-                            width: w,
-                            height: h,
-                        })),
-                        ..Default::default()
-                    }),
+                    sized(w, h),
                 ),
             )
             .await;
@@ -433,13 +426,7 @@ async fn regular_samplers_place_clips_where_torchcodec_does() {
         let req = proto::StreamBatchesRequest {
             dataset: names[case.video.as_str()].clone(),
             sampler: Some(sampler),
-            transform: Some(proto::Transform {
-                resize: Some(proto::transform::Resize::Size(proto::Size {
-                    width: 8,
-                    height: 8,
-                })),
-                ..Default::default()
-            }),
+            transform: sized(8, 8),
             batch_size: 64,
             no_shuffle: true,
             world_size: 1,
@@ -651,13 +638,7 @@ async fn cancelled_stream_stops_its_work() {
                 frames_per_clip: 2,
                 ..Default::default()
             }),
-            transform: Some(proto::Transform {
-                resize: Some(proto::transform::Resize::Size(proto::Size {
-                    width: 16,
-                    height: 16,
-                })),
-                ..Default::default()
-            }),
+            transform: sized(16, 16),
             batch_size: 3,
             world_size: 1,
             dataset: "big".into(),
@@ -790,13 +771,7 @@ fn cli_stream_lists_clips_and_writes_batches() {
                         frames_per_clip: 2,
                         ..Default::default()
                     }),
-                    transform: Some(proto::Transform {
-                        resize: Some(proto::transform::Resize::Size(proto::Size {
-                            width: 16,
-                            height: 12,
-                        })),
-                        ..Default::default()
-                    }),
+                    transform: sized(16, 12),
                     batch_size: 2,
                     seed: 3,
                     world_size: 1,
@@ -890,13 +865,7 @@ async fn a_stalled_reader_holds_only_its_prefetch() {
             frames_per_clip: 2,
             ..Default::default()
         }),
-        transform: Some(proto::Transform {
-            resize: Some(proto::transform::Resize::Size(proto::Size {
-                width: 640,
-                height: 480,
-            })),
-            ..Default::default()
-        }),
+        transform: sized(640, 480),
         batch_size: 1,
         prefetch: 2,
         ..request("small")
