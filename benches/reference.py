@@ -1,0 +1,1331 @@
+#!/usr/bin/env python3
+"""reference: DESIGN.md's reference workloads, vserve against PyAV, decord (and TorchCodec) and FFmpeg's floor.
+
+Run it through ``benches/reference.sh``, which makes the virtualenv (target/bench-venv), builds the release
+daemon and the floor bench, then calls this script::
+
+    benches/reference.sh run [--variants gop250,gop1s] [--workloads train,warm,shared,uniform,full]
+                             [--systems vserve,pyav,decord,torchcodec] [--clips 400] [--ranks 2]
+                             [--cores N] [--full-videos 40] [--out target/bench-results/reference]
+    benches/reference.sh open-loop [--rates 20,40,...] [--duration 10] [--queue 32]
+
+Everything runs on the same cores (``--cores``, default all of this machine's; the daemon gets that many
+decode threads, each peer rank that many workers divided by the ranks). Per (variant, workload, system)
+it measures clips/s, frames/s, the batch wait of the consumer (p50/p99), CPU seconds per clip (every
+process involved, from its own counters, for the timed part only), the peak PSS of all processes involved
+(the daemon's frame cache subtracted), and frames decoded per frame delivered; and the ratios vserve/peer
+and vserve/floor, all from one run. Results go to ``--out``: ``results.json``, ``report.md`` and PNG plots.
+
+Systems (all deliver the same clips: the peers replay the clip list vserve's stream drew, so every system
+decodes exactly the same frames; the report compares their first batches pixel by pixel):
+
+- **vserve**: the release daemon on a private Unix socket, ``--ranks`` client processes with the Python
+  client over shared memory; ``train`` is a ``StreamBatches`` stream per rank, ``uniform`` and ``full``
+  are ``GetClips`` requests (32 clips, or one whole video) with 2 in flight per rank.
+- **pyav**, **decord**, **torchcodec** (only when importable): per rank a pool shaped like a PyTorch
+  ``DataLoader(num_workers=W, prefetch_factor=2)``: forked workers take whole batches round-robin, decode
+  each clip (the file opened per clip, as a Dataset's ``__getitem__`` does), resize, crop and flip it,
+  collate the batch into shared memory and pass its name back; the rank receives batches in order.
+  Decoders are single-threaded (W processes use the W cores). PyAV seeks frame-exactly (to the keyframe
+  before each GOP run by pts, then decodes forward, matching frames by pts, with the frame tables from
+  the daemon's Probe); decord's ``VideoReader(width, height, num_threads=1).get_batch``; TorchCodec's
+  ``VideoDecoder(seek_mode="exact", num_ffmpeg_threads=1).get_frames_at``.
+- **floor**: ``cargo bench --bench floor`` (FFmpeg through ffmpeg-next, the same cores as threads) on
+  exactly the GOP runs the workload's clips need, converting each wanted frame to RGB at the output size;
+  "floor (ffmpeg)" reopens per run and decodes every frame, "floor, skip nonref" opens once per video and
+  skips unwanted non-reference frames (what vserve does).
+
+Every rank consumes a batch by copying it into a reusable staging buffer (what a trainer does before the
+host-to-device copy). The batch wait is how long the consumer was blocked for each batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import refcorpus  # noqa: E402
+
+DATASET = "bench"
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def percentile(xs: List[float], q: float) -> Optional[float]:
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a live process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def self_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def short_side_size(w: int, h: int, short: int) -> Tuple[int, int]:
+    """vserve's short-side resize (src/engine.rs): the short side becomes `short`, the other rounds half up."""
+    if w <= h:
+        return short, max(1, (h * short * 2 + w) // (2 * w))
+    return max(1, (w * short * 2 + h) // (2 * h)), short
+
+
+class PssSampler(threading.Thread):
+    """Samples the summed PSS of some root processes and all their descendants, every `period` s.
+
+    PSS splits shared pages (shared memory arenas, forked workers' copy-on-write pages) between the
+    processes that map them, so the sum counts each page once. `minus()` is subtracted per sample (the
+    daemon's frame cache, which the memory aim excludes)."""
+
+    def __init__(self, roots: List[int], minus=None, period: float = 0.2):
+        super().__init__(daemon=True)
+        self.roots, self.minus, self.period = roots, minus, period
+        self.peak = 0
+        self.peak_raw = 0
+        self._halt = threading.Event()
+
+    @staticmethod
+    def _tree(roots: List[int]) -> List[int]:
+        children: Dict[int, List[int]] = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+        out, todo = [], list(roots)
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            todo.extend(children.get(p, []))
+        return out
+
+    @staticmethod
+    def _pss(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            total = sum(self._pss(p) for p in self._tree(self.roots))
+            minus = 0
+            if self.minus is not None:
+                try:
+                    minus = self.minus()
+                except Exception:  # noqa: BLE001 - the daemon may be between states
+                    minus = 0
+            self.peak_raw = max(self.peak_raw, total)
+            self.peak = max(self.peak, total - minus)
+            self._halt.wait(self.period)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+# ------------------------------------------------------------------------------------------------------
+# The daemon
+
+
+class Daemon:
+    def __init__(self, binary: Path, root: Path, threads: int, cache: str, log_path: Path, manifest: Optional[Path] = None, extra=()):
+        self.dir = Path(tempfile.mkdtemp(prefix="vserve-ref-"))
+        self.sock = self.dir / "s.sock"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.admin_port = s.getsockname()[1]
+        self.log_path = log_path
+        cmd = [
+            str(binary), "serve", "--listen", f"unix:{self.sock}",
+            "--dataset", f"{DATASET}={root}" + (f":manifest={manifest}" if manifest else ""),
+            "--decode-threads", str(threads),
+            "--cache-bytes", cache, "--admin-listen", f"127.0.0.1:{self.admin_port}", *extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT
+        )
+        from vserve_client import Client
+
+        deadline = time.time() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.proc.returncode}; see {log_path}")
+            if self.sock.exists():
+                try:
+                    self.client = Client(self.addr)
+                    self.client.list_datasets()
+                    break
+                except Exception:  # noqa: BLE001 - not listening yet
+                    pass
+            if time.time() > deadline:
+                raise RuntimeError(f"daemon did not start; see {log_path}")
+            time.sleep(0.05)
+
+    @property
+    def addr(self) -> str:
+        return f"unix:{self.sock}"
+
+    def stats(self) -> Dict[str, Any]:
+        return self.client.stats()
+
+    def metrics(self) -> Dict[str, float]:
+        """The admin listener's /metrics as {series: value} (histogram sums and counts included)."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/metrics", timeout=5).read()
+        out: Dict[str, float] = {}
+        for line in text.decode().splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+        return out
+
+    def cpu(self) -> float:
+        return proc_cpu(self.proc.pid)
+
+    def stop(self) -> None:
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001
+            pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def probe_all(daemon: Daemon, videos: List[str]) -> Dict[str, Dict[str, Any]]:
+    out = {}
+    for v in videos:
+        p = daemon.client.probe(DATASET, v, include_pts=True)
+        out[v] = {
+            "frames": p["frame_count"],
+            "keyframes": list(p["keyframes"]),
+            "pts": list(p["pts"]),
+            "time_base": [p["time_base"]["num"], p["time_base"]["den"]],
+            "stream": p["stream"],
+            "width": p["display_width"] or p["width"],
+            "height": p["display_height"] or p["height"],
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Rank processes: started by the driver, print "ready", wait for "go" on stdin, run, write JSON
+
+
+def _wait_go() -> None:
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    if line.strip() != "go":
+        sys.exit(0)
+
+
+class Consumer:
+    """What a trainer does with a batch before the device copy: copy it into a reusable staging buffer."""
+
+    def __init__(self, keep_first: Optional[Path]):
+        self.buf: Optional[np.ndarray] = None
+        self.keep_first = keep_first
+        self.waits: List[float] = []
+        self.clips = 0
+        self.frames = 0
+        self.nbytes = 0
+
+    def take(self, arr: np.ndarray, wait: float) -> None:
+        if self.buf is None or self.buf.shape != arr.shape:
+            self.buf = np.empty(arr.shape, arr.dtype)
+        np.copyto(self.buf, arr)
+        if self.keep_first is not None:
+            np.save(self.keep_first, self.buf)
+            self.keep_first = None
+        self.waits.append(wait)
+        self.clips += arr.shape[0]
+        self.frames += arr.shape[0] * arr.shape[1]
+        self.nbytes += arr.nbytes
+
+
+def vserve_rank(spec: Dict[str, Any]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vserve_client import Client
+
+    keep = Path(spec["keep_first"]) if spec.get("keep_first") else None
+    consumer = Consumer(keep)
+    records: List[Dict[str, Any]] = []
+    local = threading.local()
+
+    def client() -> Any:
+        if not hasattr(local, "c"):
+            local.c = Client(spec["addr"], transport=spec.get("transport", "auto"))
+        return local.c
+
+    first = client()
+    first.list_datasets()  # connected before "go"
+    if spec["kind"] == "get_clips":
+        pool = ThreadPoolExecutor(spec.get("inflight", 2))
+        pool.submit(lambda: client().list_datasets()).result()
+    _wait_go()
+    t0, c0 = time.time(), self_cpu()
+    if spec["kind"] == "stream":
+        stream = first.stream(DATASET, **spec["stream"])
+        while True:
+            w0 = time.perf_counter()
+            try:
+                b = next(stream)
+            except StopIteration:
+                break
+            wait = time.perf_counter() - w0
+            consumer.take(b.array, wait)
+            for i, c in enumerate(b.clips):
+                crop = c.get("crop") or {}
+                records.append(
+                    {
+                        "batch": b.batch,
+                        "video": b.videos[i],
+                        "frames": [int(x) for x in b.frames[i]],
+                        "crop": [crop.get("x", 0), crop.get("y", 0), crop.get("width", 0), crop.get("height", 0)],
+                        "flip": bool(c.get("flipped")),
+                    }
+                )
+            b.release()
+    else:
+        transform = spec["transform"]
+
+        def fetch(req: List[Any]) -> Any:
+            return client().get_clips(DATASET, [(v, f) for v, f in req], **transform)
+
+        reqs = spec["requests"]
+        depth = spec.get("inflight", 2)
+        futures = [pool.submit(fetch, r) for r in reqs[:depth]]
+        nxt = depth
+        for _ in range(len(reqs)):
+            w0 = time.perf_counter()
+            b = futures.pop(0).result()
+            wait = time.perf_counter() - w0
+            if nxt < len(reqs):
+                futures.append(pool.submit(fetch, reqs[nxt]))
+                nxt += 1
+            consumer.take(b.array, wait)
+            b.release()
+        pool.shutdown()
+    t1, c1 = time.time(), self_cpu()
+    Path(spec["out"]).write_text(
+        json.dumps(
+            {
+                "start": t0,
+                "end": t1,
+                "cpu": c1 - c0,
+                "waits": consumer.waits,
+                "clips": consumer.clips,
+                "frames": consumer.frames,
+                "bytes": consumer.nbytes,
+                "records": records,
+            }
+        )
+    )
+
+
+# -- peers ---------------------------------------------------------------------------------------------
+
+
+def _runs(frames: List[int], keyframes: List[int]) -> List[Tuple[int, List[int]]]:
+    """Wanted frames grouped by the keyframe before them: (keyframe, [frames]) in order."""
+    import bisect
+
+    runs: Dict[int, List[int]] = {}
+    for f in sorted(set(frames)):
+        k = keyframes[bisect.bisect_right(keyframes, f) - 1] if keyframes else 0
+        runs.setdefault(k, []).append(f)
+    return sorted(runs.items())
+
+
+def decode_pyav(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
+    import av
+
+    size = clip.get("size")
+    got: Dict[int, np.ndarray] = {}
+    pts_of = clip["pts"]
+    with av.open(clip["path"]) as container:
+        stream = container.streams.video[0]
+        if clip.get("all"):
+            # Every frame: decode straight through, no seeking.
+            frames = []
+            for frame in container.decode(stream):
+                stats["decoded"] += 1
+                frames.append(frame.to_ndarray(format="rgb24"))
+            return np.stack(frames)
+        for key, wanted in _runs(clip["frames"], clip["keyframes"]):
+            want = {pts_of[f]: f for f in wanted}
+            container.seek(pts_of[key], stream=stream, backward=True, any_frame=False)
+            last = pts_of[wanted[-1]]
+            for frame in container.decode(stream):
+                stats["decoded"] += 1
+                f = want.get(frame.pts)
+                if f is not None:
+                    if size:
+                        got[f] = frame.to_ndarray(
+                            width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
+                        )
+                    else:
+                        got[f] = frame.to_ndarray(format="rgb24")
+                if frame.pts is not None and frame.pts >= last:
+                    break
+            missing = [f for f in wanted if f not in got]
+            if missing:
+                raise RuntimeError(f"pyav: frames {missing} of {clip['path']} never came out")
+    return np.stack([got[f] for f in clip["frames"]])
+
+
+def decode_decord(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
+    import decord
+
+    size = clip.get("size")
+    if size:
+        vr = decord.VideoReader(clip["path"], width=size[0], height=size[1], num_threads=1)
+    else:
+        vr = decord.VideoReader(clip["path"], num_threads=1)
+    frames = list(range(len(vr))) if clip.get("all") else clip["frames"]
+    return vr.get_batch(frames).asnumpy()
+
+
+def decode_torchcodec(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
+    import torch
+    from torchcodec.decoders import VideoDecoder
+
+    dec = VideoDecoder(clip["path"], seek_mode="exact", num_ffmpeg_threads=1)
+    frames = list(range(len(dec))) if clip.get("all") else clip["frames"]
+    x = dec.get_frames_at(frames).data  # [T, C, H, W] uint8
+    size = clip.get("size")
+    if size and (x.shape[3], x.shape[2]) != tuple(size):
+        x = torch.nn.functional.interpolate(x.float(), size=(size[1], size[0]), mode="bilinear")
+        x = x.round().clamp(0, 255).to(torch.uint8)
+    return x.permute(0, 2, 3, 1).contiguous().numpy()
+
+
+DECODERS = {"pyav": decode_pyav, "decord": decode_decord, "torchcodec": decode_torchcodec}
+
+
+def finish_clip(arr: np.ndarray, clip: Dict[str, Any]) -> np.ndarray:
+    crop = clip.get("crop")
+    if crop and crop[2]:
+        x, y, w, h = crop
+        arr = arr[:, y : y + h, x : x + w]
+    if clip.get("flip"):
+        arr = arr[:, :, ::-1]
+    return arr
+
+
+def peer_worker(system: str, tasks: Any, results: Any) -> None:
+    """A DataLoader-style worker: batches in, names of shared-memory batches out."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    decode = DECODERS[system]
+    c0 = None
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        if c0 is None:
+            c0 = self_cpu()
+        idx, clips = task
+        stats = {"decoded": 0}
+        try:
+            arrays = [finish_clip(decode(c, stats), c) for c in clips]
+            shape = (len(arrays),) + arrays[0].shape
+            shm = shared_memory.SharedMemory(create=True, size=int(np.prod(shape)))
+            # The rank owns it from here (it unlinks it after use), as with torch's shared tensors.
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+            out = np.ndarray(shape, np.uint8, buffer=shm.buf)
+            for i, a in enumerate(arrays):  # collate, as default_collate writes into shared memory
+                out[i] = a
+            del out
+            results.put((idx, shm.name, shape, stats["decoded"], None))
+            shm.close()
+        except Exception as e:  # noqa: BLE001 - reported to the rank, which fails the run
+            results.put((idx, None, None, 0, f"{type(e).__name__}: {e}"))
+    results.put(("cpu", self_cpu() - (c0 if c0 is not None else self_cpu())))
+
+
+def peer_rank(spec: Dict[str, Any]) -> None:
+    import multiprocessing as mp
+    from multiprocessing import shared_memory
+
+    ctx = mp.get_context("fork")
+    system, workers, prefetch = spec["system"], spec["workers"], spec.get("prefetch", 2)
+    # Import the decoder library before forking, as a training script would have.
+    {"pyav": lambda: __import__("av"), "decord": lambda: __import__("decord")}.get(
+        system, lambda: __import__("torchcodec.decoders")
+    )()
+    batches = spec["batches"]
+    task_qs = [ctx.Queue() for _ in range(workers)]
+    results = ctx.Queue()
+    procs = [ctx.Process(target=peer_worker, args=(system, task_qs[w], results)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    keep = Path(spec["keep_first"]) if spec.get("keep_first") else None
+    consumer = Consumer(keep)
+    _wait_go()
+    t0, c0 = time.time(), self_cpu()
+    sent = 0
+    decoded = 0
+
+    def send_next() -> None:
+        nonlocal sent
+        if sent < len(batches):
+            task_qs[sent % workers].put((sent, batches[sent]))
+            sent += 1
+
+    for _ in range(min(len(batches), prefetch * workers)):
+        send_next()
+    ready: Dict[int, Tuple[str, Tuple[int, ...]]] = {}
+    for i in range(len(batches)):
+        w0 = time.perf_counter()
+        while i not in ready:
+            idx, name, shape, dec, err = results.get()
+            if err is not None:
+                raise RuntimeError(f"{system} worker: batch {idx}: {err}")
+            ready[idx] = (name, shape)
+            decoded += dec
+        wait = time.perf_counter() - w0
+        name, shape = ready.pop(i)
+        send_next()
+        shm = shared_memory.SharedMemory(name=name)
+        arr = np.ndarray(shape, np.uint8, buffer=shm.buf)
+        consumer.take(arr, wait)
+        del arr
+        shm.close()
+        shm.unlink()
+    t1, c1 = time.time(), self_cpu()
+    for q in task_qs:
+        q.put(None)
+    worker_cpu = 0.0
+    got = 0
+    while got < workers:
+        msg = results.get()
+        if msg[0] == "cpu":
+            worker_cpu += msg[1]
+            got += 1
+    for p in procs:
+        p.join()
+    Path(spec["out"]).write_text(
+        json.dumps(
+            {
+                "start": t0,
+                "end": t1,
+                "cpu": (c1 - c0) + worker_cpu,
+                "waits": consumer.waits,
+                "clips": consumer.clips,
+                "frames": consumer.frames,
+                "bytes": consumer.nbytes,
+                "decoded": decoded if system == "pyav" else None,
+            }
+        )
+    )
+
+
+# ------------------------------------------------------------------------------------------------------
+# Running one (workload, system) measurement
+
+
+def run_ranks(specs: List[Dict[str, Any]], mode: str, daemon: Optional[Daemon], workdir: Path) -> Dict[str, Any]:
+    """Starts one process per spec, waits for all to be ready, says go, samples memory, gathers results."""
+    procs = []
+    for i, spec in enumerate(specs):
+        spec = dict(spec, out=str(workdir / f"rank{i}.json"))
+        path = workdir / f"spec{i}.json"
+        path.write_text(json.dumps(spec))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), mode, str(path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for p in procs:
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{mode}: a rank did not start (said {line!r})")
+    roots = [p.pid for p in procs] + ([daemon.proc.pid] if daemon else [])
+    minus = (lambda: daemon.stats()["cache_bytes"]) if daemon else None
+    sampler = PssSampler(roots, minus)
+    stats0 = daemon.stats() if daemon else None
+    cpu0 = daemon.cpu() if daemon else 0.0
+    sampler.start()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for p in procs:
+        p.wait()
+    sampler.stop()
+    cpu1 = daemon.cpu() if daemon else 0.0
+    stats1 = daemon.stats() if daemon else None
+    if any(p.returncode != 0 for p in procs):
+        raise RuntimeError(f"{mode}: a rank failed ({[p.returncode for p in procs]})")
+    ranks = [json.loads((workdir / f"rank{i}.json").read_text()) for i in range(len(specs))]
+    wall = max(r["end"] for r in ranks) - min(r["start"] for r in ranks)
+    waits = [w for r in ranks for w in r["waits"]]
+    clips = sum(r["clips"] for r in ranks)
+    frames = sum(r["frames"] for r in ranks)
+    cpu = sum(r["cpu"] for r in ranks) + (cpu1 - cpu0)
+    out = {
+        "seconds": wall,
+        "clips": clips,
+        "frames": frames,
+        "bytes": sum(r["bytes"] for r in ranks),
+        "clips_per_s": clips / wall if wall else None,
+        "frames_per_s": frames / wall if wall else None,
+        "batches": len(waits),
+        "wait_p50_ms": (percentile(waits, 0.5) or 0) * 1e3,
+        "wait_p99_ms": (percentile(waits, 0.99) or 0) * 1e3,
+        "waits": waits,
+        "cpu_s_per_clip": cpu / clips if clips else None,
+        "peak_pss_mb": sampler.peak / 1e6,
+        "peak_pss_with_cache_mb": sampler.peak_raw / 1e6,
+        "records": [rec for r in ranks for rec in r.get("records", [])],
+    }
+    if daemon:
+        delta = {k: stats1[k] - stats0[k] for k in ("frames_decoded", "frames_skipped", "cache_hits", "cache_misses", "shared_frames")}
+        out["daemon"] = delta
+        out["decoded_per_delivered"] = delta["frames_decoded"] / frames if frames else None
+    else:
+        dec = [r.get("decoded") for r in ranks]
+        out["decoded_per_delivered"] = sum(dec) / frames if frames and all(d is not None for d in dec) else None
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Workload plans
+
+
+def train_stream_args(rank: int, ranks: int, seed: int, epoch: int = 0) -> Dict[str, Any]:
+    return dict(
+        sampler="random-indices",
+        clips_per_video=1,
+        frames_per_clip=8,
+        frame_stride=4,
+        short_side=256,
+        random_crop=(224, 224),
+        random_hflip=True,
+        batch_size=32,
+        seed=seed,
+        epoch=epoch,
+        rank=rank,
+        world_size=ranks,
+        prefetch=2,
+    )
+
+
+def tsn_indices(n: int, k: int = 8) -> List[int]:
+    return [((2 * i + 1) * n) // (2 * k) for i in range(k)]
+
+
+def clip_spec(root: Path, video: str, info: Dict[str, Any], frames: List[int], size, crop=None, flip=False, all_frames=False):
+    return {
+        "path": str(root / video),
+        "frames": frames,
+        "pts": info["pts"],
+        "keyframes": info["keyframes"],
+        "size": list(size) if size else None,
+        "crop": crop,
+        "flip": flip,
+        "all": all_frames,
+    }
+
+
+def floor_plan(root: Path, infos: Dict[str, Dict[str, Any]], clips: List[Tuple[str, List[int], Tuple[int, int]]], whole: bool = False) -> Dict[str, Any]:
+    """The GOP runs `clips` need, as benches/floor.rs reads them. `whole`: one run per clip from frame 0."""
+    names = sorted({c[0] for c in clips})
+    vid = {n: i for i, n in enumerate(names)}
+    videos = [
+        {"rel": n, "stream": infos[n]["stream"], "time_base": infos[n]["time_base"], "pts": infos[n]["pts"]}
+        for n in names
+    ]
+    runs = []
+    slot_base: Dict[str, int] = {}
+    for video, frames, size in clips:
+        base = slot_base.get(video, 0)
+        slot_base[video] = base + len(frames)
+        slots = {f: base + i for i, f in enumerate(frames)}
+        groups = [(0, sorted(set(frames)))] if whole else _runs(frames, infos[video]["keyframes"])
+        for key, wanted in groups:
+            runs.append(
+                {"video": vid[video], "keyframe": key, "wanted": [[slots[f], f] for f in wanted], "out_size": list(size)}
+            )
+    return {"root": str(root), "videos": videos, "runs": runs}
+
+
+def run_floor(args, plan: Dict[str, Any], workdir: Path, clips: int, frames: int) -> Dict[str, Dict[str, Any]]:
+    path = workdir / "floor-plan.json"
+    path.write_text(json.dumps(plan))
+    out = subprocess.run(
+        [str(args.floor_bin), str(path), "--threads", str(args.cores)], check=True, capture_output=True, text=True
+    ).stdout
+    res = {}
+    for p in json.loads(out)["passes"]:
+        s = p["seconds"]
+        res[p["mode"]] = {
+            "seconds": s,
+            "clips": clips,
+            "frames": frames,
+            "clips_per_s": clips / s,
+            "frames_per_s": frames / s,
+            "cpu_s_per_clip": p["cpu_seconds"] / clips,
+            "decoded_per_delivered": p["frames_decoded"] / max(1, p["frames_out"]),
+            "restarts": p["restarts"],
+        }
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------
+# The `run` command
+
+
+def available_peers(wanted: List[str]) -> List[str]:
+    out = []
+    for s in wanted:
+        if s == "vserve":
+            continue
+        mod = {"pyav": "av", "decord": "decord", "torchcodec": "torchcodec.decoders"}[s]
+        try:
+            __import__(mod)
+            out.append(s)
+        except Exception as e:  # noqa: BLE001 - optional peers
+            log(f"peer {s} skipped: cannot import {mod} ({e})")
+    return out
+
+
+def compare_first_batches(workdir: Path, names: List[str]) -> Dict[str, Any]:
+    """Per peer, how its first batch (rank 0) differs from vserve's: the same clips, so small differences
+    come only from colour conversion and resize arithmetic; a wrong frame shows as a large mean."""
+    ref_path = workdir / "first-vserve.npy"
+    if not ref_path.exists():
+        return {}
+    ref = np.load(ref_path).astype(np.int16)
+    out = {}
+    for n in names:
+        p = workdir / f"first-{n}.npy"
+        if not p.exists():
+            continue
+        a = np.load(p).astype(np.int16)
+        if a.shape != ref.shape:
+            out[n] = {"shape": list(a.shape), "vserve_shape": list(ref.shape)}
+            continue
+        d = np.abs(a - ref)
+        per_frame = d.reshape(d.shape[0] * d.shape[1], -1).mean(axis=1)
+        out[n] = {
+            "max_abs": int(d.max()),
+            "mean_abs": float(d.mean()),
+            "identical_frames": int((d.reshape(len(per_frame), -1).max(axis=1) == 0).sum()),
+            "frames_mean_abs_over_5": int((per_frame > 5).sum()),
+            "frames": len(per_frame),
+        }
+    return out
+
+
+def write_manifest(work: Path, videos: List[str]) -> Path:
+    """The dataset the daemon streams: exactly the chosen videos, labelled by their source footage."""
+    path = work / "manifest.csv"
+    path.write_text("path,label\n" + "".join(f"{v},{v.split('_')[0]}\n" for v in videos))
+    return path
+
+
+def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
+    videos = sorted(p.name for p in root.glob("*.mp4"))[: args.clips]
+    work = outdir / "work" / variant
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    peers = available_peers(args.systems)
+    results: Dict[str, Any] = {"videos": len(videos), "workloads": {}}
+    ranks = args.ranks
+    dlog = outdir / f"daemon-{variant}.log"
+    manifest = write_manifest(work, videos)
+
+    def fresh_daemon() -> Tuple[Daemon, Dict[str, Dict[str, Any]]]:
+        d = Daemon(args.vserve_bin, root, args.cores, args.cache, dlog, manifest)
+        infos = probe_all(d, videos)  # builds the index, untimed (the peers get the same tables)
+        return d, infos
+
+    def peer_runs(workload: str, batches_per_rank: List[List[List[Dict[str, Any]]]], wl: Dict[str, Any], prefix: str):
+        workers = max(1, args.cores // len(batches_per_rank))
+        for system in peers:
+            wd = work / f"{prefix}-{system}"
+            wd.mkdir()
+            specs = [
+                dict(system=system, workers=workers, batches=b, keep_first=str(work / f"{prefix}-first-{system}.npy") if r == 0 else None)
+                for r, b in enumerate(batches_per_rank)
+            ]
+            log(f"{variant} {workload}: {system} ({len(batches_per_rank)} ranks x {workers} workers)")
+            res = run_ranks(specs, "_peer-rank", None, wd)
+            res.pop("records")
+            wl["systems"][system] = res
+
+    def finish(workload: str, wl: Dict[str, Any], prefix: str) -> None:
+        names = list(wl["systems"])
+        if (work / f"{prefix}-first-vserve.npy").exists():
+            for n in names:
+                src = work / f"{prefix}-first-{n}.npy"
+                if src.exists():
+                    shutil.copy(src, work / f"first-{n}.npy")
+            wl["first_batch_vs_vserve"] = compare_first_batches(work, [n for n in names if n != "vserve"])
+            for n in names:
+                (work / f"first-{n}.npy").unlink(missing_ok=True)
+        v = wl["systems"].get("vserve")
+        if v:
+            wl["ratios"] = {
+                f"vserve/{n}": v["clips_per_s"] / s["clips_per_s"] for n, s in wl["systems"].items() if n != "vserve"
+            }
+        results["workloads"][workload] = wl
+        (outdir / "results.partial.json").write_text(json.dumps(results, default=str))
+
+    # -- train (cold), then warm on the same daemon -----------------------------------------------------
+    if "train" in args.workloads or "warm" in args.workloads:
+        daemon, infos = fresh_daemon()
+        try:
+            wl: Dict[str, Any] = {"systems": {}}
+            specs = [
+                dict(kind="stream", addr=daemon.addr, stream=train_stream_args(r, ranks, args.seed),
+                     keep_first=str(work / "train-first-vserve.npy") if r == 0 else None)
+                for r in range(ranks)
+            ]  # fmt: skip
+            (work / "train-vserve").mkdir()
+            log(f"{variant} train: vserve ({ranks} ranks)")
+            cold = run_ranks(specs, "_vserve-rank", daemon, work / "train-vserve")
+            records = cold.pop("records")
+            wl["systems"]["vserve"] = cold
+            if "warm" in args.workloads:
+                (work / "warm-vserve").mkdir()
+                log(f"{variant} warm: vserve ({ranks} ranks, same seed)")
+                specs_w = [dict(s, keep_first=None) for s in specs]
+                warm = run_ranks(specs_w, "_vserve-rank", daemon, work / "warm-vserve")
+                warm.pop("records")
+                results["workloads"]["warm"] = {
+                    "systems": {"vserve": warm},
+                    "ratios": {"warm/cold": warm["clips_per_s"] / cold["clips_per_s"]},
+                }
+        finally:
+            daemon.stop()
+        # The peers replay exactly these clips, batch by batch, rank by rank.
+        per_rank: List[List[List[Dict[str, Any]]]] = []
+        by_batch: Dict[Tuple[int, int], List[Dict[str, Any]]] = {}
+        # records come rank by rank (rank 0's first); split them back by counting batches per rank
+        counts = [len(json.loads((work / "train-vserve" / f"rank{r}.json").read_text())["records"]) for r in range(ranks)]
+        pos = 0
+        for r, n in enumerate(counts):
+            for rec in records[pos : pos + n]:
+                by_batch.setdefault((r, rec["batch"]), []).append(rec)
+            pos += n
+        for r in range(ranks):
+            keys = sorted(k for k in by_batch if k[0] == r)
+            per_rank.append(
+                [
+                    [
+                        clip_spec(root, rec["video"], infos[rec["video"]], rec["frames"],
+                                  short_side_size(infos[rec["video"]]["width"], infos[rec["video"]]["height"], 256),
+                                  rec["crop"], rec["flip"])
+                        for rec in by_batch[k]
+                    ]
+                    for k in keys
+                ]
+            )  # fmt: skip
+        peer_runs("train", per_rank, wl, "train")
+        floor_clips = [
+            (rec["video"], rec["frames"], short_side_size(infos[rec["video"]]["width"], infos[rec["video"]]["height"], 256))
+            for rec in records
+        ]
+        log(f"{variant} train: floor")
+        wl["floor"] = run_floor(args, floor_plan(root, infos, floor_clips), work, cold["clips"], cold["frames"])
+        wl["ratios_floor"] = {f"vserve/{m}": cold["clips_per_s"] / f["clips_per_s"] for m, f in wl["floor"].items()}
+        finish("train", wl, "train")
+
+    # -- shared: 4 jobs reading the same clips ------------------------------------------------------------
+    if "shared" in args.workloads:
+        daemon, infos = fresh_daemon()
+        try:
+            jobs = args.shared_jobs
+            specs = [dict(kind="stream", addr=daemon.addr, stream=train_stream_args(0, 1, args.seed + 1)) for _ in range(jobs)]
+            (work / "shared-vserve").mkdir()
+            log(f"{variant} shared: vserve ({jobs} jobs, same clips)")
+            res = run_ranks(specs, "_vserve-rank", daemon, work / "shared-vserve")
+            res.pop("records")
+            (work / "shared-one").mkdir()
+            daemon.stop()
+            daemon, infos = fresh_daemon()
+            log(f"{variant} shared: vserve (1 job, same clips, for the single-job ratio)")
+            one = run_ranks([dict(specs[0], addr=daemon.addr)], "_vserve-rank", daemon, work / "shared-one")
+            one.pop("records")
+            results["workloads"]["shared"] = {
+                "systems": {"vserve": res, "vserve, one job": one},
+                "ratios": {
+                    "decoded/delivered": res["decoded_per_delivered"],
+                    "vs one job": res["decoded_per_delivered"] / one["decoded_per_delivered"],
+                },
+            }
+        finally:
+            daemon.stop()
+
+    # -- uniform: TSN 8 frames, short side 224 --------------------------------------------------------------
+    for workload in ("uniform", "full"):
+        if workload not in args.workloads:
+            continue
+        daemon, infos = fresh_daemon()
+        wl = {"systems": {}}
+        try:
+            if workload == "uniform":
+                chosen = videos
+                clips = [(v, tsn_indices(infos[v]["frames"])) for v in chosen]
+                per_req = 32
+                transform = {"short_side": 224}
+                sizes = {v: short_side_size(infos[v]["width"], infos[v]["height"], 224) for v in chosen}
+            else:
+                chosen = videos[: args.full_videos]
+                clips = [(v, list(range(infos[v]["frames"]))) for v in chosen]
+                per_req = 1
+                transform = {}
+                sizes = {v: (infos[v]["width"], infos[v]["height"]) for v in chosen}
+            reqs = [clips[i : i + per_req] for i in range(0, len(clips), per_req)]
+            # Requests dealt round-robin to the ranks, as a DistributedSampler deals samples.
+            rank_reqs = [reqs[r::ranks] for r in range(ranks)]
+            specs = [
+                dict(kind="get_clips", addr=daemon.addr, requests=rank_reqs[r], transform=transform, inflight=2,
+                     keep_first=str(work / f"{workload}-first-vserve.npy") if r == 0 else None)
+                for r in range(ranks)
+            ]  # fmt: skip
+            (work / f"{workload}-vserve").mkdir()
+            log(f"{variant} {workload}: vserve ({ranks} ranks)")
+            res = run_ranks(specs, "_vserve-rank", daemon, work / f"{workload}-vserve")
+            res.pop("records")
+            wl["systems"]["vserve"] = res
+        finally:
+            daemon.stop()
+        per_rank = [
+            [
+                [
+                    clip_spec(root, v, infos[v], f, sizes[v] if workload == "uniform" else None, all_frames=workload == "full")
+                    for v, f in req
+                ]
+                for req in rr
+            ]
+            for rr in rank_reqs
+        ]  # fmt: skip
+        peer_runs(workload, per_rank, wl, workload)
+        log(f"{variant} {workload}: floor")
+        nclips = len(clips)
+        nframes = sum(len(f) for _, f in clips)
+        plan = floor_plan(root, infos, [(v, f, sizes[v]) for v, f in clips], whole=workload == "full")
+        wl["floor"] = run_floor(args, plan, work, nclips, nframes)
+        wl["ratios_floor"] = {
+            f"vserve/{m}": wl["systems"]["vserve"]["clips_per_s"] / f["clips_per_s"] for m, f in wl["floor"].items()
+        }
+        finish(workload, wl, workload)
+    return results
+
+
+def cmd_run(args) -> None:
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    dirs = refcorpus.build(REPO.parent / "shared" / "media", REPO / "target" / "bench-corpus", args.clips)
+    report: Dict[str, Any] = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "variants": {}}
+    for variant in args.variants:
+        report["variants"][variant] = run_variant(args, variant, dirs[variant], outdir)
+        (outdir / "results.json").write_text(json.dumps(report, indent=1, default=str))
+    write_report(report, outdir)
+
+
+def machine() -> Dict[str, Any]:
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    vers = {}
+    for mod in ("av", "decord", "torchcodec", "numpy", "grpc"):
+        try:
+            vers[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            vers[mod] = None
+    ff = subprocess.run(["ffmpeg", "-version"], capture_output=True, text=True).stdout.split("\n")[0]
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "loadavg_at_start": os.getloadavg()[0],
+        "python": sys.version.split()[0],
+        "ffmpeg": ff,
+        "versions": vers,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------
+# Open loop: Poisson arrivals, bounded queue
+
+
+def cmd_open_loop(args) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vserve_client import Client
+
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    dirs = refcorpus.build(REPO.parent / "shared" / "media", REPO / "target" / "bench-corpus", args.clips)
+    root = dirs[args.variants[0]]
+    videos = sorted(p.name for p in root.glob("*.mp4"))[: args.clips]
+    daemon = Daemon(args.vserve_bin, root, args.cores, args.cache, outdir / "daemon-open-loop.log",
+                    write_manifest(outdir, videos))
+    rows = []
+    try:
+        infos = probe_all(daemon, videos)
+        rng = random.Random(args.seed)
+        local = threading.local()
+
+        def client() -> Any:
+            if not hasattr(local, "c"):
+                local.c = Client(daemon.addr)
+            return local.c
+
+        def one(req, t_arrival):
+            b = client().get_clips(DATASET, [req], short_side=256, crop=(224, 224))
+            b.release()
+            return time.perf_counter() - t_arrival
+
+        pool = ThreadPoolExecutor(args.queue)
+        for _ in range(args.queue):  # connect every thread before timing
+            pool.submit(client).result()
+        for rate in args.rates:
+            lock = threading.Lock()
+            outstanding = [0]
+            lat: List[float] = []
+            overflow = 0
+            done_count = [0]
+
+            def finished(fut):
+                with lock:
+                    outstanding[0] -= 1
+                    try:
+                        lat.append(fut.result())
+                        done_count[0] += 1
+                    except Exception as e:  # noqa: BLE001
+                        log(f"open loop: request failed: {e}")
+
+            m0, s0 = daemon.metrics(), daemon.stats()
+            start = time.perf_counter()
+            t = start
+            arrivals = 0
+            while True:
+                t += rng.expovariate(rate)
+                if t - start > args.duration:
+                    break
+                delay = t - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                v = rng.choice(videos)
+                n = infos[v]["frames"]
+                s = rng.randrange(0, max(1, n - 28))
+                req = (v, [min(n - 1, s + 4 * i) for i in range(8)])
+                arrivals += 1
+                with lock:
+                    if outstanding[0] >= args.queue:
+                        overflow += 1
+                        continue
+                    outstanding[0] += 1
+                pool.submit(one, req, t).add_done_callback(finished)
+            while True:
+                with lock:
+                    if outstanding[0] == 0:
+                        break
+                time.sleep(0.01)
+            elapsed = time.perf_counter() - start
+            m1, s1 = daemon.metrics(), daemon.stats()
+            stages = stage_means(m0, m1)
+            row = {
+                "rate": rate,
+                "arrivals": arrivals,
+                "completed": done_count[0],
+                "overflow": overflow,
+                "throughput": done_count[0] / elapsed,
+                "p50_ms": (percentile(lat, 0.5) or 0) * 1e3,
+                "p99_ms": (percentile(lat, 0.99) or 0) * 1e3,
+                "latencies": lat,
+                "stages_ms": stages,
+                "cache_hit_rate": (s1["cache_hits"] - s0["cache_hits"])
+                / max(1, (s1["cache_hits"] - s0["cache_hits"]) + (s1["cache_misses"] - s0["cache_misses"])),
+            }
+            rows.append(row)
+            log(
+                f"open loop {rate:.0f}/s: {row['throughput']:.1f}/s done, overflow {overflow}, "
+                f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms"
+            )
+        pool.shutdown()
+    finally:
+        daemon.stop()
+    sustained = [r["rate"] for r in rows if r["overflow"] == 0]
+    report = {
+        "machine": machine(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows,
+        "highest_rate_without_overflow": max(sustained) if sustained else None,
+    }
+    (outdir / "open-loop.json").write_text(json.dumps(report, indent=1))
+    write_open_loop_report(report, outdir)
+
+
+def stage_means(m0: Dict[str, float], m1: Dict[str, float]) -> Dict[str, float]:
+    """Mean ms per observation of each `*_seconds` histogram between two scrapes (labels summed)."""
+    sums: Dict[str, List[float]] = {}
+    for key, v1 in m1.items():
+        name = key.split("{", 1)[0]
+        for suffix, i in (("_sum", 0), ("_count", 1)):
+            if name.endswith("_seconds" + suffix):
+                base = name[: -len(suffix)].removeprefix("vserve_")
+                sums.setdefault(base, [0.0, 0.0])[i] += v1 - m0.get(key, 0.0)
+    return {k: 1e3 * s / c for k, (s, c) in sums.items() if c > 0}
+
+
+# ------------------------------------------------------------------------------------------------------
+# Reports
+
+
+def fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def write_report(report: Dict[str, Any], outdir: Path) -> None:
+    lines = ["# vserve reference benchmark", ""]
+    m = report["machine"]
+    lines += [
+        f"{m['date']}; {m['cpu']}, {m['cores']} cores, load {m['loadavg_at_start']:.2f} at start; {m['ffmpeg']}; "
+        f"Python {m['python']}; " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+        "",
+    ]
+    for variant, res in report["variants"].items():
+        lines += [f"## {variant} ({res['videos']} videos)", ""]
+        for workload, wl in res["workloads"].items():
+            lines += [f"### {workload}", ""]
+            lines += [
+                "| system | clips | seconds | clips/s | frames/s | batch wait p50 / p99 ms | CPU s/clip | peak PSS MB (cache excl.) | decoded/delivered |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for name, s in wl["systems"].items():
+                lines.append(
+                    f"| {name} | {s['clips']} | {fmt(s['seconds'])} | {fmt(s['clips_per_s'], 1)} | {fmt(s['frames_per_s'], 0)} | "
+                    f"{fmt(s['wait_p50_ms'], 1)} / {fmt(s['wait_p99_ms'], 1)} | {fmt(s['cpu_s_per_clip'], 4)} | "
+                    f"{fmt(s['peak_pss_mb'], 0)} | {fmt(s.get('decoded_per_delivered'))} |"
+                )
+            for name, f in (wl.get("floor") or {}).items():
+                lines.append(
+                    f"| {name} | {f['clips']} | {fmt(f['seconds'])} | {fmt(f['clips_per_s'], 1)} | {fmt(f['frames_per_s'], 0)} | "
+                    f"- | {fmt(f['cpu_s_per_clip'], 4)} | - | {fmt(f['decoded_per_delivered'])} |"
+                )
+            ratios = {**wl.get("ratios", {}), **wl.get("ratios_floor", {})}
+            if ratios:
+                lines += ["", "Ratios: " + "; ".join(f"{k} = **{v:.2f}**" for k, v in ratios.items())]
+            cmp = wl.get("first_batch_vs_vserve")
+            if cmp:
+                lines += [
+                    "",
+                    "First batch against vserve's (same clips): "
+                    + "; ".join(
+                        f"{n}: mean |Δ| {fmt(c.get('mean_abs'), 3)}, max {c.get('max_abs')}, "
+                        f"{c.get('identical_frames')}/{c.get('frames')} frames identical"
+                        if "mean_abs" in c
+                        else f"{n}: shape {c['shape']} vs {c['vserve_shape']}"
+                        for n, c in cmp.items()
+                    ),
+                ]
+            lines.append("")
+    (outdir / "report.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    try:
+        plot(report, outdir)
+    except Exception as e:  # noqa: BLE001 - plots are optional (matplotlib)
+        log(f"plots skipped: {e}")
+
+
+def plot(report: Dict[str, Any], outdir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for variant, res in report["variants"].items():
+        wls = [w for w in ("train", "uniform", "full") if w in res["workloads"]]
+        systems: List[str] = []
+        for w in wls:
+            for s in list(res["workloads"][w]["systems"]) + list(res["workloads"][w].get("floor", {})):
+                if s not in systems:
+                    systems.append(s)
+        fig, axes = plt.subplots(1, len(wls), figsize=(4.5 * len(wls), 4), squeeze=False)
+        for ax, w in zip(axes[0], wls):
+            wl = res["workloads"][w]
+            vals = []
+            for s in systems:
+                src = wl["systems"].get(s) or wl.get("floor", {}).get(s)
+                vals.append(src["clips_per_s"] if src else 0)
+            ax.bar(range(len(systems)), vals, color=["C0" if s == "vserve" else ("C7" if "floor" in s else "C1") for s in systems])
+            ax.set_xticks(range(len(systems)))
+            ax.set_xticklabels(systems, rotation=35, ha="right", fontsize=8)
+            ax.set_title(f"{w} ({variant})")
+            ax.set_ylabel("clips/s")
+        fig.tight_layout()
+        fig.savefig(outdir / f"throughput-{variant}.png", dpi=110)
+        plt.close(fig)
+        if "train" in res["workloads"]:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for name, s in res["workloads"]["train"]["systems"].items():
+                w = sorted(x * 1e3 for x in s["waits"])
+                if w:
+                    ax.plot(w, [(i + 1) / len(w) for i in range(len(w))], label=name)
+            ax.set_xscale("symlog", linthresh=1)
+            ax.set_xlabel("batch wait (ms)")
+            ax.set_ylabel("fraction of batches")
+            ax.set_title(f"train batch wait CDF ({variant})")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(outdir / f"latency-cdf-{variant}.png", dpi=110)
+            plt.close(fig)
+
+
+def write_open_loop_report(report: Dict[str, Any], outdir: Path) -> None:
+    rows = report["rows"]
+    stages = sorted({k for r in rows for k in r["stages_ms"]})
+    lines = [
+        "# vserve open-loop benchmark (Poisson arrivals, bounded queue)",
+        "",
+        f"{report['machine']['date']}; {report['machine']['cpu']}, {report['machine']['cores']} cores; "
+        f"queue bound {report['args']['queue']}, {report['args']['duration']} s per rate",
+        "",
+        "| offered req/s | done/s | overflow | p50 ms | p99 ms | cache hits | " + " | ".join(f"{s} ms" for s in stages) + " |",
+        "|---" * (6 + len(stages)) + "|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['rate']:.0f} | {r['throughput']:.1f} | {r['overflow']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+            f"{r['cache_hit_rate']:.2f} | " + " | ".join(fmt(r["stages_ms"].get(s), 2) for s in stages) + " |"
+        )
+    lines += ["", f"Highest offered rate with no overflow: **{report['highest_rate_without_overflow']}** req/s", ""]
+    (outdir / "open-loop.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([r["rate"] for r in rows], [r["p50_ms"] for r in rows], "o-", label="p50")
+        ax.plot([r["rate"] for r in rows], [r["p99_ms"] for r in rows], "o-", label="p99")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered requests/s (Poisson)")
+        ax.set_ylabel("latency (ms)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(outdir / "open-loop.png", dpi=110)
+        plt.close(fig)
+    except Exception as e:  # noqa: BLE001
+        log(f"plot skipped: {e}")
+
+
+# ------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] in ("_vserve-rank", "_peer-rank"):
+        spec = json.loads(Path(sys.argv[2]).read_text())
+        (vserve_rank if sys.argv[1] == "_vserve-rank" else peer_rank)(spec)
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["run", "open-loop"])
+    ap.add_argument("--variants", default="gop250,gop1s")
+    ap.add_argument("--workloads", default="train,warm,shared,uniform,full")
+    ap.add_argument("--systems", default="vserve,pyav,decord,torchcodec")
+    ap.add_argument("--clips", type=int, default=400, help="videos per corpus variant")
+    ap.add_argument("--full-videos", type=int, default=40, help="videos the full workload decodes")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--shared-jobs", type=int, default=4)
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--cache", default="3G", help="the daemon's frame cache")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rates", default="20,40,60,80,100,120,140", help="open loop: offered requests/s")
+    ap.add_argument("--duration", type=float, default=10.0, help="open loop: seconds per rate")
+    ap.add_argument("--queue", type=int, default=32, help="open loop: outstanding requests at most")
+    ap.add_argument("--out", default=str(REPO / "target" / "bench-results" / "reference"))
+    ap.add_argument("--vserve-bin", default=str(REPO / "target" / "release" / "vserve"))
+    ap.add_argument("--floor-bin", default=os.environ.get("FLOOR_BIN", ""))
+    args = ap.parse_args()
+    args.variants = [v for v in args.variants.split(",") if v]
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.systems = [s for s in args.systems.split(",") if s]
+    args.rates = [float(r) for r in args.rates.split(",") if r]
+    args.vserve_bin = Path(args.vserve_bin)
+    args.floor_bin = Path(args.floor_bin) if args.floor_bin else None
+    if args.command == "run":
+        if args.floor_bin is None:
+            ap.error("--floor-bin (or FLOOR_BIN) is required: benches/reference.sh sets it")
+        cmd_run(args)
+    else:
+        cmd_open_loop(args)
+
+
+if __name__ == "__main__":
+    main()
