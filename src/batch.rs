@@ -99,7 +99,16 @@ pub fn assemble(
     clips: &[Vec<Arc<Frame>>],
     spec: &BatchSpec,
 ) -> Result<(Vec<u64>, Vec<u8>), BatchError> {
-    let augs = clips
+    assemble_augmented(clips, &centre_augs(clips, spec)?, spec)
+}
+
+/// The per-clip augmentation [`assemble`] applies: the spec's crop centred in each clip's frames, and its
+/// flip (for [`augmented_shape`] and [`assemble_augmented_into`], to assemble in place).
+pub fn centre_augs(
+    clips: &[Vec<Arc<Frame>>],
+    spec: &BatchSpec,
+) -> Result<Vec<ClipAug>, BatchError> {
+    clips
         .iter()
         .map(|clip| {
             let f = clip.first().ok_or(BatchError::Empty)?;
@@ -128,8 +137,7 @@ pub fn assemble(
                 flip: spec.hflip,
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    assemble_augmented(clips, &augs, spec)
+        .collect()
 }
 
 /// Assembles the array with a per-clip crop box, resize and flip (`spec.crop` and `spec.hflip` are not

@@ -78,6 +78,9 @@ pub struct ClipsRequest {
     pub dataset: String,
     pub clips: Vec<ClipRequest>,
     pub transform: Transform,
+    /// Assemble the reply straight into a one-shot shared-memory arena (`ClipsReply::shm`) rather than
+    /// into `ClipsReply::data`.
+    pub shm: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -112,7 +115,12 @@ pub struct ClipMeta {
 #[derive(Debug)]
 pub struct ClipsReply {
     pub shape: Vec<u64>,
+    /// The array's bytes; empty when they are in `shm`.
     pub data: Vec<u8>,
+    /// Where the array is when the request asked for shared memory.
+    pub shm: Option<crate::transport::shm::ShmRef>,
+    /// Bytes of the array, wherever it is.
+    pub nbytes: u64,
     pub clips: Vec<ClipMeta>,
     pub stats: RequestStats,
 }
@@ -664,11 +672,33 @@ impl Engine {
         }
         let spec = req.transform.batch.clone();
         let assembly_timer = crate::metrics::Timer::start();
-        let (shape, data) = blocking(move || Ok(batch::assemble(&frames_by_clip, &spec)?)).await?;
+        let (to_shm, engine) = (req.shm, self.clone());
+        let (shape, data, shm) = blocking(move || {
+            if !to_shm {
+                let (shape, data) = batch::assemble(&frames_by_clip, &spec)?;
+                return Ok((shape, data, None));
+            }
+            let augs = batch::centre_augs(&frames_by_clip, &spec)?;
+            let shape = batch::augmented_shape(&frames_by_clip, &augs, &spec)?;
+            let nbytes = batch::shape_bytes(&shape, &spec);
+            let (shape, r) = engine.shm.one_shot_with(nbytes, |buf| {
+                Ok::<_, Error>(batch::assemble_augmented_into(
+                    &frames_by_clip,
+                    &augs,
+                    &spec,
+                    buf,
+                )?)
+            })?;
+            Ok((shape, Vec::new(), Some(r)))
+        })
+        .await?;
         assembly_timer.observe(&self.metrics.batch_assembly);
+        let nbytes = shape.iter().product::<u64>() * req.transform.batch.dtype.size() as u64;
         Ok(ClipsReply {
             shape,
             data,
+            shm,
+            nbytes,
             clips: metas,
             stats,
         })
@@ -1118,6 +1148,7 @@ mod tests {
 
     fn request(frames: &[u64]) -> ClipsRequest {
         ClipsRequest {
+            shm: false,
             dataset: "demo".into(),
             clips: vec![ClipRequest {
                 video: "nasa_13013.mp4".into(),

@@ -145,6 +145,7 @@ fn clips_from_proto(req: pb::GetClipsRequest) -> Result<ClipsRequest, Error> {
         dataset: req.dataset,
         clips,
         transform: transform_from_proto(req.transform)?,
+        shm: false,
     })
 }
 
@@ -427,7 +428,8 @@ impl pb::v_serve_server::VServe for Api {
     ) -> Result<Response<Self::GetClipsStream>, Status> {
         let raw = request.into_inner();
         let transport = transport_from_proto(raw.transport).map_err(|e| fail("GetClips", e))?;
-        let req = clips_from_proto(raw).map_err(|e| fail("GetClips", e))?;
+        let mut req = clips_from_proto(raw).map_err(|e| fail("GetClips", e))?;
+        req.shm = transport == Transport::Shm;
         let dtype = req.transform.batch.dtype;
         let layout = req.transform.batch.layout;
         let reply = self
@@ -450,26 +452,18 @@ impl pb::v_serve_server::VServe for Api {
                     ..Default::default()
                 })
                 .collect(),
-            nbytes: reply.data.len() as u64,
-            shm: None,
+            nbytes: reply.nbytes,
+            shm: reply.shm.as_ref().map(shm_to_proto),
             stats: Some(stats_to_proto(&reply.stats)),
             ..Default::default()
         };
-        let (mut header, data) = (header, reply.data);
-        let data = if transport == Transport::Shm {
-            let engine = self.engine.clone();
-            let r = tokio::task::spawn_blocking(move || engine.shm.one_shot(&data))
-                .await
-                .map_err(|e| fail("GetClips", Error::Internal(e.to_string())))?
-                .map_err(|e| fail("GetClips", Error::Internal(e.to_string())))?;
-            header.shm = Some(shm_to_proto(&r));
+        let data = reply.data;
+        if reply.shm.is_some() {
+            // Inline bytes are counted as they are sent (rpc.rs).
             self.engine
                 .metrics()
                 .sent(crate::metrics::TransportLabel::SHM, header.nbytes);
-            Vec::new()
-        } else {
-            data
-        };
+        }
         let messages: Vec<Result<pb::GetClipsResponse, Status>> = chunks(data, header)
             .into_iter()
             .map(|(header, offset, data)| {

@@ -298,13 +298,34 @@ impl ShmRegistry {
 
     /// Puts one reply's bytes in a one-slot arena kept until released or expired.
     pub fn one_shot(&self, data: &[u8]) -> Result<ShmRef, ShmError> {
+        self.one_shot_with(data.len(), |buf| {
+            buf.copy_from_slice(data);
+            Ok::<_, ShmError>(())
+        })
+        .map(|((), r)| r)
+    }
+
+    /// A one-slot arena of `nbytes` that `f` fills in place (a reply assembled straight into shared
+    /// memory, with no intermediate buffer), kept until released or expired; nothing is kept if `f` fails.
+    pub fn one_shot_with<T, E>(
+        &self,
+        nbytes: usize,
+        f: impl FnOnce(&mut [u8]) -> Result<T, E>,
+    ) -> Result<(T, ShmRef), E>
+    where
+        E: From<ShmError>,
+    {
         self.expire();
-        let arena = Arc::new(Arena::create(&self.dir, self.mode, data.len(), 1)?);
-        let r = arena.write(0, data)?;
+        let arena = Arc::new(Arena::create(&self.dir, self.mode, nbytes, 1)?);
+        let slot = arena.try_acquire().ok_or_else(|| ShmError::BadSlot {
+            arena: arena.name.clone(),
+            slot: 0,
+        })?;
+        let (v, r) = arena.fill(slot, nbytes, f)?;
         self.one_shot
             .lock()
             .insert(arena.name.clone(), (arena, Instant::now()));
-        Ok(r)
+        Ok((v, r))
     }
 
     /// Drops one-shot and retired arenas older than the time to live.
