@@ -37,6 +37,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Print the effective configuration as TOML and exit.
     Config(ServeArgs),
+    /// Print what this host decodes with: FFmpeg, decoders, hwaccels, CUDA driver, GPUs, --gpus choice.
+    Doctor(crate::doctor::DoctorArgs),
     /// Print a video's stream facts as JSON.
     Probe(ProbeArgs),
     /// Fetch frames of one video and write them as a uint8 [T,H,W,3] .npy file.

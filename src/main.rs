@@ -98,6 +98,7 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::from(64)
             }
         },
+        Command::Doctor(a) => vserve::doctor::run(&a),
         Command::Ingest(a) => vserve::commands::ingest(&a),
         Command::GulpCheck(a) => vserve::commands::gulp_check(&a),
         client_command => {
@@ -117,6 +118,7 @@ fn main() -> std::process::ExitCode {
                     Command::Stats(a) => vserve::commands::stats(a).await,
                     Command::Serve(_)
                     | Command::Config(_)
+                    | Command::Doctor(_)
                     | Command::Ingest(_)
                     | Command::GulpCheck(_) => Ok(()),
                 }

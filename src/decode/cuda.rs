@@ -38,8 +38,25 @@ pub fn driver() -> Driver {
     if !unsafe { sys::is_culib_present() } {
         return Driver::Absent("libcuda.so.1 not found".to_owned());
     }
-    std::panic::catch_unwind(probe_driver).unwrap_or_else(|_| {
-        Driver::Failed("the driver library lacks a function vserve needs".to_owned())
+    quietly(probe_driver).unwrap_or_else(Driver::Failed)
+}
+
+/// Runs a cudarc call that panics when the driver library lacks a symbol, turning the panic into its
+/// message ("Missing symbol cuDeviceGetCount: …"). The default panic hook is silenced meanwhile (the
+/// message is reported by the caller instead); this runs at start-up and in `vserve doctor`, before any
+/// decode thread exists.
+fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let out = std::panic::catch_unwind(f);
+    std::panic::set_hook(hook);
+    out.map_err(|payload| {
+        let what = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a cudarc call panicked".to_owned());
+        format!("the driver library is unusable: {what}")
     })
 }
 
@@ -92,8 +109,7 @@ pub struct NvdecCaps {
 
 /// Describes GPU `ordinal`. Call only after [`driver`] reported a working driver.
 pub fn gpu_info(ordinal: u32) -> Result<GpuInfo, String> {
-    std::panic::catch_unwind(|| read_gpu(ordinal))
-        .unwrap_or_else(|_| Err("the driver library lacks a function vserve needs".to_owned()))
+    quietly(|| read_gpu(ordinal)).and_then(|r| r)
 }
 
 fn read_gpu(ordinal: u32) -> Result<GpuInfo, String> {

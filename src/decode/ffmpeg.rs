@@ -285,6 +285,98 @@ unsafe extern "C" fn pick_cuda_format(
     AV_PIX_FMT_NONE
 }
 
+/// The FFmpeg libraries this process runs with: (name, version), e.g. ("libavcodec", "59.37.100").
+pub fn library_versions() -> Vec<(&'static str, String)> {
+    let v = |n: u32| format!("{}.{}.{}", n >> 16, (n >> 8) & 0xff, n & 0xff);
+    // SAFETY: the *_version functions return a constant.
+    unsafe {
+        vec![
+            ("libavcodec", v(ff::ffi::avcodec_version())),
+            ("libavformat", v(ff::ffi::avformat_version())),
+            ("libavutil", v(ff::ffi::avutil_version())),
+            ("libswscale", v(ff::ffi::swscale_version())),
+        ]
+    }
+}
+
+/// FFmpeg's release string (`av_version_info`), e.g. "5.1.6-0+deb12u1".
+pub fn release() -> String {
+    // SAFETY: av_version_info returns a static C string.
+    unsafe { std::ffi::CStr::from_ptr(ff::ffi::av_version_info()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A decoder FFmpeg has for a codec, and whether it decodes through the CUDA hwaccel.
+#[derive(Clone, Debug)]
+pub struct DecoderInfo {
+    pub name: String,
+    pub cuda_hwaccel: bool,
+}
+
+/// The decoders FFmpeg has for a codec named as FFmpeg names it (`h264`, `hevc`, `vp9`, `av1`), in
+/// FFmpeg's order (the first is the default), including the `*_cuvid` ones.
+pub fn decoders_of(codec_name: &str) -> Vec<DecoderInfo> {
+    init();
+    let mut out = Vec::new();
+    let mut opaque: *mut std::ffi::c_void = std::ptr::null_mut();
+    loop {
+        // SAFETY: as in cuda_decoder: static codecs and configs, walked through `opaque`; names are static
+        // C strings.
+        unsafe {
+            let codec = ff::ffi::av_codec_iterate(&mut opaque);
+            let Some(c) = codec.as_ref() else {
+                return out;
+            };
+            if ff::ffi::av_codec_is_decoder(codec) == 0 {
+                continue;
+            }
+            let id_name =
+                std::ffi::CStr::from_ptr(ff::ffi::avcodec_get_name(c.id)).to_string_lossy();
+            if id_name != codec_name {
+                continue;
+            }
+            let mut cuda = false;
+            let mut i = 0;
+            while let Some(cfg) = ff::ffi::avcodec_get_hw_config(codec, i).as_ref() {
+                cuda |= cfg.device_type == ff::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_CUDA;
+                i += 1;
+            }
+            out.push(DecoderInfo {
+                name: std::ffi::CStr::from_ptr(c.name)
+                    .to_string_lossy()
+                    .into_owned(),
+                cuda_hwaccel: cuda,
+            });
+        }
+    }
+}
+
+/// The hardware device types this FFmpeg was built with (`cuda`, `vaapi`, …).
+pub fn hwaccel_types() -> Vec<String> {
+    init();
+    let mut out = Vec::new();
+    let mut t = ff::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_NONE;
+    loop {
+        // SAFETY: av_hwdevice_iterate_types returns the next type or NONE; the name is a static string or
+        // null.
+        unsafe {
+            t = ff::ffi::av_hwdevice_iterate_types(t);
+            if t == ff::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_NONE {
+                return out;
+            }
+            let name = ff::ffi::av_hwdevice_get_type_name(t);
+            if !name.is_null() {
+                out.push(
+                    std::ffi::CStr::from_ptr(name)
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+}
+
 /// FFmpeg's decoder for `id` that can decode through the CUDA hwaccel with a device context: the native
 /// decoder, not necessarily the default one (Debian's default AV1 decoder is libdav1d, which has no
 /// hwaccel; the native `av1` decoder has).
