@@ -122,6 +122,8 @@ fn gpu_entries(count: u32) -> Vec<Value> {
                                     "supported": c.supported,
                                     "max_width": c.max_width,
                                     "max_height": c.max_height,
+                                    "min_width": c.min_width,
+                                    "min_height": c.min_height,
                                     "engines": c.engines,
                                 })
                             })

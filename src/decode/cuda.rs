@@ -103,6 +103,8 @@ pub struct NvdecCaps {
     pub supported: bool,
     pub max_width: u32,
     pub max_height: u32,
+    pub min_width: u32,
+    pub min_height: u32,
     /// NVDEC engines on the GPU (0 when the driver does not say).
     pub engines: u8,
 }
@@ -205,6 +207,8 @@ fn nvdec_caps(dev: sys::CUdevice) -> Result<Vec<NvdecCaps>, String> {
                     supported: ok && c.is_supported != 0,
                     max_width: c.max_width,
                     max_height: c.max_height,
+                    min_width: c.min_width as u32,
+                    min_height: c.min_height as u32,
                     engines: c.num_nvdecs,
                 }
             })
