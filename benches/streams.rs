@@ -22,6 +22,10 @@
 //! 4. `fair`: two jobs on different clips (seeds differ), one with prefetch 1 and one with prefetch 8:
 //!    clips/s of each while both run (fair share: about equal).
 //!
+//! `--gpus LIST` (default `none`) and `--nvdec-sessions N` are passed to the daemon, so the same workload
+//! compares the CPU backend (`--gpus none`) with NVDEC (`--gpus 0`, on a GPU machine); each phase also
+//! reports the daemon's CPU seconds (user + system, from /proc) per clip.
+//!
 //! Prints a table and writes `target/bench-results/streams.json`. Nothing is asserted.
 
 use std::path::{Path, PathBuf};
@@ -49,6 +53,12 @@ struct Args {
     /// Simulated training step between batches, in milliseconds.
     #[arg(long, default_value_t = 0)]
     step_ms: u64,
+    /// The daemon's --gpus (none: the CPU backend; 0 or all: NVDEC on a GPU machine).
+    #[arg(long, default_value = "none")]
+    gpus: String,
+    /// The daemon's --nvdec-sessions (NVDEC decode threads per GPU).
+    #[arg(long)]
+    nvdec_sessions: Option<usize>,
     /// The daemon binary (default: the one Cargo built next to this bench).
     #[arg(long)]
     vserve: Option<PathBuf>,
@@ -65,7 +75,8 @@ struct Daemon {
 }
 
 impl Daemon {
-    async fn start(bin: &Path, root: &Path, threads: usize) -> Result<Daemon> {
+    async fn start(bin: &Path, root: &Path, args: &Args) -> Result<Daemon> {
+        let threads = args.threads;
         let dir = tempfile::tempdir()?;
         let socket = dir.path().join("vserve.sock");
         let addr = format!("unix:{}", socket.display());
@@ -80,7 +91,14 @@ impl Daemon {
                 &threads.to_string(),
                 "--cache-bytes",
                 "8GiB",
+                "--gpus",
+                &args.gpus,
             ])
+            .args(
+                args.nvdec_sessions
+                    .map(|n| vec!["--nvdec-sessions".to_owned(), n.to_string()])
+                    .unwrap_or_default(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -221,8 +239,9 @@ async fn phase(
     bin: &Path,
     root: &Path,
     reqs: Vec<proto::StreamBatchesRequest>,
-) -> Result<(Vec<Reader>, proto::GetStatsResponse, f64)> {
-    let d = Daemon::start(bin, root, args.threads).await?;
+) -> Result<(Vec<Reader>, proto::GetStatsResponse, f64, f64)> {
+    let d = Daemon::start(bin, root, args).await?;
+    let cpu_before = cpu_seconds(d.child.id());
     let step = Duration::from_millis(args.step_ms);
     let started = Instant::now();
     let tasks: Vec<_> = reqs
@@ -234,8 +253,25 @@ async fn phase(
         readers.push(t.await??);
     }
     let wall = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(d.child.id()) - cpu_before;
     let stats = Client::connect(&d.addr).await?.stats().await?;
-    Ok((readers, stats, wall))
+    Ok((readers, stats, wall, cpu))
+}
+
+/// CPU seconds (user + system) process `pid` has used, from /proc (0 where unreadable).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th overall.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / hz.max(1.0)
 }
 
 fn main() -> Result<()> {
@@ -264,7 +300,7 @@ async fn run(args: Args) -> Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vserve")));
     let mut report = serde_json::Map::new();
-    let best = |runs: &[(Vec<Reader>, proto::GetStatsResponse, f64)]| {
+    let best = |runs: &[(Vec<Reader>, proto::GetStatsResponse, f64, f64)]| {
         runs.iter()
             .min_by(|a, b| a.2.total_cmp(&b.2))
             .cloned()
@@ -284,14 +320,16 @@ async fn run(args: Args) -> Result<()> {
     };
 
     let n = args.clips_per_video;
-    let (one, one_stats, one_wall) = trials(vec![train(n, 1, 0, 1, 2)]).await?;
+    let (one, one_stats, one_wall, one_cpu) = trials(vec![train(n, 1, 0, 1, 2)]).await?;
     let one_rate = one[0].clips as f64 / one_wall;
+    let one_cpu_per_clip = one_cpu / one[0].clips.max(1) as f64;
     println!(
-        "one stream:  {:>5} clips in {one_wall:6.2} s  {one_rate:7.1} clips/s  wait p50 {:6.1} ms  p99 {:6.1} ms",
-        one[0].clips, one[0].wait_p50_ms, one[0].wait_p99_ms
+        "one stream:  {:>5} clips in {one_wall:6.2} s  {one_rate:7.1} clips/s  wait p50 {:6.1} ms  p99 {:6.1} ms  daemon CPU {:.4} s/clip (--gpus {})",
+        one[0].clips, one[0].wait_p50_ms, one[0].wait_p99_ms, one_cpu_per_clip, args.gpus
     );
 
-    let (two, _, two_wall) = trials(vec![train(n, 1, 0, 2, 2), train(n, 1, 1, 2, 2)]).await?;
+    let (two, _, two_wall, two_cpu) =
+        trials(vec![train(n, 1, 0, 2, 2), train(n, 1, 1, 2, 2)]).await?;
     let two_clips: u64 = two.iter().map(|r| r.clips).sum();
     let two_rate = two_clips as f64 / two_wall;
     for (i, r) in two.iter().enumerate() {
@@ -300,12 +338,13 @@ async fn run(args: Args) -> Result<()> {
             r.clips, r.clips_per_s, r.wait_p50_ms, r.wait_p99_ms
         );
     }
+    let two_cpu_per_clip = two_cpu / two_clips.max(1) as f64;
     println!(
-        "two ranks together: {two_rate:7.1} clips/s = {:.2} × one stream",
+        "two ranks together: {two_rate:7.1} clips/s = {:.2} × one stream  daemon CPU {two_cpu_per_clip:.4} s/clip",
         two_rate / one_rate
     );
 
-    let (shared, shared_stats, shared_wall) =
+    let (shared, shared_stats, shared_wall, _) =
         trials(vec![train(n, 1, 0, 1, 2), train(n, 1, 0, 1, 2)]).await?;
     let delivered: u64 = shared.iter().map(|r| r.clips * 8).sum();
     let ratio = shared_stats.frames_decoded as f64 / delivered as f64;
@@ -320,7 +359,7 @@ async fn run(args: Args) -> Result<()> {
         shared_stats.frames_decoded, shared_stats.frames_skipped, ratio / one_ratio, shared_stats.shared_frames, shared_wall
     );
 
-    let (fair, _, fair_wall) = trials(vec![train(n, 3, 0, 1, 1), train(n, 4, 0, 1, 8)]).await?;
+    let (fair, _, fair_wall, _) = trials(vec![train(n, 3, 0, 1, 1), train(n, 4, 0, 1, 8)]).await?;
     // Fair share while both read: clips each had received when the first finished.
     let first_done = fair
         .iter()
@@ -337,6 +376,15 @@ async fn run(args: Args) -> Result<()> {
     report.insert("fair_clips_prefetch8".into(), b.into());
 
     report.insert("threads".into(), args.threads.into());
+    report.insert("gpus".into(), args.gpus.clone().into());
+    report.insert(
+        "one_stream_cpu_seconds_per_clip".into(),
+        one_cpu_per_clip.into(),
+    );
+    report.insert(
+        "two_ranks_cpu_seconds_per_clip".into(),
+        two_cpu_per_clip.into(),
+    );
     report.insert("corpus".into(), root.display().to_string().into());
     report.insert("one_stream".into(), serde_json::to_value(&one)?);
     report.insert("one_stream_clips_per_s".into(), one_rate.into());

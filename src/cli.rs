@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::config::{check_nvdec_sessions, parse_gpus, DEFAULT_NVDEC_SESSIONS};
 use crate::config::{
     check_readable, parse_admin_listen, parse_log_format, parse_socket_group, parse_socket_mode,
     read_token, OpsConfig, TlsFiles,
@@ -36,6 +37,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Print the effective configuration as TOML and exit.
     Config(ServeArgs),
+    /// Print what this host decodes with: FFmpeg, decoders, hwaccels, CUDA driver, GPUs, --gpus choice.
+    Doctor(crate::doctor::DoctorArgs),
     /// Print a video's stream facts as JSON.
     Probe(ProbeArgs),
     /// Fetch frames of one video and write them as a uint8 [T,H,W,3] .npy file.
@@ -118,6 +121,13 @@ pub struct ServeArgs {
     /// Decode threads (default: the number of cores).
     #[arg(long, env = "VSERVE_DECODE_THREADS", value_name = "N")]
     pub decode_threads: Option<usize>,
+    /// GPUs to decode on (NVDEC): auto (GPUs if a CUDA driver reports any, else CPU), none, all, or a
+    /// list such as 0,1 (start-up fails unless each exists).
+    #[arg(long, env = "VSERVE_GPUS", value_name = "LIST")]
+    pub gpus: Option<String>,
+    /// Decode threads (NVDEC sessions) per GPU in use, in addition to --decode-threads (1..=32, default 4).
+    #[arg(long, env = "VSERVE_NVDEC_SESSIONS", value_name = "N")]
+    pub nvdec_sessions: Option<usize>,
     /// GOP runs allowed to wait for a decode thread; beyond it requests get RESOURCE_EXHAUSTED.
     #[arg(long, env = "VSERVE_DECODE_QUEUE", value_name = "N")]
     pub decode_queue: Option<usize>,
@@ -368,6 +378,8 @@ struct FileConfig {
     cache_bytes: Option<toml::Value>,
     decode_threads: Option<usize>,
     decode_queue: Option<usize>,
+    gpus: Option<toml::Value>,
+    nvdec_sessions: Option<usize>,
     max_frames: Option<usize>,
     max_side: Option<u32>,
     max_output_bytes: Option<toml::Value>,
@@ -452,6 +464,28 @@ impl ServeArgs {
         if queue == 0 {
             return Err(ConfigError::new("decode-queue", "0", "must be at least 1"));
         }
+        let gpus = match (&self.gpus, &file.gpus) {
+            (Some(s), _) => parse_gpus(s)?,
+            (None, Some(toml::Value::String(s))) => parse_gpus(s)?,
+            (None, Some(toml::Value::Array(a))) => {
+                let items: Vec<String> = a.iter().map(|v| v.to_string()).collect();
+                parse_gpus(&items.join(","))?
+            }
+            (None, Some(toml::Value::Integer(i))) => parse_gpus(&i.to_string())?,
+            (None, Some(other)) => {
+                return Err(ConfigError::new(
+                    "gpus",
+                    other.to_string(),
+                    "expected auto, none, all or a list of GPU ordinals",
+                ))
+            }
+            (None, None) => crate::config::GpuSpec::Auto,
+        };
+        let nvdec_sessions = check_nvdec_sessions(
+            self.nvdec_sessions
+                .or(file.nvdec_sessions)
+                .unwrap_or(DEFAULT_NVDEC_SESSIONS),
+        )?;
         let defaults = Limits::default();
         let max_output_bytes = match (&self.max_output_bytes, &file.max_output_bytes) {
             (Some(s), _) => parse_bytes("max-output-bytes", s)?,
@@ -529,6 +563,8 @@ impl ServeArgs {
                 threads,
                 queue,
                 threads_per_decoder: 1,
+                gpus,
+                nvdec_sessions,
             },
             limits,
             ops,
@@ -616,7 +652,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -630,6 +666,8 @@ pub fn config_to_toml(c: &Config) -> String {
         c.cache.bytes,
         c.decode.threads,
         c.decode.queue,
+        c.decode.gpus.to_string(),
+        c.decode.nvdec_sessions,
         c.limits.max_frames,
         c.limits.max_side,
         c.limits.max_output_bytes,

@@ -51,6 +51,83 @@ pub struct DecodeConfig {
     pub queue: usize,
     /// libavcodec threads inside each decoder context.
     pub threads_per_decoder: usize,
+    /// Which GPUs decode on NVDEC (`--gpus`); resolved against the driver at start-up.
+    pub gpus: GpuSpec,
+    /// Decode threads (NVDEC sessions) per GPU in use, in addition to `threads`.
+    pub nvdec_sessions: usize,
+}
+
+/// `--gpus`: which GPUs to decode on. Resolved against what the CUDA driver reports by
+/// [`crate::decode::gpus::resolve`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum GpuSpec {
+    /// Every GPU when a driver and devices exist, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU only.
+    None,
+    /// Every GPU; fails without a driver or devices.
+    All,
+    /// These ordinals (sorted, unique); fails unless each exists.
+    List(Vec<u32>),
+}
+
+impl std::fmt::Display for GpuSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuSpec::Auto => write!(f, "auto"),
+            GpuSpec::None => write!(f, "none"),
+            GpuSpec::All => write!(f, "all"),
+            GpuSpec::List(l) => {
+                let s: Vec<String> = l.iter().map(|g| g.to_string()).collect();
+                write!(f, "{}", s.join(","))
+            }
+        }
+    }
+}
+
+/// NVDEC sessions per GPU when `--nvdec-sessions` is not given.
+pub const DEFAULT_NVDEC_SESSIONS: usize = 4;
+
+/// Parses `--gpus`: `auto`, `none`, `all`, or a comma list of GPU ordinals (`0,1`).
+pub fn parse_gpus(s: &str) -> Result<GpuSpec, ConfigError> {
+    let t = s.trim();
+    match t.to_ascii_lowercase().as_str() {
+        "auto" => return Ok(GpuSpec::Auto),
+        "none" => return Ok(GpuSpec::None),
+        "all" => return Ok(GpuSpec::All),
+        _ => {}
+    }
+    let mut list = Vec::new();
+    for part in t.split(',') {
+        let ordinal = part.trim().parse::<u32>().map_err(|_| {
+            ConfigError::new(
+                "gpus",
+                s,
+                "expected auto, none, all or a comma list of GPU ordinals such as 0,1",
+            )
+        })?;
+        if ordinal > 1023 {
+            return Err(ConfigError::new("gpus", s, "GPU ordinals are 0..=1023"));
+        }
+        list.push(ordinal);
+    }
+    list.sort_unstable();
+    list.dedup();
+    Ok(GpuSpec::List(list))
+}
+
+/// Checks `--nvdec-sessions` (1..=32).
+pub fn check_nvdec_sessions(n: usize) -> Result<usize, ConfigError> {
+    if (1..=32).contains(&n) {
+        Ok(n)
+    } else {
+        Err(ConfigError::new(
+            "nvdec-sessions",
+            n.to_string(),
+            "must be 1..=32",
+        ))
+    }
 }
 
 /// Per-request bounds, checked before any allocation.
@@ -345,6 +422,22 @@ mod tests {
         assert_eq!(d.root, PathBuf::from("/data/k"));
         assert_eq!(d.manifest, Some(PathBuf::from("/data/train.csv")));
         assert!(parse_dataset("kin=/data/k:manifest=").is_err());
+    }
+
+    #[test]
+    fn parses_gpu_lists() {
+        assert_eq!(parse_gpus("auto").unwrap(), GpuSpec::Auto);
+        assert_eq!(parse_gpus("NONE").unwrap(), GpuSpec::None);
+        assert_eq!(parse_gpus("all").unwrap(), GpuSpec::All);
+        assert_eq!(parse_gpus("1,0, 1").unwrap(), GpuSpec::List(vec![0, 1]));
+        assert_eq!(parse_gpus("3").unwrap().to_string(), "3");
+        for bad in ["x,", "0,", "", "-1", "gpu0", "0;1", "4096"] {
+            let e = parse_gpus(bad).unwrap_err();
+            assert_eq!((e.key.as_str(), e.value.as_str()), ("gpus", bad));
+        }
+        assert_eq!(check_nvdec_sessions(4).unwrap(), 4);
+        assert_eq!(check_nvdec_sessions(0).unwrap_err().key, "nvdec-sessions");
+        assert!(check_nvdec_sessions(33).is_err());
     }
 
     #[test]

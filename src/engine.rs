@@ -234,8 +234,18 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Opens the datasets and starts the decode fleet.
+    /// Opens the datasets and starts the decode fleet (`config.decode.threads` threads).
     pub fn new(config: &Config, factory: BackendFactory) -> Result<Arc<Engine>, String> {
+        Engine::with_threads(config, config.decode.threads, factory)
+    }
+
+    /// Opens the datasets and starts a decode fleet of `threads` threads (CPU threads plus NVDEC sessions;
+    /// `factory` gives each slot its backend).
+    pub fn with_threads(
+        config: &Config,
+        threads: usize,
+        factory: BackendFactory,
+    ) -> Result<Arc<Engine>, String> {
         let mut datasets = BTreeMap::new();
         let mut manifests = BTreeMap::new();
         let mut gulps = BTreeMap::new();
@@ -268,7 +278,7 @@ impl Engine {
         if stale > 0 {
             tracing::info!(removed = stale, dir = %config.shm_dir.display(), "removed shared-memory arenas of daemons no longer running");
         }
-        let fleet = Fleet::start(config.decode.threads, config.decode.queue, factory)
+        let fleet = Fleet::start(threads, config.decode.queue, factory)
             .map_err(|e| format!("cannot start decode threads: {e}"))?;
         let indexes = moka::sync::Cache::builder()
             .max_capacity(config.cache.index_bytes)
@@ -302,6 +312,11 @@ impl Engine {
                 .build(),
             metrics: Default::default(),
         }))
+    }
+
+    /// Decode threads in the fleet (CPU threads and NVDEC sessions).
+    pub fn fleet_threads(&self) -> usize {
+        self.fleet.threads()
     }
 
     pub fn datasets(&self) -> Vec<DatasetSummary> {
@@ -943,6 +958,7 @@ impl Engine {
                     if let Ok(out) = &result {
                         let started = *taken_at.get_or_init(std::time::Instant::now);
                         metrics.observe_run(
+                            out.decoded_on,
                             started.saturating_duration_since(queued_at),
                             started.elapsed(),
                             out.decoded,
@@ -1132,13 +1148,15 @@ mod tests {
                 threads,
                 queue: 16,
                 threads_per_decoder: 1,
+                gpus: crate::config::GpuSpec::None,
+                nvdec_sessions: 1,
             },
             limits: Limits::default(),
             shutdown_grace: std::time::Duration::from_secs(1),
             shm_dir: std::env::temp_dir(),
             ops: Default::default(),
         };
-        let factory: BackendFactory = Arc::new(move || {
+        let factory: BackendFactory = Arc::new(move |_slot| {
             Box::new(FakeBackend {
                 delay: std::time::Duration::from_millis(delay_ms),
             })

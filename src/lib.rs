@@ -13,7 +13,8 @@
 //! client ◄──chunks── api ◄───────┘
 //! ```
 //!
-//! - [`cli`] and [`config`]: flags, env and TOML into a validated [`config::Config`].
+//! - [`cli`] and [`config`]: flags, env and TOML into a validated [`config::Config`]; [`doctor`]: what
+//!   this host decodes with (FFmpeg, CUDA driver, GPUs, the `--gpus` choice).
 //! - [`server`]: listeners (Unix socket, TCP), `run(config, shutdown)`; [`shutdown`]: signals.
 //! - [`error`]: the crate's error kinds; [`api`] maps them to gRPC statuses, once, at the edge.
 //! - Operating: [`metrics`] (one registry), [`rpc`] (per-call metrics and `--max-streams` admission via
@@ -32,6 +33,7 @@ pub mod commands;
 pub mod config;
 pub mod dataset;
 pub mod decode;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod gulp;

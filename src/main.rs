@@ -1,7 +1,8 @@
 //! `vserve`: parse flags, start logging, run the command, map errors to exit codes.
 //!
 //! Exit codes: 0 success; 1 a client command's request failed (the gRPC status name starts stderr);
-//! 64 invalid flags or configuration (names the key and value); 70 the server failed.
+//! 64 invalid flags or configuration (names the key and value); 69 hardware the configuration names is
+//! missing (`--gpus` with no CUDA driver or no such GPU); 70 the server failed.
 
 use clap::Parser;
 use vserve::cli::{Cli, Command};
@@ -77,6 +78,10 @@ fn main() -> std::process::ExitCode {
             };
             match rt.block_on(vserve::server::run(config, vserve::shutdown::signal())) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e @ vserve::server::ServerError::Unavailable(_)) => {
+                    eprintln!("vserve: {e}");
+                    std::process::ExitCode::from(69)
+                }
                 Err(e) => {
                     eprintln!("vserve: {e}");
                     std::process::ExitCode::from(70)
@@ -93,6 +98,7 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::from(64)
             }
         },
+        Command::Doctor(a) => vserve::doctor::run(&a),
         Command::Ingest(a) => vserve::commands::ingest(&a),
         Command::GulpCheck(a) => vserve::commands::gulp_check(&a),
         client_command => {
@@ -112,6 +118,7 @@ fn main() -> std::process::ExitCode {
                     Command::Stats(a) => vserve::commands::stats(a).await,
                     Command::Serve(_)
                     | Command::Config(_)
+                    | Command::Doctor(_)
                     | Command::Ingest(_)
                     | Command::GulpCheck(_) => Ok(()),
                 }

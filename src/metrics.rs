@@ -21,6 +21,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::decode::DecodedOn;
 use crate::engine::Engine;
 
 /// Latency buckets from 50 µs to about 100 s.
@@ -47,6 +48,11 @@ pub struct EngineMetrics {
     pub frames_undelivered: Counter,
     /// Seconds decode threads spent decoding, by backend (utilisation = rate ÷ threads).
     pub busy_seconds: Family<BackendLabel, Counter<f64, AtomicU64>>,
+    /// GOP runs decoded, by backend (`cuda`: on NVDEC; `cpu`: in software, including runs an NVDEC
+    /// session sent to the CPU).
+    pub runs: Family<BackendLabel, Counter>,
+    /// GOP runs an NVDEC session decoded on the CPU because NVDEC could not decode the video.
+    pub gpu_fallbacks: Counter,
     /// Files that could not be indexed (not media, corrupt, unreadable).
     pub index_failures: Counter,
     /// Files found damaged inside their coded data (re-indexed by decoding).
@@ -67,12 +73,17 @@ impl Default for EngineMetrics {
             run_length: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             frames_undelivered: Counter::default(),
             busy_seconds: Family::default(),
+            runs: Family::default(),
+            gpu_fallbacks: Counter::default(),
             index_failures: Counter::default(),
             damaged_files: Counter::default(),
             bytes_sent: Family::default(),
         };
         // Series exist from the start, so rates over them are defined before the first decode.
-        m.busy_seconds.get_or_create(&BackendLabel::CPU).inc_by(0.0);
+        for b in [BackendLabel::CPU, BackendLabel::CUDA] {
+            m.busy_seconds.get_or_create(&b).inc_by(0.0);
+            m.runs.get_or_create(&b).inc_by(0);
+        }
         for t in [TransportLabel::INLINE, TransportLabel::SHM] {
             m.bytes_sent.get_or_create(&t).inc_by(0);
         }
@@ -86,13 +97,28 @@ impl EngineMetrics {
         self.bytes_sent.get_or_create(&transport).inc_by(bytes);
     }
 
-    /// Records one finished GOP run: its queue wait, decode time, length and lead-in.
-    pub fn observe_run(&self, waited: Duration, decoding: Duration, decoded: u64, delivered: u64) {
+    /// Records one finished GOP run: where it was decoded, its queue wait, decode time, length and lead-in.
+    pub fn observe_run(
+        &self,
+        on: DecodedOn,
+        waited: Duration,
+        decoding: Duration,
+        decoded: u64,
+        delivered: u64,
+    ) {
         self.queue_wait.observe(waited.as_secs_f64());
         self.decode.observe(decoding.as_secs_f64());
+        let backend = match on {
+            DecodedOn::Gpu => BackendLabel::CUDA,
+            DecodedOn::Cpu | DecodedOn::CpuFallback => BackendLabel::CPU,
+        };
+        if on == DecodedOn::CpuFallback {
+            self.gpu_fallbacks.inc();
+        }
         self.busy_seconds
-            .get_or_create(&BackendLabel::CPU)
+            .get_or_create(&backend)
             .inc_by(decoding.as_secs_f64());
+        self.runs.get_or_create(&backend).inc();
         self.run_length.observe(decoded as f64);
         self.frames_undelivered
             .inc_by(decoded.saturating_sub(delivered));
@@ -140,6 +166,16 @@ impl EngineMetrics {
             self.busy_seconds.clone(),
         );
         r.register(
+            "decode_runs",
+            "GOP runs decoded, by backend",
+            self.runs.clone(),
+        );
+        r.register(
+            "decode_gpu_fallback_runs",
+            "GOP runs an NVDEC session decoded on the CPU because NVDEC could not",
+            self.gpu_fallbacks.clone(),
+        );
+        r.register(
             "index_failed_files",
             "Files that could not be indexed (not media, corrupt, unreadable)",
             self.index_failures.clone(),
@@ -159,6 +195,7 @@ pub struct BackendLabel {
 
 impl BackendLabel {
     pub const CPU: BackendLabel = BackendLabel { backend: "cpu" };
+    pub const CUDA: BackendLabel = BackendLabel { backend: "cuda" };
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -255,6 +292,7 @@ impl RpcMetrics {
 pub struct EngineCollector {
     engine: Weak<Engine>,
     decode_threads: usize,
+    gpu_threads: usize,
 }
 
 impl std::fmt::Debug for EngineCollector {
@@ -318,7 +356,7 @@ impl Collector for EngineCollector {
             let c = ConstCounter::new(value);
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
         }
-        let gauges: [(&str, &str, u64); 4] = [
+        let gauges: [(&str, &str, u64); 5] = [
             (
                 "cache_size_bytes",
                 "Bytes held by the frame cache.",
@@ -339,6 +377,11 @@ impl Collector for EngineCollector {
                 "Decode threads (backend cpu).",
                 self.decode_threads as u64,
             ),
+            (
+                "decode_gpu_threads",
+                "Decode threads that are NVDEC sessions (backend cuda).",
+                self.gpu_threads as u64,
+            ),
         ];
         for (name, help, value) in gauges {
             let g = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
@@ -357,12 +400,13 @@ pub struct Metrics {
 impl Metrics {
     /// Creates the registry and registers the engine's metrics, its scrape-time counters and the RPC
     /// layer's metrics, all under the `vserve` prefix.
-    pub fn new(engine: &Arc<Engine>, decode_threads: usize) -> Metrics {
+    pub fn new(engine: &Arc<Engine>, decode_threads: usize, gpu_threads: usize) -> Metrics {
         let mut registry = Registry::with_prefix("vserve");
         engine.metrics().register(&mut registry);
         registry.register_collector(Box::new(EngineCollector {
             engine: Arc::downgrade(engine),
             decode_threads,
+            gpu_threads,
         }));
         let rpc = RpcMetrics::new(engine.metrics().bytes_sent.clone());
         rpc.register(&mut registry);

@@ -17,9 +17,10 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use crate::admin::AdminState;
 use crate::api::{Api, VServeServer};
 use crate::auth::TokenCheck;
-use crate::config::{Config, ListenAddr, OpsConfig};
+use crate::config::{Config, DecodeConfig, GpuSpec, ListenAddr, OpsConfig};
 use crate::decode::ffmpeg::FfmpegBackend;
 use crate::decode::fleet::BackendFactory;
+use crate::decode::gpus::{resolve as resolve_gpus, Driver};
 use crate::engine::Engine;
 use crate::limits::Admission;
 use crate::metrics::Metrics;
@@ -29,6 +30,9 @@ use crate::rpc::RpcLayer;
 pub enum ServerError {
     #[error("{0}")]
     Setup(String),
+    /// Hardware the configuration asks for is missing (`--gpus` naming a GPU or driver not there).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("cannot listen on {addr}: {reason}")]
     Bind { addr: String, reason: String },
     #[error("server on {addr} failed: {reason}")]
@@ -37,7 +41,99 @@ pub enum ServerError {
 
 /// The production backend factory: one FFmpeg CPU backend per decode thread.
 pub fn ffmpeg_backends(threads_per_decoder: usize) -> BackendFactory {
-    Arc::new(move || Box::new(FfmpegBackend::new(threads_per_decoder)))
+    Arc::new(move |_slot| Box::new(FfmpegBackend::new(threads_per_decoder)))
+}
+
+/// How the fleet decodes: `cpu_threads` FFmpeg CPU threads, then `gpu_threads` NVDEC sessions.
+pub struct DecodePlan {
+    pub cpu_threads: usize,
+    pub gpu_threads: usize,
+    /// The GPUs in use (empty: CPU only).
+    pub gpus: Vec<u32>,
+    pub factory: BackendFactory,
+    /// Why these GPUs (one line for the log).
+    pub why: String,
+}
+
+/// What the CUDA driver reports here (nothing is loaded for builds without the `cuda` feature).
+pub fn gpu_driver() -> Driver {
+    #[cfg(feature = "cuda")]
+    {
+        crate::decode::cuda::driver()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Driver::NotBuilt
+    }
+}
+
+/// Resolves `--gpus` and builds the fleet's backends. An explicit `--gpus` that cannot be satisfied is
+/// [`ServerError::Unavailable`], naming the missing driver or device; `auto` falls back to the CPU.
+pub fn decode_plan(decode: &DecodeConfig) -> Result<DecodePlan, ServerError> {
+    let driver = match decode.gpus {
+        GpuSpec::None => Driver::NotBuilt,
+        _ => gpu_driver(),
+    };
+    let choice = resolve_gpus(&decode.gpus, &driver).map_err(ServerError::Unavailable)?;
+    let cpu = DecodePlan {
+        cpu_threads: decode.threads,
+        gpu_threads: 0,
+        gpus: Vec::new(),
+        factory: ffmpeg_backends(decode.threads_per_decoder),
+        why: choice.why.clone(),
+    };
+    if choice.gpus.is_empty() {
+        return Ok(cpu);
+    }
+    gpu_plan(decode, choice, cpu)
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_plan(
+    decode: &DecodeConfig,
+    choice: crate::decode::gpus::GpuChoice,
+    cpu: DecodePlan,
+) -> Result<DecodePlan, ServerError> {
+    let pool = match crate::decode::cuda::GpuPool::open(&choice.gpus, decode.threads_per_decoder) {
+        Ok(pool) => Arc::new(pool),
+        Err(e) if decode.gpus == GpuSpec::Auto => {
+            return Ok(DecodePlan {
+                why: format!("--gpus auto: {e}; decoding on the CPU"),
+                ..cpu
+            })
+        }
+        Err(e) => {
+            return Err(ServerError::Unavailable(format!(
+                "--gpus {}: {e}",
+                decode.gpus
+            )))
+        }
+    };
+    let (cpu_threads, tpd) = (decode.threads, decode.threads_per_decoder);
+    let factory: BackendFactory = Arc::new(move |slot| {
+        if slot < cpu_threads {
+            Box::new(FfmpegBackend::new(tpd))
+        } else {
+            Box::new(pool.backend(slot - cpu_threads))
+        }
+    });
+    Ok(DecodePlan {
+        cpu_threads,
+        gpu_threads: decode.nvdec_sessions * choice.gpus.len(),
+        gpus: choice.gpus,
+        factory,
+        why: choice.why,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_plan(
+    _decode: &DecodeConfig,
+    _choice: crate::decode::gpus::GpuChoice,
+    cpu: DecodePlan,
+) -> Result<DecodePlan, ServerError> {
+    // resolve() never chooses GPUs for Driver::NotBuilt.
+    Ok(cpu)
 }
 
 /// The serialized descriptors of `proto/` (written by build.rs), for server reflection.
@@ -45,7 +141,15 @@ const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("vserve_d
 
 /// Serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-    let engine = Engine::new(&config, ffmpeg_backends(config.decode.threads_per_decoder))
+    let plan = decode_plan(&config.decode)?;
+    tracing::info!(
+        gpus = ?plan.gpus,
+        cpu_threads = plan.cpu_threads,
+        nvdec_sessions = plan.gpu_threads,
+        "{}",
+        plan.why
+    );
+    let engine = Engine::with_threads(&config, plan.cpu_threads + plan.gpu_threads, plan.factory)
         .map_err(ServerError::Setup)?;
     serve_engine(engine, &config, shutdown).await
 }
@@ -85,7 +189,9 @@ pub async fn serve_engine(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let (listen, grace) = (&config.listen, config.shutdown_grace);
-    let metrics = Arc::new(Metrics::new(&engine, config.decode.threads));
+    let total = engine.fleet_threads();
+    let cpu_threads = config.decode.threads.min(total);
+    let metrics = Arc::new(Metrics::new(&engine, cpu_threads, total - cpu_threads));
     let layer = RpcLayer::new(
         metrics.rpc.clone(),
         Admission::new(config.limits.max_streams),

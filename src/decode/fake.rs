@@ -59,6 +59,7 @@ impl Backend for FakeBackend {
             frames,
             decoded: run.span() as u64,
             skipped: 0,
+            decoded_on: Default::default(),
         })
     }
 }

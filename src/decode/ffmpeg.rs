@@ -11,6 +11,11 @@
 //!
 //! A [`FfmpegBackend`] lives on one decode thread and keeps a few videos open, so consecutive runs of one
 //! video skip reopening, and a run that starts where the previous one stopped skips the seek.
+//!
+//! Hardware decoding (NVDEC) is the same backend with a [`HwDevice`]: FFmpeg's CUDA hwaccel decodes into
+//! GPU surfaces (`get_format` picks `AV_PIX_FMT_CUDA`, else the open fails), and only the wanted frames are
+//! copied to host memory (`av_hwframe_transfer_data`, NV12 or P010/P016) before the same swscale
+//! conversion, so seeking, frame numbering and skipping are one code path for CPU and GPU.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -192,22 +197,255 @@ fn display_rotation(input: &ff::format::context::Input, index: usize) -> u32 {
     0
 }
 
+/// A reference to an FFmpeg CUDA device context (an `AVHWDeviceContext` on one GPU). A GPU's device
+/// context is created once and every decoder on that GPU holds its own reference ([`HwDevice::new_ref`]);
+/// the context is freed with its last reference.
+pub struct HwDevice {
+    buf: *mut ff::ffi::AVBufferRef,
+    ordinal: u32,
+}
+
+// SAFETY: an HwDevice owns one reference to a refcounted AVBufferRef (atomic reference counts); the device
+// context behind it is immutable once created, and FFmpeg's CUDA code pushes its own CUcontext around each
+// use, so a reference may move to and be dropped on another thread. It is not Sync: callers share a device
+// across threads behind a Mutex and take their own reference.
+unsafe impl Send for HwDevice {}
+
+impl HwDevice {
+    /// Creates a CUDA device context on GPU `ordinal` (FFmpeg loads libcuda at this point; without a
+    /// driver or device this fails).
+    pub fn cuda(ordinal: u32) -> Result<HwDevice, String> {
+        init();
+        let device = std::ffi::CString::new(ordinal.to_string())
+            .map_err(|_| "bad device name".to_owned())?;
+        let mut buf: *mut ff::ffi::AVBufferRef = std::ptr::null_mut();
+        // SAFETY: `buf` is a null out-pointer, `device` a valid C string; no options, no flags. On failure
+        // FFmpeg leaves `buf` null.
+        let ret = unsafe {
+            ff::ffi::av_hwdevice_ctx_create(
+                &mut buf,
+                ff::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_CUDA,
+                device.as_ptr(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if ret < 0 || buf.is_null() {
+            return Err(format!(
+                "cannot create an FFmpeg CUDA device on GPU {ordinal}: {}",
+                ff::Error::from(ret)
+            ));
+        }
+        Ok(HwDevice { buf, ordinal })
+    }
+
+    /// Another reference to the same device context.
+    pub fn new_ref(&self) -> Result<HwDevice, String> {
+        // SAFETY: `self.buf` is a valid reference for as long as `self` lives.
+        let buf = unsafe { ff::ffi::av_buffer_ref(self.buf) };
+        if buf.is_null() {
+            return Err("av_buffer_ref failed (out of memory)".into());
+        }
+        Ok(HwDevice {
+            buf,
+            ordinal: self.ordinal,
+        })
+    }
+
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+}
+
+impl Drop for HwDevice {
+    fn drop(&mut self) {
+        // SAFETY: `self.buf` is this value's own reference; av_buffer_unref nulls it.
+        unsafe { ff::ffi::av_buffer_unref(&mut self.buf) };
+    }
+}
+
+/// `get_format` for hardware decoding: the CUDA surface format when the decoder offers it, else
+/// `AV_PIX_FMT_NONE`, which fails the decode (and so sends the video to the CPU) instead of letting FFmpeg
+/// silently decode in software on a GPU thread.
+unsafe extern "C" fn pick_cuda_format(
+    _ctx: *mut ff::ffi::AVCodecContext,
+    formats: *const ff::ffi::AVPixelFormat,
+) -> ff::ffi::AVPixelFormat {
+    use ff::ffi::AVPixelFormat::{AV_PIX_FMT_CUDA, AV_PIX_FMT_NONE};
+    let mut p = formats;
+    // SAFETY: FFmpeg passes a list terminated by AV_PIX_FMT_NONE.
+    unsafe {
+        while !p.is_null() && *p != AV_PIX_FMT_NONE {
+            if *p == AV_PIX_FMT_CUDA {
+                return AV_PIX_FMT_CUDA;
+            }
+            p = p.add(1);
+        }
+    }
+    AV_PIX_FMT_NONE
+}
+
+/// The FFmpeg libraries this process runs with: (name, version), e.g. ("libavcodec", "59.37.100").
+pub fn library_versions() -> Vec<(&'static str, String)> {
+    let v = |n: u32| format!("{}.{}.{}", n >> 16, (n >> 8) & 0xff, n & 0xff);
+    // SAFETY: the *_version functions return a constant.
+    unsafe {
+        vec![
+            ("libavcodec", v(ff::ffi::avcodec_version())),
+            ("libavformat", v(ff::ffi::avformat_version())),
+            ("libavutil", v(ff::ffi::avutil_version())),
+            ("libswscale", v(ff::ffi::swscale_version())),
+        ]
+    }
+}
+
+/// FFmpeg's release string (`av_version_info`), e.g. "5.1.6-0+deb12u1".
+pub fn release() -> String {
+    // SAFETY: av_version_info returns a static C string.
+    unsafe { std::ffi::CStr::from_ptr(ff::ffi::av_version_info()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A decoder FFmpeg has for a codec, and whether it decodes through the CUDA hwaccel.
+#[derive(Clone, Debug)]
+pub struct DecoderInfo {
+    pub name: String,
+    pub cuda_hwaccel: bool,
+}
+
+/// The decoders FFmpeg has for a codec named as FFmpeg names it (`h264`, `hevc`, `vp9`, `av1`), in
+/// FFmpeg's order (the first is the default), including the `*_cuvid` ones.
+pub fn decoders_of(codec_name: &str) -> Vec<DecoderInfo> {
+    init();
+    let mut out = Vec::new();
+    let mut opaque: *mut std::ffi::c_void = std::ptr::null_mut();
+    loop {
+        // SAFETY: as in cuda_decoder: static codecs and configs, walked through `opaque`; names are static
+        // C strings.
+        unsafe {
+            let codec = ff::ffi::av_codec_iterate(&mut opaque);
+            let Some(c) = codec.as_ref() else {
+                return out;
+            };
+            if ff::ffi::av_codec_is_decoder(codec) == 0 {
+                continue;
+            }
+            let id_name =
+                std::ffi::CStr::from_ptr(ff::ffi::avcodec_get_name(c.id)).to_string_lossy();
+            if id_name != codec_name {
+                continue;
+            }
+            let mut cuda = false;
+            let mut i = 0;
+            while let Some(cfg) = ff::ffi::avcodec_get_hw_config(codec, i).as_ref() {
+                cuda |= cfg.device_type == ff::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_CUDA;
+                i += 1;
+            }
+            out.push(DecoderInfo {
+                name: std::ffi::CStr::from_ptr(c.name)
+                    .to_string_lossy()
+                    .into_owned(),
+                cuda_hwaccel: cuda,
+            });
+        }
+    }
+}
+
+/// The hardware device types this FFmpeg was built with (`cuda`, `vaapi`, …).
+pub fn hwaccel_types() -> Vec<String> {
+    init();
+    let mut out = Vec::new();
+    let mut t = ff::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_NONE;
+    loop {
+        // SAFETY: av_hwdevice_iterate_types returns the next type or NONE; the name is a static string or
+        // null.
+        unsafe {
+            t = ff::ffi::av_hwdevice_iterate_types(t);
+            if t == ff::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_NONE {
+                return out;
+            }
+            let name = ff::ffi::av_hwdevice_get_type_name(t);
+            if !name.is_null() {
+                out.push(
+                    std::ffi::CStr::from_ptr(name)
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+}
+
+/// FFmpeg's decoder for `id` that can decode through the CUDA hwaccel with a device context: the native
+/// decoder, not necessarily the default one (Debian's default AV1 decoder is libdav1d, which has no
+/// hwaccel; the native `av1` decoder has).
+pub fn cuda_decoder(id: ff::codec::Id) -> Option<ff::Codec> {
+    let id: ff::ffi::AVCodecID = id.into();
+    let mut opaque: *mut std::ffi::c_void = std::ptr::null_mut();
+    loop {
+        // SAFETY: av_codec_iterate walks FFmpeg's static codec table through `opaque`; it returns static
+        // codecs, then null. avcodec_get_hw_config returns a static config, or null past the last one.
+        unsafe {
+            let codec = ff::ffi::av_codec_iterate(&mut opaque);
+            let c = codec.as_ref()?;
+            if c.id != id || ff::ffi::av_codec_is_decoder(codec) == 0 {
+                continue;
+            }
+            let mut i = 0;
+            while let Some(cfg) = ff::ffi::avcodec_get_hw_config(codec, i).as_ref() {
+                if cfg.methods & ff::ffi::AV_CODEC_HW_CONFIG_METHOD_HW_DEVICE_CTX as i32 != 0
+                    && cfg.device_type == ff::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_CUDA
+                {
+                    return Some(ff::Codec::wrap(codec));
+                }
+                i += 1;
+            }
+        }
+    }
+}
+
 fn open_decoder(
     input: &ff::format::context::Input,
     index: usize,
     threads: usize,
+    hw: Option<&HwDevice>,
 ) -> Result<ff::decoder::Video, String> {
     let st = input
         .stream(index)
         .ok_or_else(|| format!("stream {index} does not exist"))?;
     let mut ctx =
         ff::codec::context::Context::from_parameters(st.parameters()).map_err(|e| e.to_string())?;
-    ctx.set_threading(ff::codec::threading::Config::count(threads));
     let tb = st.time_base();
     // SAFETY: `ctx` owns a valid AVCodecContext not yet opened; pkt_timebase is a plain field that
     // avcodec_open2 reads.
     unsafe {
         (*ctx.as_mut_ptr()).pkt_timebase = tb.into();
+    }
+    match hw {
+        None => ctx.set_threading(ff::codec::threading::Config::count(threads)),
+        Some(device) => {
+            let id = st.parameters().id();
+            let Some(codec) = cuda_decoder(id) else {
+                return Err(format!("FFmpeg has no CUDA hwaccel for {}", id.name()));
+            };
+            // One thread: NVDEC does the work; frame threads would only add latency and surfaces.
+            ctx.set_threading(ff::codec::threading::Config::count(1));
+            let device_ref = device.new_ref()?;
+            // SAFETY: `ctx` is a valid, unopened AVCodecContext. It takes over the new reference (freed by
+            // avcodec_free_context); get_format is a plain callback field read during decoding.
+            unsafe {
+                let c = &mut *ctx.as_mut_ptr();
+                c.hw_device_ctx = device_ref.buf;
+                std::mem::forget(device_ref);
+                c.get_format = Some(pick_cuda_format);
+            }
+            return ctx
+                .decoder()
+                .open_as(codec)
+                .and_then(|o| o.video())
+                .map_err(|e| format!("cannot open {} on NVDEC: {e}", id.name()));
+        }
     }
     ctx.decoder()
         .video()
@@ -239,7 +477,7 @@ pub fn scan_by_decoding(path: &Path, index: usize) -> Result<DecodeScan, DecodeE
         reason: e.to_string(),
     })?;
     let mut decoder =
-        open_decoder(&input, index, 1).map_err(|reason| DecodeError::Unsupported {
+        open_decoder(&input, index, 1, None).map_err(|reason| DecodeError::Unsupported {
             path: path.to_owned(),
             reason,
         })?;
@@ -553,10 +791,12 @@ struct OpenVideo {
     converter: Option<Converter>,
 }
 
-/// The CPU backend. One per decode thread.
+/// The FFmpeg backend: CPU decoding, or NVDEC when given a [`HwDevice`]. One per decode thread.
 pub struct FfmpegBackend {
     /// libavcodec threads per decoder context (1 = the fleet's threads are the parallelism).
     threads_per_decoder: usize,
+    /// The GPU this backend decodes on (FFmpeg's CUDA hwaccel), or None for the CPU.
+    hw: Option<HwDevice>,
     open: VecDeque<OpenVideo>,
 }
 
@@ -565,6 +805,19 @@ impl FfmpegBackend {
         init();
         FfmpegBackend {
             threads_per_decoder,
+            hw: None,
+            open: VecDeque::new(),
+        }
+    }
+
+    /// A backend that decodes on the GPU of `device` through FFmpeg's CUDA hwaccel. Videos whose codec
+    /// has no CUDA hwaccel, or whose stream NVDEC refuses, fail with [`DecodeError::Unsupported`] or
+    /// [`DecodeError::Backend`]; the caller decides whether to retry on the CPU.
+    pub fn on_gpu(device: HwDevice) -> Self {
+        init();
+        FfmpegBackend {
+            threads_per_decoder: 1,
+            hw: Some(device),
             open: VecDeque::new(),
         }
     }
@@ -590,12 +843,11 @@ impl FfmpegBackend {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
-        let decoder = open_decoder(&input, stream, self.threads_per_decoder).map_err(|reason| {
-            DecodeError::Unsupported {
+        let decoder = open_decoder(&input, stream, self.threads_per_decoder, self.hw.as_ref())
+            .map_err(|reason| DecodeError::Unsupported {
                 path: path.to_owned(),
                 reason,
-            }
-        })?;
+            })?;
         Ok(OpenVideo {
             path: path.to_owned(),
             index: index.clone(),
@@ -695,8 +947,13 @@ fn decode_in(
             if let Ok(slot) = run.wanted.binary_search(&k) {
                 if !emitted[slot] {
                     emitted[slot] = true;
-                    let converted = convert_frame(&mut video.converter, &frame, geometry)
-                        .map_err(backend_err)?;
+                    let converted = if is_hw_frame(&frame) {
+                        let host = download(&frame).map_err(backend_err)?;
+                        convert_frame(&mut video.converter, &host, geometry)
+                    } else {
+                        convert_frame(&mut video.converter, &frame, geometry)
+                    }
+                    .map_err(backend_err)?;
                     out.frames.push((k, Arc::new(converted)));
                 }
             }
@@ -764,6 +1021,36 @@ fn decode_in(
         });
     }
     Ok(out)
+}
+
+/// True for a frame held in GPU memory (a CUDA surface).
+fn is_hw_frame(frame: &ff::frame::Video) -> bool {
+    // SAFETY: `frame` holds a decoded frame; format is a plain field.
+    unsafe { (*frame.as_ptr()).format == ff::ffi::AVPixelFormat::AV_PIX_FMT_CUDA as i32 }
+}
+
+/// Copies a GPU frame to host memory in the surface's software format (NV12 for 8-bit 4:2:0, P010/P016
+/// for deeper ones), with the frame's colour properties, for the CPU conversion.
+fn download(frame: &ff::frame::Video) -> Result<ff::frame::Video, String> {
+    let mut host = ff::frame::Video::empty();
+    // SAFETY: `frame` is a valid hardware frame (its hw_frames_ctx set by the decoder); `host` is an empty
+    // frame that av_hwframe_transfer_data allocates in the first supported software format.
+    let ret = unsafe { ff::ffi::av_hwframe_transfer_data(host.as_mut_ptr(), frame.as_ptr(), 0) };
+    if ret < 0 {
+        return Err(format!(
+            "cannot copy a frame from the GPU: {}",
+            ff::Error::from(ret)
+        ));
+    }
+    // SAFETY: both frames are valid; this copies metadata (pts, colour space and range), not data.
+    let ret = unsafe { ff::ffi::av_frame_copy_props(host.as_mut_ptr(), frame.as_ptr()) };
+    if ret < 0 {
+        return Err(format!(
+            "cannot copy frame properties: {}",
+            ff::Error::from(ret)
+        ));
+    }
+    Ok(host)
 }
 
 /// A packet whose frame is not wanted and that no other frame references: decoding it would change

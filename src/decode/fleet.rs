@@ -161,7 +161,9 @@ pub struct Fleet {
     pub counters: Arc<FleetCounters>,
 }
 
-pub type BackendFactory = Arc<dyn Fn() -> Box<dyn Backend> + Send + Sync>;
+/// Makes the backend of decode thread `slot` (0-based; a fleet of CPU and NVDEC threads gives each slot
+/// its kind).
+pub type BackendFactory = Arc<dyn Fn(usize) -> Box<dyn Backend> + Send + Sync>;
 
 impl Fleet {
     /// Starts `threads` decode threads named `vserve-decode-N` sharing a queue of `capacity` jobs.
@@ -179,7 +181,7 @@ impl Fleet {
             let factory = factory.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("vserve-decode-{i}"))
-                .spawn(move || worker(rx, counters, factory))?;
+                .spawn(move || worker(i, rx, counters, factory))?;
             handles.push(handle);
         }
         Ok(Fleet {
@@ -211,6 +213,11 @@ impl Fleet {
         pushed
     }
 
+    /// Decode threads started.
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+
     pub fn queue_depth(&self) -> usize {
         self.counters.queued.load(Ordering::Relaxed)
     }
@@ -232,8 +239,13 @@ impl Drop for Fleet {
     }
 }
 
-fn worker(rx: Arc<Scheduler<Job>>, counters: Arc<FleetCounters>, factory: BackendFactory) {
-    let mut backend = factory();
+fn worker(
+    slot: usize,
+    rx: Arc<Scheduler<Job>>,
+    counters: Arc<FleetCounters>,
+    factory: BackendFactory,
+) {
+    let mut backend = factory(slot);
     let mut stored = super::gulp::GulpBackend::default();
     while let Some(job) = rx.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
@@ -274,7 +286,7 @@ fn worker(rx: Arc<Scheduler<Job>>, counters: Arc<FleetCounters>, factory: Backen
             Err(_) => {
                 counters.panics.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(path = %source.path.display(), "decoder panicked; replacing backend");
-                backend = factory();
+                backend = factory(slot);
                 Err(DecodeError::Backend {
                     path: source.path.clone(),
                     reason: "decoder panicked".into(),

@@ -72,6 +72,7 @@ impl GulpBackend {
             frames,
             decoded: run.wanted.len() as u64,
             skipped: 0,
+            decoded_on: Default::default(),
         })
     }
 }

@@ -8,13 +8,17 @@
 //! frame numbering (frame k = the k-th frame FFmpeg's decoder outputs in presentation order); a wanted frame
 //! it cannot produce is an error naming that frame, never a silently substituted neighbour.
 //!
-//! Backends live one per module behind [`Backend`]: [`ffmpeg`] (CPU, libavcodec) and [`fake`] (deterministic
+//! Backends live one per module behind [`Backend`]: [`ffmpeg`] (CPU, libavcodec), `cuda` (NVDEC through
+//! FFmpeg's CUDA hwaccel, with CPU fallback; the `cuda` Cargo feature; [`gpus`] resolves `--gpus`) and [`fake`] (deterministic
 //! synthetic frames for tests that need no media); [`gulp`] decodes the stored JPEG frames of GulpIO
 //! datasets and is chosen per job (by [`VideoSource::gulp`]) whatever the fleet's backend. [`fleet`] runs a backend on named OS threads.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod fake;
 pub mod ffmpeg;
 pub mod fleet;
+pub mod gpus;
 pub mod gulp;
 
 use std::path::PathBuf;
@@ -97,6 +101,20 @@ pub struct RunOutput {
     pub decoded: u64,
     /// Disposable frames (unwanted, referenced by nothing) whose packets were never decoded.
     pub skipped: u64,
+    /// Where the run was decoded, for per-backend metrics.
+    pub decoded_on: DecodedOn,
+}
+
+/// Where a run was decoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodedOn {
+    /// A CPU decode thread (FFmpeg in software, or stored JPEGs).
+    #[default]
+    Cpu,
+    /// NVDEC, through FFmpeg's CUDA hwaccel.
+    Gpu,
+    /// A GPU decode thread that fell back to software decoding because NVDEC could not decode the video.
+    CpuFallback,
 }
 
 #[derive(Debug, thiserror::Error, Clone)]

@@ -73,6 +73,11 @@ impl Daemon {
     /// Starts a daemon with extra `serve` flags and waits until it answers ListDatasets. The admin
     /// listener gets an ephemeral port (never the default: tests run in parallel) unless `extra` names one.
     pub async fn start_with(extra: &[&str]) -> Daemon {
+        Daemon::start_with_env(extra, &[]).await
+    }
+
+    /// [`Daemon::start_with`], with extra environment variables for the daemon process.
+    pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("vserve-test")
             .tempdir()
@@ -107,6 +112,7 @@ impl Daemon {
             cmd.arg("--admin-listen").arg("127.0.0.1:0");
         }
         cmd.args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
