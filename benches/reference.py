@@ -687,7 +687,7 @@ def clip_spec(root: Path, video: str, info: Dict[str, Any], frames: List[int], s
     }
 
 
-def floor_plan(root: Path, infos: Dict[str, Dict[str, Any]], clips: List[Tuple[str, List[int], Tuple[int, int]]], whole: bool = False) -> Dict[str, Any]:
+def floor_plan(workload: str, root: Path, infos: Dict[str, Dict[str, Any]], clips: List[Tuple[str, List[int], Tuple[int, int]]], whole: bool = False) -> Dict[str, Any]:
     """The GOP runs `clips` need, as benches/floor.rs reads them. `whole`: one run per clip from frame 0."""
     names = sorted({c[0] for c in clips})
     vid = {n: i for i, n in enumerate(names)}
@@ -706,11 +706,11 @@ def floor_plan(root: Path, infos: Dict[str, Dict[str, Any]], clips: List[Tuple[s
             runs.append(
                 {"video": vid[video], "keyframe": key, "wanted": [[slots[f], f] for f in wanted], "out_size": list(size)}
             )
-    return {"root": str(root), "videos": videos, "runs": runs}
+    return {"root": str(root), "videos": videos, "runs": runs, "workload": workload}
 
 
 def run_floor(args, plan: Dict[str, Any], workdir: Path, clips: int, frames: int) -> Dict[str, Dict[str, Any]]:
-    path = workdir / "floor-plan.json"
+    path = workdir / f"floor-plan-{plan['workload']}.json"
     path.write_text(json.dumps(plan))
     out = subprocess.run(
         [str(args.floor_bin), str(path), "--threads", str(args.cores)], check=True, capture_output=True, text=True
@@ -888,7 +888,7 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
             for rec in records
         ]
         log(f"{variant} train: floor")
-        wl["floor"] = run_floor(args, floor_plan(root, infos, floor_clips), work, cold["clips"], cold["frames"])
+        wl["floor"] = run_floor(args, floor_plan("train", root, infos, floor_clips), work, cold["clips"], cold["frames"])
         wl["ratios_floor"] = {f"vserve/{m}": cold["clips_per_s"] / f["clips_per_s"] for m, f in wl["floor"].items()}
         finish("train", wl, "train")
 
@@ -941,7 +941,7 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
             # Requests dealt round-robin to the ranks, as a DistributedSampler deals samples.
             rank_reqs = [reqs[r::ranks] for r in range(ranks)]
             specs = [
-                dict(kind="get_clips", addr=daemon.addr, requests=rank_reqs[r], transform=transform, inflight=2,
+                dict(kind="get_clips", addr=daemon.addr, requests=rank_reqs[r], transform=transform, inflight=args.inflight,
                      keep_first=str(work / f"{workload}-first-vserve.npy") if r == 0 else None)
                 for r in range(ranks)
             ]  # fmt: skip
@@ -966,7 +966,7 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
         log(f"{variant} {workload}: floor")
         nclips = len(clips)
         nframes = sum(len(f) for _, f in clips)
-        plan = floor_plan(root, infos, [(v, f, sizes[v]) for v, f in clips], whole=workload == "full")
+        plan = floor_plan(workload, root, infos, [(v, f, sizes[v]) for v, f in clips], whole=workload == "full")
         wl["floor"] = run_floor(args, plan, work, nclips, nframes)
         wl["ratios_floor"] = {
             f"vserve/{m}": wl["systems"]["vserve"]["clips_per_s"] / f["clips_per_s"] for m, f in wl["floor"].items()
@@ -1306,6 +1306,7 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--cache", default="3G", help="the daemon's frame cache")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--inflight", type=int, default=2, help="GetClips requests in flight per vserve rank")
     ap.add_argument("--rates", default="20,40,60,80,100,120,140", help="open loop: offered requests/s")
     ap.add_argument("--duration", type=float, default=10.0, help="open loop: seconds per rate")
     ap.add_argument("--queue", type=int, default=32, help="open loop: outstanding requests at most")

@@ -118,7 +118,7 @@ pub struct ServeArgs {
     /// Decoded-frame cache size (e.g. 8GiB).
     #[arg(long, env = "VSERVE_CACHE_BYTES", value_name = "SIZE")]
     pub cache_bytes: Option<String>,
-    /// Decode threads (default: the number of cores).
+    /// CPU decode threads (default: the number of cores; none when GPUs decode, unless set).
     #[arg(long, env = "VSERVE_DECODE_THREADS", value_name = "N")]
     pub decode_threads: Option<usize>,
     /// GPUs to decode on (NVDEC): auto (GPUs if a CUDA driver reports any, else CPU), none, all, or a
@@ -561,6 +561,7 @@ impl ServeArgs {
             },
             decode: DecodeConfig {
                 threads,
+                threads_explicit: self.decode_threads.or(file.decode_threads).is_some(),
                 queue,
                 threads_per_decoder: 1,
                 gpus,

@@ -45,8 +45,12 @@ pub struct CacheConfig {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodeConfig {
-    /// Decode threads (the fleet's parallelism).
+    /// CPU decode threads (the fleet's parallelism without GPUs).
     pub threads: usize,
+    /// Whether `threads` was set (flag, env or file). When GPUs decode and it was not, the fleet has no
+    /// CPU decode threads: the NVDEC sessions decode everything, falling back to the CPU on their own
+    /// thread for what NVDEC cannot decode, so the host's cores stay free for the trainers.
+    pub threads_explicit: bool,
     /// GOP runs that may wait for a decode thread before requests are refused.
     pub queue: usize,
     /// libavcodec threads inside each decoder context.

@@ -1146,6 +1146,7 @@ mod tests {
             },
             decode: DecodeConfig {
                 threads,
+                threads_explicit: true,
                 queue: 16,
                 threads_per_decoder: 1,
                 gpus: crate::config::GpuSpec::None,

@@ -88,6 +88,16 @@ pub fn decode_plan(decode: &DecodeConfig) -> Result<DecodePlan, ServerError> {
     gpu_plan(decode, choice, cpu)
 }
 
+/// CPU decode threads when GPUs decode: none unless `--decode-threads` was set, since the NVDEC sessions
+/// take all the work (falling back to the CPU on their own threads) and the cores belong to the trainers.
+pub fn cpu_threads_beside_gpus(decode: &DecodeConfig) -> usize {
+    if decode.threads_explicit {
+        decode.threads
+    } else {
+        0
+    }
+}
+
 #[cfg(feature = "cuda")]
 fn gpu_plan(
     decode: &DecodeConfig,
@@ -109,7 +119,8 @@ fn gpu_plan(
             )))
         }
     };
-    let (cpu_threads, tpd) = (decode.threads, decode.threads_per_decoder);
+    let cpu_threads = cpu_threads_beside_gpus(decode);
+    let tpd = decode.threads_per_decoder;
     let factory: BackendFactory = Arc::new(move |slot| {
         if slot < cpu_threads {
             Box::new(FfmpegBackend::new(tpd))
@@ -151,7 +162,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     );
     let engine = Engine::with_threads(&config, plan.cpu_threads + plan.gpu_threads, plan.factory)
         .map_err(ServerError::Setup)?;
-    serve_engine(engine, &config, shutdown).await
+    serve_engine(engine, &config, plan.cpu_threads, shutdown).await
 }
 
 /// What TCP listeners add: a bearer-token check and TLS, each when configured.
@@ -186,11 +197,13 @@ fn tcp_access(ops: &OpsConfig) -> Result<TcpAccess, ServerError> {
 pub async fn serve_engine(
     engine: Arc<Engine>,
     config: &Config,
+    cpu_threads: usize,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let (listen, grace) = (&config.listen, config.shutdown_grace);
     let total = engine.fleet_threads();
-    let cpu_threads = config.decode.threads.min(total);
+    // The fleet's first `cpu_threads` threads decode on the CPU, the rest are NVDEC sessions.
+    let cpu_threads = cpu_threads.min(total);
     let metrics = Arc::new(Metrics::new(&engine, cpu_threads, total - cpu_threads));
     let layer = RpcLayer::new(
         metrics.rpc.clone(),
@@ -399,4 +412,25 @@ fn bind_unix_file(path: &Path) -> Result<tokio::net::UnixListener, String> {
         std::fs::remove_file(path).map_err(|e| format!("cannot remove stale socket: {e}"))?;
     }
     tokio::net::UnixListener::bind(path).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_leave_the_cores_alone_unless_cpu_threads_are_asked_for() {
+        let mut decode = DecodeConfig {
+            threads: 16,
+            threads_explicit: false,
+            queue: 64,
+            threads_per_decoder: 1,
+            gpus: GpuSpec::Auto,
+            nvdec_sessions: 4,
+        };
+        assert_eq!(cpu_threads_beside_gpus(&decode), 0);
+        decode.threads = 2;
+        decode.threads_explicit = true;
+        assert_eq!(cpu_threads_beside_gpus(&decode), 2);
+    }
 }
