@@ -66,10 +66,10 @@ def command(media: Path, src: str, fps: int, crf: int, off: str, variant: str, o
     ]  # fmt: skip
 
 
-def build(media: Path, root: Path, clips: int, jobs: int = 2) -> dict:
-    """Builds (or completes) both variants with `clips` clips each; returns {variant: directory}."""
+def build(media: Path, root: Path, clips: int, jobs: int = 2, variants=VARIANTS) -> dict:
+    """Builds (or completes) the variants with `clips` clips each; returns {variant: directory}."""
     dirs = {}
-    for variant in VARIANTS:
+    for variant in variants:
         d = root / VERSION / variant
         d.mkdir(parents=True, exist_ok=True)
         todo, lines = [], []

@@ -710,6 +710,8 @@ def floor_plan(workload: str, root: Path, infos: Dict[str, Dict[str, Any]], clip
 
 
 def run_floor(args, plan: Dict[str, Any], workdir: Path, clips: int, frames: int) -> Dict[str, Dict[str, Any]]:
+    if args.floor_bin is None:
+        return {}
     path = workdir / f"floor-plan-{plan['workload']}.json"
     path.write_text(json.dumps(plan))
     out = subprocess.run(
@@ -978,7 +980,9 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
 def cmd_run(args) -> None:
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    dirs = refcorpus.build(REPO.parent / "shared" / "media", REPO / "target" / "bench-corpus", args.clips)
+    dirs = refcorpus.build(
+        REPO.parent / "shared" / "media", REPO / "target" / "bench-corpus", args.clips, variants=args.variants
+    )
     report: Dict[str, Any] = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "variants": {}}
     for variant in args.variants:
         report["variants"][variant] = run_variant(args, variant, dirs[variant], outdir)
@@ -1024,7 +1028,9 @@ def cmd_open_loop(args) -> None:
 
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    dirs = refcorpus.build(REPO.parent / "shared" / "media", REPO / "target" / "bench-corpus", args.clips)
+    dirs = refcorpus.build(
+        REPO.parent / "shared" / "media", REPO / "target" / "bench-corpus", args.clips, variants=args.variants[:1]
+    )
     root = dirs[args.variants[0]]
     videos = sorted(p.name for p in root.glob("*.mp4"))[: args.clips]
     daemon = Daemon(args.vserve_bin, root, args.cores, args.cache, outdir / "daemon-open-loop.log",
@@ -1313,6 +1319,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "target" / "bench-results" / "reference"))
     ap.add_argument("--vserve-bin", default=str(REPO / "target" / "release" / "vserve"))
     ap.add_argument("--floor-bin", default=os.environ.get("FLOOR_BIN", ""))
+    ap.add_argument("--no-floor", action="store_true", help="skip the floor (a smoke test without release builds)")
     args = ap.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
     args.workloads = [w for w in args.workloads.split(",") if w]
@@ -1321,7 +1328,7 @@ def main() -> None:
     args.vserve_bin = Path(args.vserve_bin)
     args.floor_bin = Path(args.floor_bin) if args.floor_bin else None
     if args.command == "run":
-        if args.floor_bin is None:
+        if args.floor_bin is None and not args.no_floor:
             ap.error("--floor-bin (or FLOOR_BIN) is required: benches/reference.sh sets it")
         cmd_run(args)
     else:

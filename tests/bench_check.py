@@ -1,0 +1,39 @@
+"""Checks a benches/reference.py results.json from tests/bench_smoke.sh: same clips everywhere, same pixels."""
+
+import json
+import sys
+
+report = json.load(open(sys.argv[1]))
+failures = []
+checked = 0
+for variant, res in report["variants"].items():
+    for workload in ("train", "full"):
+        wl = res["workloads"].get(workload)
+        if wl is None:
+            failures.append(f"{variant}/{workload}: not run")
+            continue
+        systems = wl["systems"]
+        want = systems["vserve"]["clips"]
+        expected = res["videos"] if workload == "train" else min(res["videos"], 2)
+        if want != expected:
+            failures.append(f"{variant}/{workload}: vserve delivered {want} clips, expected {expected}")
+        for peer in ("pyav", "decord"):
+            if peer not in systems:
+                failures.append(f"{variant}/{workload}: {peer} did not run")
+                continue
+            if systems[peer]["clips"] != want:
+                failures.append(f"{variant}/{workload}: {peer} delivered {systems[peer]['clips']} clips, vserve {want}")
+            cmp = wl.get("first_batch_vs_vserve", {}).get(peer)
+            if not cmp or "identical_frames" not in cmp:
+                failures.append(f"{variant}/{workload}: no pixel comparison for {peer}: {cmp}")
+                continue
+            checked += cmp["frames"]
+            if cmp["identical_frames"] != cmp["frames"] or cmp["max_abs"] != 0:
+                failures.append(
+                    f"{variant}/{workload}: {peer} differs from vserve: {cmp['identical_frames']}/{cmp['frames']} "
+                    f"frames identical, max |diff| {cmp['max_abs']}"
+                )
+if failures:
+    print("bench smoke FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print(f"bench smoke: vserve, PyAV and decord agree bit for bit on {checked} frames (train stream, full videos)")
