@@ -232,7 +232,7 @@ pub fn build(
     let mut truncated = false;
     let mut packet = ff::Packet::empty();
     loop {
-        match packet.read(&mut input) {
+        match ffdec::read_packet(&mut packet, &mut input) {
             Ok(()) => {}
             Err(ff::Error::Eof) => break,
             Err(e) => {
