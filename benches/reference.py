@@ -1358,6 +1358,8 @@ def main() -> None:
     args.vserve_bin = Path(args.vserve_bin)
     args.floor_bin = Path(args.floor_bin) if args.floor_bin else None
     if args.command == "run":
+        if "vserve" not in args.systems:
+            ap.error("--systems must include vserve: the peers replay the clips vserve's stream draws")
         if args.floor_bin is None and not args.no_floor:
             ap.error("--floor-bin (or FLOOR_BIN) is required: benches/reference.sh sets it")
         cmd_run(args)
