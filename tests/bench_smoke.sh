@@ -12,7 +12,8 @@ venv=target/bench-venv
 "$venv/bin/pip" install -q --disable-pip-version-check -r benches/requirements.txt ./clients/python
 out=target/bench-results/smoke
 rm -rf "$out"
+mkdir -p "$out"
 "$venv/bin/python" benches/reference.py run --variants gop250 --clips 12 --full-videos 2 \
   --workloads train,full --systems vserve,pyav,decord --no-floor \
-  --vserve-bin target/debug/vserve --out "$out" > "$out.log" 2>&1 || { tail -40 "$out.log"; exit 1; }
+  --vserve-bin target/debug/vserve --out "$out" > "$out/driver.log" 2>&1 || { tail -40 "$out/driver.log"; exit 1; }
 "$venv/bin/python" tests/bench_check.py "$out/results.json"
