@@ -1101,6 +1101,7 @@ async fn serve_pass(
                     clips: vec![vserve_client::clip_frames(&name, &video.indices)],
                     transform: Some(transform.clone()),
                     transport: 0,
+                    reuse_arena: false,
                 };
                 let batch = tokio::time::timeout(Duration::from_secs(300), client.get_clips(req))
                     .await

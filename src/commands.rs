@@ -134,6 +134,7 @@ pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
                 ..Default::default()
             }),
             transport: local_transport(&args.addr.addr),
+            reuse_arena: false,
         })
         .await?;
     // [1, T, H, W, 3] → [T, H, W, 3]

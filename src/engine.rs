@@ -81,6 +81,8 @@ pub struct ClipsRequest {
     /// Assemble the reply straight into a one-shot shared-memory arena (`ClipsReply::shm`) rather than
     /// into `ClipsReply::data`.
     pub shm: bool,
+    /// With `shm`: the client lets the arena be reused after releasing it (`reuse_arena`).
+    pub shm_reuse: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -687,7 +689,7 @@ impl Engine {
         }
         let spec = req.transform.batch.clone();
         let assembly_timer = crate::metrics::Timer::start();
-        let (to_shm, engine) = (req.shm, self.clone());
+        let (to_shm, reuse, engine) = (req.shm, req.shm_reuse, self.clone());
         let (shape, data, shm) = blocking(move || {
             if !to_shm {
                 let (shape, data) = batch::assemble(&frames_by_clip, &spec)?;
@@ -696,7 +698,7 @@ impl Engine {
             let augs = batch::centre_augs(&frames_by_clip, &spec)?;
             let shape = batch::augmented_shape(&frames_by_clip, &augs, &spec)?;
             let nbytes = batch::shape_bytes(&shape, &spec);
-            let (shape, r) = engine.shm.one_shot_with(nbytes, |buf| {
+            let (shape, r) = engine.shm.one_shot_with(nbytes, reuse, |buf| {
                 Ok::<_, Error>(batch::assemble_augmented_into(
                     &frames_by_clip,
                     &augs,
@@ -1168,6 +1170,7 @@ mod tests {
     fn request(frames: &[u64]) -> ClipsRequest {
         ClipsRequest {
             shm: false,
+            shm_reuse: false,
             dataset: "demo".into(),
             clips: vec![ClipRequest {
                 video: "nasa_13013.mp4".into(),

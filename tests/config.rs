@@ -194,6 +194,7 @@ async fn serves_tcp_and_unix_from_a_config_file_and_stops_on_sigterm() {
                 clips: vec![vserve_client::clip_frames("nasa_13013.mp4", &[0, 240])],
                 transform: None,
                 transport: 0,
+                reuse_arena: false,
             })
             .await
             .expect("GetClips");
@@ -215,6 +216,7 @@ async fn serves_tcp_and_unix_from_a_config_file_and_stops_on_sigterm() {
                 ..Default::default()
             }),
             transport: 0,
+            reuse_arena: false,
         })
         .await
     });

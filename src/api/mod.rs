@@ -146,6 +146,7 @@ fn clips_from_proto(req: pb::GetClipsRequest) -> Result<ClipsRequest, Error> {
         clips,
         transform: transform_from_proto(req.transform)?,
         shm: false,
+        shm_reuse: false,
     })
 }
 
@@ -428,8 +429,10 @@ impl pb::v_serve_server::VServe for Api {
     ) -> Result<Response<Self::GetClipsStream>, Status> {
         let raw = request.into_inner();
         let transport = transport_from_proto(raw.transport).map_err(|e| fail("GetClips", e))?;
+        let reuse = raw.reuse_arena;
         let mut req = clips_from_proto(raw).map_err(|e| fail("GetClips", e))?;
         req.shm = transport == Transport::Shm;
+        req.shm_reuse = req.shm && reuse;
         let dtype = req.transform.batch.dtype;
         let layout = req.transform.batch.layout;
         let reply = self

@@ -23,6 +23,13 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+/// Released reusable GetClips arenas kept for later replies: at most this many...
+pub const SPARE_ARENAS: usize = 4;
+/// ... holding at most this many bytes together.
+pub const SPARE_BYTES: usize = 512 << 20;
+/// Reusable GetClips arenas are sized in multiples of this, so replies of similar sizes share them.
+pub const SPARE_ROUND: usize = 1 << 20;
+
 /// Where a batch's bytes are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShmRef {
@@ -238,6 +245,10 @@ fn random_hex() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A GetClips reply's arena until released: (arena, when it was sent, whether the client lets it be
+/// reused after releasing it).
+type OneShot = (Arc<Arena>, Instant, bool);
+
 /// The daemon's arenas: streams' (weakly: a stream's end drops its arena) and GetClips' one-shot ones
 /// (held until released or expired).
 pub struct ShmRegistry {
@@ -245,7 +256,11 @@ pub struct ShmRegistry {
     mode: u32,
     ttl: Duration,
     streams: Mutex<HashMap<String, Weak<Arena>>>,
-    one_shot: Mutex<HashMap<String, (Arc<Arena>, Instant)>>,
+    /// GetClips replies not released yet.
+    one_shot: Mutex<HashMap<String, OneShot>>,
+    /// Released reusable GetClips arenas, ready for the next reply that fits (at most [`SPARE_ARENAS`] and
+    /// [`SPARE_BYTES`]; each dropped after the time to live unused).
+    spare: Mutex<Vec<(Arc<Arena>, Instant)>>,
     /// Arenas of streams that ended with slots the client has not released yet: kept until it does,
     /// or for the time to live.
     retired: Mutex<HashMap<String, (Arc<Arena>, Instant)>>,
@@ -259,6 +274,7 @@ impl ShmRegistry {
             ttl,
             streams: Mutex::new(HashMap::new()),
             one_shot: Mutex::new(HashMap::new()),
+            spare: Mutex::new(Vec::new()),
             retired: Mutex::new(HashMap::new()),
         }
     }
@@ -298,7 +314,7 @@ impl ShmRegistry {
 
     /// Puts one reply's bytes in a one-slot arena kept until released or expired.
     pub fn one_shot(&self, data: &[u8]) -> Result<ShmRef, ShmError> {
-        self.one_shot_with(data.len(), |buf| {
+        self.one_shot_with(data.len(), false, |buf| {
             buf.copy_from_slice(data);
             Ok::<_, ShmError>(())
         })
@@ -307,31 +323,88 @@ impl ShmRegistry {
 
     /// A one-slot arena of `nbytes` that `f` fills in place (a reply assembled straight into shared
     /// memory, with no intermediate buffer), kept until released or expired; nothing is kept if `f` fails.
+    ///
+    /// `reusable`: the client releases the slot only once it reads nothing of it any more, so after the
+    /// release the arena goes to the spare pool and a later reusable reply that fits takes it (its pages
+    /// are already there: no new file, no zero-filling). Such arenas are made a little larger than asked
+    /// (rounded up to [`SPARE_ROUND`]) so that replies of similar sizes share them.
     pub fn one_shot_with<T, E>(
         &self,
         nbytes: usize,
+        reusable: bool,
         f: impl FnOnce(&mut [u8]) -> Result<T, E>,
     ) -> Result<(T, ShmRef), E>
     where
         E: From<ShmError>,
     {
         self.expire();
-        let arena = Arc::new(Arena::create(&self.dir, self.mode, nbytes, 1)?);
+        let arena = match reusable.then(|| self.take_spare(nbytes)).flatten() {
+            Some(a) => a,
+            None => {
+                let size = if reusable {
+                    nbytes.div_ceil(SPARE_ROUND).max(1) * SPARE_ROUND
+                } else {
+                    nbytes
+                };
+                Arc::new(Arena::create(&self.dir, self.mode, size, 1)?)
+            }
+        };
         let slot = arena.try_acquire().ok_or_else(|| ShmError::BadSlot {
             arena: arena.name.clone(),
             slot: 0,
         })?;
-        let (v, r) = arena.fill(slot, nbytes, f)?;
+        let (v, r) = match arena.fill(slot, nbytes, f) {
+            Ok(done) => done,
+            Err(e) => {
+                // fill() freed the slot again; a reusable arena goes back to the pool.
+                if reusable {
+                    self.put_spare(arena);
+                }
+                return Err(e);
+            }
+        };
         self.one_shot
             .lock()
-            .insert(arena.name.clone(), (arena, Instant::now()));
+            .insert(arena.name.clone(), (arena, Instant::now(), reusable));
         Ok((v, r))
     }
 
-    /// Drops one-shot and retired arenas older than the time to live.
+    /// The smallest spare arena that holds `nbytes` without wasting more than half of itself.
+    fn take_spare(&self, nbytes: usize) -> Option<Arc<Arena>> {
+        let mut spare = self.spare.lock();
+        let fits =
+            |a: &Arena| a.slot_bytes >= nbytes && a.slot_bytes / 2 <= nbytes.max(SPARE_ROUND);
+        let best = spare
+            .iter()
+            .enumerate()
+            .filter(|(_, (a, _))| fits(a))
+            .min_by_key(|(_, (a, _))| a.slot_bytes)
+            .map(|(i, _)| i)?;
+        Some(spare.swap_remove(best).0)
+    }
+
+    /// Keeps a released reusable arena for later replies, within the pool's bounds (the newest stay).
+    fn put_spare(&self, arena: Arc<Arena>) {
+        if arena.slot_bytes > SPARE_BYTES {
+            return;
+        }
+        let mut spare = self.spare.lock();
+        spare.push((arena, Instant::now()));
+        while spare.len() > SPARE_ARENAS
+            || spare.iter().map(|(a, _)| a.slot_bytes).sum::<usize>() > SPARE_BYTES
+        {
+            spare.remove(0);
+        }
+    }
+
+    /// Drops one-shot and retired arenas older than the time to live, and spare ones unused that long.
+    /// (An expired one-shot reply is dropped, never pooled: its client may still be reading it.)
     pub fn expire(&self) {
         let ttl = self.ttl;
-        self.one_shot.lock().retain(|_, (_, at)| at.elapsed() < ttl);
+        self.one_shot
+            .lock()
+            .retain(|_, (_, at, _)| at.elapsed() < ttl);
+        self.spare.lock().retain(|(_, at)| at.elapsed() < ttl);
         self.retired.lock().retain(|_, (_, at)| at.elapsed() < ttl);
     }
 
@@ -347,7 +420,14 @@ impl ShmRegistry {
     }
 
     pub fn release(&self, arena: &str, slots: &[u32]) -> Result<(), ShmError> {
-        if self.one_shot.lock().remove(arena).is_some() {
+        let one_shot = self.one_shot.lock().remove(arena);
+        if let Some((a, _, reusable)) = one_shot {
+            if reusable {
+                a.release(slots)?;
+                if a.free.lock().iter().all(|&f| f) {
+                    self.put_spare(a);
+                }
+            }
             return Ok(());
         }
         let retired = self.retired.lock().get(arena).map(|(a, _)| a.clone());
@@ -380,7 +460,7 @@ impl ShmRegistry {
             .keys()
             .filter(|k| !self.streams.lock().contains_key(*k))
             .count();
-        (streams + self.one_shot.lock().len() + retired_only) as u64
+        (streams + self.one_shot.lock().len() + self.spare.lock().len() + retired_only) as u64
     }
 }
 
@@ -427,6 +507,66 @@ mod tests {
             reg.release(&r.arena, &[0]),
             Err(ShmError::UnknownArena(_))
         ));
+    }
+
+    #[test]
+    fn released_reusable_replies_lend_their_arena_to_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = ShmRegistry::new(dir.path().into(), 0o600, Duration::from_secs(60));
+        let fill = |reg: &ShmRegistry, n: usize, v: u8, reusable: bool| {
+            reg.one_shot_with(n, reusable, |b| {
+                b.fill(v);
+                Ok::<_, ShmError>(())
+            })
+            .unwrap()
+            .1
+        };
+        let a = fill(&reg, 1000, 1, true);
+        // Not released yet: a second reply gets its own arena.
+        let b = fill(&reg, 1000, 2, true);
+        assert_ne!(a.arena, b.arena);
+        reg.release(&a.arena, &[0]).unwrap();
+        assert!(a.path.exists(), "a released reusable arena is kept");
+        assert_eq!(reg.open_arenas(), 2);
+        // The next reply that fits takes it, with its own bytes.
+        let c = fill(&reg, 900, 3, true);
+        assert_eq!(c.arena, a.arena);
+        let bytes = std::fs::read(&c.path).unwrap();
+        assert_eq!(&bytes[..900], &[3; 900][..]);
+        // Released twice is unknown, as before.
+        reg.release(&c.arena, &[0]).unwrap();
+        assert!(matches!(
+            reg.release(&c.arena, &[0]),
+            Err(ShmError::UnknownArena(_))
+        ));
+        // A reply far larger than every spare gets a new arena; a non-reusable reply never takes a
+        // spare, and its arena goes with its release.
+        let big = fill(&reg, 3 * SPARE_ROUND, 4, true);
+        assert_ne!(big.arena, a.arena);
+        let plain = fill(&reg, 10, 5, false);
+        assert_ne!(plain.arena, a.arena);
+        reg.release(&plain.arena, &[0]).unwrap();
+        assert!(!plain.path.exists());
+        // The pool is bounded.
+        for i in 0..SPARE_ARENAS + 2 {
+            let r = fill(&reg, (i + 1) * SPARE_ROUND + 1, 6, true);
+            reg.release(&r.arena, &[0]).unwrap();
+        }
+        assert!(reg.spare.lock().len() <= SPARE_ARENAS);
+    }
+
+    #[test]
+    fn spare_arenas_expire_unused() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = ShmRegistry::new(dir.path().into(), 0o600, Duration::from_millis(50));
+        let (_, r) = reg
+            .one_shot_with(10, true, |_| Ok::<_, ShmError>(()))
+            .unwrap();
+        reg.release(&r.arena, &[0]).unwrap();
+        assert!(r.path.exists());
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(reg.open_arenas(), 0);
+        assert!(!r.path.exists());
     }
 
     #[test]

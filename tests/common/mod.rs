@@ -332,6 +332,7 @@ pub fn clips_req(
         clips,
         transform,
         transport: 0,
+        reuse_arena: false,
     }
 }
 

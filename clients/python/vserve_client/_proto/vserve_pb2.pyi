@@ -175,16 +175,18 @@ class Transform(_message.Message):
     def __init__(self, size: _Optional[_Union[Size, _Mapping]] = ..., short_side: _Optional[int] = ..., center_crop: _Optional[_Union[Size, _Mapping]] = ..., hflip: _Optional[bool] = ..., dtype: _Optional[_Union[DType, str]] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., layout: _Optional[_Union[Layout, str]] = ..., no_rotate: _Optional[bool] = ...) -> None: ...
 
 class GetClipsRequest(_message.Message):
-    __slots__ = ("dataset", "clips", "transform", "transport")
+    __slots__ = ("dataset", "clips", "transform", "transport", "reuse_arena")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     CLIPS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    REUSE_ARENA_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     clips: _containers.RepeatedCompositeFieldContainer[ClipSpec]
     transform: Transform
     transport: Transport
-    def __init__(self, dataset: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[ClipSpec, _Mapping]]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
+    reuse_arena: bool
+    def __init__(self, dataset: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[ClipSpec, _Mapping]]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., reuse_arena: _Optional[bool] = ...) -> None: ...
 
 class ClipInfo(_message.Message):
     __slots__ = ("video", "frame_indices", "pts", "pts_seconds", "label", "label_index", "sample", "clip", "replaced_by", "crop", "flipped")
