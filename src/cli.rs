@@ -38,7 +38,7 @@ pub enum Command {
     /// Print the effective configuration as TOML and exit.
     Config(ServeArgs),
     /// Print what this host decodes with: FFmpeg, decoders, hwaccels, CUDA driver, GPUs, --gpus choice.
-    Doctor(crate::doctor::DoctorArgs),
+    Doctor(crate::commands::doctor::DoctorArgs),
     /// Print a video's stream facts as JSON.
     Probe(ProbeArgs),
     /// Fetch frames of one video and write them as a uint8 [T,H,W,3] .npy file.

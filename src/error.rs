@@ -1,11 +1,12 @@
-//! The crate's error, by kind. Each stage's error converts into it once; the api maps it to a gRPC status.
+//! The crate's error, by kind. Each stage's error converts into it once. [`Code`] is the one table of
+//! status codes: the api maps it to gRPC statuses, streams name it in skipped-sample reports.
 
 use crate::batch::BatchError;
 use crate::dataset::DatasetError;
 use crate::decode::DecodeError;
 use crate::index::IndexError;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
@@ -27,6 +28,60 @@ pub enum Error {
     /// client only if that retry fails the same way (as DATA_LOSS).
     #[error("{0}")]
     Damaged(String),
+}
+
+/// A status code, by the name gRPC gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Code {
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    OutOfRange,
+    ResourceExhausted,
+    Unavailable,
+    DataLoss,
+    Internal,
+}
+
+impl Code {
+    /// gRPC's name of the code (`DATA_LOSS`), as clients and skipped-sample reports see it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::NotFound => "NOT_FOUND",
+            Code::PermissionDenied => "PERMISSION_DENIED",
+            Code::OutOfRange => "OUT_OF_RANGE",
+            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Code::Unavailable => "UNAVAILABLE",
+            Code::DataLoss => "DATA_LOSS",
+            Code::Internal => "INTERNAL",
+        }
+    }
+}
+
+impl Error {
+    pub fn code(&self) -> Code {
+        match self {
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::NotFound(_) => Code::NotFound,
+            Error::PermissionDenied(_) => Code::PermissionDenied,
+            Error::OutOfRange(_) => Code::OutOfRange,
+            Error::Overloaded(_) => Code::ResourceExhausted,
+            Error::ShuttingDown => Code::Unavailable,
+            Error::DataLoss(_) | Error::Damaged(_) => Code::DataLoss,
+            Error::Internal(_) => Code::Internal,
+        }
+    }
+}
+
+/// Runs blocking work (FFmpeg, file walks, assembly) on the blocking pool; a panicked task becomes
+/// [`Error::Internal`].
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
 }
 
 impl From<DatasetError> for Error {

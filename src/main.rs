@@ -98,7 +98,7 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::from(64)
             }
         },
-        Command::Doctor(a) => vserve::doctor::run(&a),
+        Command::Doctor(a) => vserve::commands::doctor::run(&a),
         Command::Ingest(a) => vserve::commands::ingest(&a),
         Command::GulpCheck(a) => vserve::commands::gulp_check(&a),
         client_command => {

@@ -2,7 +2,8 @@
 //! owns its handles and registers them under its stage prefix.
 //!
 //! Inputs: observations from the engine ([`EngineMetrics`]), from the RPC layer ([`RpcMetrics`], see
-//! [`crate::rpc`]), and, at scrape time, the engine's own counters ([`EngineCollector`]). Output: the
+//! [`crate::rpc`]), and, at scrape time, values a component reads from its own counters ([`Scraped`], registered with
+//! [`Metrics::register_scrape`]; the engine registers its cache, fleet and stream counters). Output: the
 //! OpenMetrics text served on the admin listener's `/metrics` ([`Metrics::encode`]).
 //!
 //! Invariants: every name is `vserve_<stage>_<what>_<unit>` (counters gain `_total` when encoded); labels
@@ -10,7 +11,7 @@
 //! a dataset or a request id.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Weak};
+
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -20,9 +21,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-
-use crate::decode::DecodedOn;
-use crate::engine::Engine;
 
 /// Latency buckets from 50 µs to about 100 s.
 fn seconds_histogram() -> Histogram {
@@ -100,7 +98,8 @@ impl EngineMetrics {
     /// Records one finished GOP run: where it was decoded, its queue wait, decode time, length and lead-in.
     pub fn observe_run(
         &self,
-        on: DecodedOn,
+        backend: BackendLabel,
+        fallback: bool,
         waited: Duration,
         decoding: Duration,
         decoded: u64,
@@ -108,11 +107,7 @@ impl EngineMetrics {
     ) {
         self.queue_wait.observe(waited.as_secs_f64());
         self.decode.observe(decoding.as_secs_f64());
-        let backend = match on {
-            DecodedOn::Gpu => BackendLabel::CUDA,
-            DecodedOn::Cpu | DecodedOn::CpuFallback => BackendLabel::CPU,
-        };
-        if on == DecodedOn::CpuFallback {
+        if fallback {
             self.gpu_fallbacks.inc();
         }
         self.busy_seconds
@@ -288,104 +283,55 @@ impl RpcMetrics {
     }
 }
 
-/// Engine and fleet counters read at scrape time (the engine keeps them for `GetStats` too).
-pub struct EngineCollector {
-    engine: Weak<Engine>,
-    decode_threads: usize,
-    gpu_threads: usize,
+/// One value read at scrape time: a counter or a gauge, by name (without the `vserve_` prefix) and help.
+#[derive(Clone, Debug)]
+pub struct Scraped {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub value: u64,
+    pub gauge: bool,
 }
 
-impl std::fmt::Debug for EngineCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineCollector").finish_non_exhaustive()
+impl Scraped {
+    pub fn counter(name: &'static str, help: &'static str, value: u64) -> Scraped {
+        Scraped {
+            name,
+            help,
+            value,
+            gauge: false,
+        }
+    }
+
+    pub fn gauge(name: &'static str, help: &'static str, value: u64) -> Scraped {
+        Scraped {
+            name,
+            help,
+            value,
+            gauge: true,
+        }
     }
 }
 
-impl Collector for EngineCollector {
+/// Reads a component's values at scrape time (a closure the component supplies; it holds no strong
+/// reference that would keep the component alive).
+struct ScrapeCollector(Box<dyn Fn() -> Vec<Scraped> + Send + Sync>);
+
+impl std::fmt::Debug for ScrapeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScrapeCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(engine) = self.engine.upgrade() else {
-            return Ok(());
-        };
-        let s = engine.stats();
-        let counters: [(&str, &str, u64); 11] = [
-            (
-                "cache_hits",
-                "Frames served from the frame cache.",
-                s.cache_hits,
-            ),
-            (
-                "cache_misses",
-                "Frames not in the frame cache.",
-                s.cache_misses,
-            ),
-            (
-                "cache_evictions",
-                "Frames evicted from the frame cache to stay within its size.",
-                engine.cache_evictions(),
-            ),
-            ("decode_frames_decoded", "Frames decoded.", s.frames_decoded),
-            (
-                "decode_frames_skipped",
-                "Disposable frames whose packets were never decoded.",
-                s.frames_skipped,
-            ),
-            ("decode_gop_runs", "GOP runs decoded.", s.gop_runs),
-            (
-                "decode_shared_frames",
-                "Frames a request got from another request's decode pass.",
-                s.shared_frames,
-            ),
-            ("index_builds", "Video indexes built.", s.index_builds),
-            (
-                "engine_requests",
-                "Probe and GetClips requests.",
-                s.requests,
-            ),
-            (
-                "stream_samples_skipped",
-                "Stream samples replaced because they could not be read.",
-                s.samples_skipped,
-            ),
-            (
-                "stream_batches_sent",
-                "Stream batches sent.",
-                s.batches_sent,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let c = ConstCounter::new(value);
-            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
-        }
-        let gauges: [(&str, &str, u64); 5] = [
-            (
-                "cache_size_bytes",
-                "Bytes held by the frame cache.",
-                s.cache_bytes,
-            ),
-            (
-                "cache_entries_frames",
-                "Frames held by the frame cache.",
-                s.cache_entries,
-            ),
-            (
-                "decode_queue_depth_runs",
-                "GOP runs waiting for a decode thread.",
-                s.decode_queue_depth,
-            ),
-            (
-                "decode_threads",
-                "Decode threads (backend cpu).",
-                self.decode_threads as u64,
-            ),
-            (
-                "decode_gpu_threads",
-                "Decode threads that are NVDEC sessions (backend cuda).",
-                self.gpu_threads as u64,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let g = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        for s in (self.0)() {
+            if s.gauge {
+                let g = ConstGauge::new(i64::try_from(s.value).unwrap_or(i64::MAX));
+                g.encode(encoder.encode_descriptor(s.name, s.help, None, g.metric_type())?)?;
+            } else {
+                let c = ConstCounter::new(s.value);
+                c.encode(encoder.encode_descriptor(s.name, s.help, None, c.metric_type())?)?;
+            }
         }
         Ok(())
     }
@@ -398,19 +344,20 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Creates the registry and registers the engine's metrics, its scrape-time counters and the RPC
-    /// layer's metrics, all under the `vserve` prefix.
-    pub fn new(engine: &Arc<Engine>, decode_threads: usize, gpu_threads: usize) -> Metrics {
+    /// Creates the registry with the engine's observed metrics and the RPC layer's, all under the
+    /// `vserve` prefix.
+    pub fn new(engine: &EngineMetrics) -> Metrics {
         let mut registry = Registry::with_prefix("vserve");
-        engine.metrics().register(&mut registry);
-        registry.register_collector(Box::new(EngineCollector {
-            engine: Arc::downgrade(engine),
-            decode_threads,
-            gpu_threads,
-        }));
-        let rpc = RpcMetrics::new(engine.metrics().bytes_sent.clone());
+        engine.register(&mut registry);
+        let rpc = RpcMetrics::new(engine.bytes_sent.clone());
         rpc.register(&mut registry);
         Metrics { registry, rpc }
+    }
+
+    /// Registers values read at scrape time.
+    pub fn register_scrape(&mut self, read: impl Fn() -> Vec<Scraped> + Send + Sync + 'static) {
+        self.registry
+            .register_collector(Box::new(ScrapeCollector(Box::new(read))));
     }
 
     /// The OpenMetrics text exposition of every metric.

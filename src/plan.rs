@@ -7,8 +7,25 @@
 
 use std::collections::BTreeSet;
 
-use crate::decode::GopRun;
 use crate::index::VideoIndex;
+
+/// Frames of one video decoded in one pass: from `keyframe` up to the last of `wanted`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GopRun {
+    /// Frame index where decoding starts (a keyframe, or 0 for videos that can only be read from the start).
+    pub keyframe: usize,
+    /// Wanted frame indices, sorted, unique, all >= `keyframe`.
+    pub wanted: Vec<usize>,
+}
+
+impl GopRun {
+    /// Frames a pass decodes: keyframe through the last wanted frame.
+    pub fn span(&self) -> usize {
+        self.wanted
+            .last()
+            .map_or(0, |last| last + 1 - self.keyframe)
+    }
+}
 
 /// Groups `wanted` (frame indices valid for `index`) by the keyframe each is decoded from.
 pub fn gop_runs(index: &VideoIndex, wanted: &BTreeSet<usize>) -> Vec<GopRun> {
@@ -127,5 +144,14 @@ mod tests {
             }]
         );
         assert!(gop_runs(&idx, &BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn gop_run_span_counts_keyframe_through_last_wanted() {
+        let run = GopRun {
+            keyframe: 10,
+            wanted: vec![12, 15],
+        };
+        assert_eq!(run.span(), 6);
     }
 }

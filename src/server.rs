@@ -204,7 +204,13 @@ pub async fn serve_engine(
     let total = engine.fleet_threads();
     // The fleet's first `cpu_threads` threads decode on the CPU, the rest are NVDEC sessions.
     let cpu_threads = cpu_threads.min(total);
-    let metrics = Arc::new(Metrics::new(&engine, cpu_threads, total - cpu_threads));
+    let mut metrics = Metrics::new(engine.metrics());
+    let weak = Arc::downgrade(&engine);
+    metrics.register_scrape(move || {
+        weak.upgrade()
+            .map_or_else(Vec::new, |e| e.scrape(cpu_threads, total - cpu_threads))
+    });
+    let metrics = Arc::new(metrics);
     let layer = RpcLayer::new(
         metrics.rpc.clone(),
         Admission::new(config.limits.max_streams),

@@ -340,7 +340,7 @@ mod on_gpu {
 
     fn source(rel: &str) -> VideoSource {
         let path = media_path(rel);
-        let index = vserve::index::build(&path, None, false).unwrap();
+        let index = vserve::decode::ffmpeg::build_index(&path, None, false).unwrap();
         VideoSource {
             path,
             index: Arc::new(index),

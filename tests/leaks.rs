@@ -26,10 +26,10 @@ fn indexing_and_decoding_repeatedly_keep_memory_flat() {
     let path = common::media_path("torchcodec/nasa_13013.mp4");
     let size = std::fs::metadata(&path).expect("media").len() as f64 / 1e6;
     // Warm-up: first-use allocations (codec tables, thread pools) are not leaks.
-    let index = Arc::new(vserve::index::build(&path, None, false).expect("index"));
+    let index = Arc::new(vserve::decode::ffmpeg::build_index(&path, None, false).expect("index"));
     let before = rss_mb();
     for _ in 0..150 {
-        let again = vserve::index::build(&path, None, false).expect("index");
+        let again = vserve::decode::ffmpeg::build_index(&path, None, false).expect("index");
         assert_eq!(again.frame_count(), index.frame_count());
     }
     let grown = rss_mb() - before;

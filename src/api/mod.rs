@@ -9,10 +9,12 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::batch::{BatchSpec, DType, Layout};
-use crate::engine::{ClipRequest, ClipsRequest, Engine, Positions, Resize, Transform};
-use crate::error::Error;
+use crate::engine::Engine;
+use crate::error::{Code, Error};
+use crate::handle;
+use crate::handle::stream::{OnError, StreamBatch, StreamRequest};
+use crate::request::{ClipRequest, ClipsRequest, Positions, Resize, Transform};
 use crate::sample::{AugmentSpec, CropSpec, Remainder, SamplerKind, SamplerSpec, ShortVideo};
-use crate::stream::{OnError, StreamBatch, StreamRequest};
 use crate::transport::shm::ShmRef;
 use crate::transport::Transport;
 
@@ -29,17 +31,17 @@ pub const CHUNK_BYTES: usize = 8 << 20;
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        let msg = e.to_string();
-        match e {
-            Error::InvalidArgument(_) => Status::invalid_argument(msg),
-            Error::NotFound(_) => Status::not_found(msg),
-            Error::PermissionDenied(_) => Status::permission_denied(msg),
-            Error::OutOfRange(_) => Status::out_of_range(msg),
-            Error::Overloaded(_) => Status::resource_exhausted(msg),
-            Error::ShuttingDown => Status::unavailable(msg),
-            Error::DataLoss(_) | Error::Damaged(_) => Status::data_loss(msg),
-            Error::Internal(_) => Status::internal(msg),
-        }
+        let code = match e.code() {
+            Code::InvalidArgument => tonic::Code::InvalidArgument,
+            Code::NotFound => tonic::Code::NotFound,
+            Code::PermissionDenied => tonic::Code::PermissionDenied,
+            Code::OutOfRange => tonic::Code::OutOfRange,
+            Code::ResourceExhausted => tonic::Code::ResourceExhausted,
+            Code::Unavailable => tonic::Code::Unavailable,
+            Code::DataLoss => tonic::Code::DataLoss,
+            Code::Internal => tonic::Code::Internal,
+        };
+        Status::new(code, e.to_string())
     }
 }
 
@@ -165,7 +167,7 @@ fn layout_to_proto(l: Layout) -> i32 {
     }) as i32
 }
 
-fn stats_to_proto(s: &crate::engine::RequestStats) -> pb::RequestStats {
+fn stats_to_proto(s: &crate::request::RequestStats) -> pb::RequestStats {
     pb::RequestStats {
         frames_decoded: s.frames_decoded,
         cache_hits: s.cache_hits,
@@ -389,9 +391,7 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::ProbeRequest>,
     ) -> Result<Response<pb::ProbeResponse>, Status> {
         let req = request.into_inner();
-        let index = self
-            .engine
-            .probe(&req.dataset, &req.video, req.stream)
+        let index = handle::probe::probe(&self.engine, &req.dataset, &req.video, req.stream)
             .await
             .map_err(|e| fail("Probe", e))?;
         let (dw, dh) = index.display_size();
@@ -435,9 +435,7 @@ impl pb::v_serve_server::VServe for Api {
         req.shm_reuse = req.shm && reuse;
         let dtype = req.transform.batch.dtype;
         let layout = req.transform.batch.layout;
-        let reply = self
-            .engine
-            .get_clips(req)
+        let reply = handle::clips::get_clips(&self.engine, req)
             .await
             .map_err(|e| fail("GetClips", e))?;
         let header = pb::BatchHeader {
@@ -489,9 +487,7 @@ impl pb::v_serve_server::VServe for Api {
     ) -> Result<Response<Self::StreamBatchesStream>, Status> {
         let req = stream_from_proto(request.into_inner()).map_err(|e| fail("StreamBatches", e))?;
         let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);
-        let rx = self
-            .engine
-            .stream(req)
+        let rx = handle::stream::start(&self.engine, req)
             .await
             .map_err(|e| fail("StreamBatches", e))?;
         let messages = tokio_stream::wrappers::ReceiverStream::new(rx).flat_map(move |item| {
@@ -510,7 +506,7 @@ impl pb::v_serve_server::VServe for Api {
     ) -> Result<Response<pb::ReleaseSlotsResponse>, Status> {
         let req = request.into_inner();
         self.engine
-            .shm
+            .shm()
             .release(&req.arena, &req.slots)
             .map_err(|e| fail("ReleaseSlots", Error::NotFound(e.to_string())))?;
         Ok(Response::new(pb::ReleaseSlotsResponse {}))

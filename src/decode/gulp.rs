@@ -59,7 +59,7 @@ impl GulpBackend {
                 }
             } else {
                 let mut data = vec![0u8; w as usize * h as usize * 3];
-                crate::batch::resize_bilinear(&rgb.data, rgb.width, rgb.height, &mut data, w, h);
+                super::resize::resize_bilinear(&rgb.data, rgb.width, rgb.height, &mut data, w, h);
                 Frame {
                     width: w,
                     height: h,

@@ -20,11 +20,13 @@ pub mod ffmpeg;
 pub mod fleet;
 pub mod gpus;
 pub mod gulp;
+pub mod resize;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::index::VideoIndex;
+pub use crate::plan::GopRun;
 
 /// One decoded, converted frame: packed RGB24, rows of `width * 3` bytes, no padding.
 #[derive(Clone, PartialEq, Eq)]
@@ -62,24 +64,6 @@ pub struct Geometry {
     pub scaled_height: u32,
     /// Clockwise rotation applied after scaling: 0, 90, 180 or 270.
     pub rotation: u32,
-}
-
-/// Frames of one video decoded in one pass: from `keyframe` up to the last of `wanted`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GopRun {
-    /// Frame index where decoding starts (a keyframe, or 0 for videos that can only be read from the start).
-    pub keyframe: usize,
-    /// Wanted frame indices, sorted, unique, all >= `keyframe`.
-    pub wanted: Vec<usize>,
-}
-
-impl GopRun {
-    /// Frames a pass decodes: keyframe through the last wanted frame.
-    pub fn span(&self) -> usize {
-        self.wanted
-            .last()
-            .map_or(0, |last| last + 1 - self.keyframe)
-    }
 }
 
 /// What a decode job needs to know about its video.
@@ -237,14 +221,5 @@ mod tests {
         let r180 = rotate_rgb(numbered(3, 2), 180);
         let got: Vec<u8> = (0..6).map(|i| r180.data[i * 3]).collect();
         assert_eq!(got, vec![5, 4, 3, 2, 1, 0]);
-    }
-
-    #[test]
-    fn gop_run_span_counts_keyframe_through_last_wanted() {
-        let run = GopRun {
-            keyframe: 10,
-            wanted: vec![12, 15],
-        };
-        assert_eq!(run.span(), 6);
     }
 }

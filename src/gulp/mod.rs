@@ -1,5 +1,5 @@
 //! Pre-decoded datasets in TwentyBN's GulpIO format: reading ([`reader`]), writing ([`writer`]), checking
-//! ([`check`]) and producing them from videos ([`ingest`]).
+//! ([`check`]); `vserve ingest` (producing them from videos) is [`crate::commands::ingest`].
 //!
 //! The format, as GulpIO's reference implementation (`gulpio2`) writes it:
 //! - a directory of chunk pairs `data_<k>.gulp` / `meta_<k>.gmeta`, paired by the integer `k`, plus an
@@ -13,7 +13,6 @@
 //! gulpio2 decodes (fast integer IDCT, fast upsampling) so both readers give the same pixels.
 
 pub mod check;
-pub mod ingest;
 pub mod jpeg;
 pub mod reader;
 pub mod writer;

@@ -3,6 +3,11 @@
 //! Output goes to stdout as JSON (or to the .npy file for `get`). Failures return the client error, whose
 //! text starts with the gRPC status name (`NOT_FOUND: ...`), for `main` to print and exit non-zero.
 
+pub mod doctor;
+pub mod ingest;
+
+pub use ingest::{gulp_check, ingest};
+
 use std::io::Write;
 use std::path::Path;
 
@@ -367,88 +372,6 @@ pub fn write_npy(path: &Path, shape: &[u64], descr: &str, data: &[u8]) -> std::i
     f.write_all(header.as_bytes())?;
     f.write_all(data)?;
     f.flush()
-}
-
-/// `vserve ingest`: exit 0 when every video was stored, 1 when some failed (listed), 64 on bad flags,
-/// 74 on an output error.
-pub fn ingest(args: &crate::cli::IngestArgs) -> std::process::ExitCode {
-    use crate::gulp::ingest::{run, IngestError, IngestOptions};
-    let opts = IngestOptions {
-        dataset_dir: args.dataset_dir.clone(),
-        manifest: args.manifest.clone(),
-        out: args.out.clone(),
-        fps: args.fps,
-        short_side: args.short_side,
-        quality: args.quality,
-        videos_per_chunk: args.videos_per_chunk,
-        jobs: args
-            .jobs
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-        progress: !args.quiet,
-    };
-    match run(&opts) {
-        Ok(s) => {
-            eprintln!(
-                "ingest: {} videos stored ({} frames, {} bytes of JPEG) in {} new chunks; {} already present; {} failed",
-                s.videos,
-                s.frames,
-                s.bytes,
-                s.chunks,
-                s.skipped_existing,
-                s.failed.len()
-            );
-            for (video, reason) in &s.failed {
-                eprintln!("ingest: failed: {video:?}: {reason}");
-            }
-            if s.failed.is_empty() {
-                std::process::ExitCode::SUCCESS
-            } else {
-                std::process::ExitCode::from(1)
-            }
-        }
-        Err(e @ IngestError::Usage(_)) => {
-            eprintln!("vserve ingest: {e}");
-            std::process::ExitCode::from(64)
-        }
-        Err(e) => {
-            eprintln!("vserve ingest: {e}");
-            std::process::ExitCode::from(74)
-        }
-    }
-}
-
-/// `vserve gulp-check DIR`: prints the report; exit 0 when clean, 1 on problems, 74 when unreadable.
-pub fn gulp_check(args: &crate::cli::GulpCheckArgs) -> std::process::ExitCode {
-    match crate::gulp::check::check(&args.dir) {
-        Ok(r) => {
-            for w in &r.warnings {
-                println!("warning: {w}");
-            }
-            for p in &r.problems {
-                println!("problem: {p}");
-            }
-            if r.ok() {
-                println!(
-                    "ok: {} chunks, {} videos, {} frames",
-                    r.chunks, r.videos, r.frames
-                );
-                std::process::ExitCode::SUCCESS
-            } else {
-                println!(
-                    "FAILED: {} problems in {} chunks, {} videos, {} frames",
-                    r.problems.len(),
-                    r.chunks,
-                    r.videos,
-                    r.frames
-                );
-                std::process::ExitCode::from(1)
-            }
-        }
-        Err(e) => {
-            eprintln!("vserve gulp-check: cannot read {}: {e}", args.dir.display());
-            std::process::ExitCode::from(74)
-        }
-    }
 }
 
 #[cfg(test)]

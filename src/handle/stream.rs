@@ -33,13 +33,14 @@ use tokio::sync::mpsc;
 use crate::batch;
 use crate::cache::VideoId;
 use crate::decode::{Frame, Geometry, VideoSource};
-use crate::engine::{
-    blocking, display_dims, geometry_for, ClipMeta, Engine, Positions, RequestStats, Tenant,
-    Transform,
-};
-use crate::error::Error;
+use crate::engine::Engine;
+use crate::error::{blocking, Code, Error};
+use crate::frames::Tenant;
 use crate::index::VideoIndex;
 use crate::manifest::{Sample, Samples};
+use crate::request::{
+    display_dims, resolve_positions, ClipMeta, Positions, RequestStats, Transform,
+};
 use crate::sample::{
     self, AugmentSpec, ClipAug, ClipPositions, CropBox, Purpose, Remainder, Rng, SampleError,
     SamplerSpec, VideoFacts,
@@ -116,29 +117,19 @@ pub struct StreamBatch {
 /// Why a sample could not be used.
 #[derive(Clone, Debug)]
 struct Failure {
-    code: &'static str,
-    message: String,
+    error: Error,
     /// Whether it holds whatever positions are asked (index failures, too short), so it may be
     /// remembered for the rest of the stream.
     whole_file: bool,
+    /// The clip does not fit the video under the `skip` policy: reported as TOO_SHORT, and under
+    /// `on_error = fail` not an error (the sample is replaced).
     too_short: bool,
 }
 
 impl Failure {
     fn from_error(e: &Error, whole_file: bool) -> Failure {
-        let code = match e {
-            Error::InvalidArgument(_) => "INVALID_ARGUMENT",
-            Error::NotFound(_) => "NOT_FOUND",
-            Error::PermissionDenied(_) => "PERMISSION_DENIED",
-            Error::OutOfRange(_) => "OUT_OF_RANGE",
-            Error::Overloaded(_) => "RESOURCE_EXHAUSTED",
-            Error::ShuttingDown => "UNAVAILABLE",
-            Error::DataLoss(_) | Error::Damaged(_) => "DATA_LOSS",
-            Error::Internal(_) => "INTERNAL",
-        };
         Failure {
-            code,
-            message: e.to_string(),
+            error: e.clone(),
             whole_file,
             too_short: false,
         }
@@ -146,29 +137,31 @@ impl Failure {
 
     fn too_short(message: String) -> Failure {
         Failure {
-            code: "TOO_SHORT",
-            message,
+            error: Error::OutOfRange(message),
             whole_file: true,
             too_short: true,
         }
     }
 
-    fn into_error(self) -> Error {
-        match self.code {
-            "NOT_FOUND" => Error::NotFound(self.message),
-            "PERMISSION_DENIED" => Error::PermissionDenied(self.message),
-            "INVALID_ARGUMENT" => Error::InvalidArgument(self.message),
-            "OUT_OF_RANGE" | "TOO_SHORT" => Error::OutOfRange(self.message),
-            "RESOURCE_EXHAUSTED" => Error::Overloaded(self.message),
-            "UNAVAILABLE" => Error::ShuttingDown,
-            "INTERNAL" => Error::Internal(self.message),
-            _ => Error::DataLoss(self.message),
+    /// The code a skipped-sample report names: the status code's name, or TOO_SHORT.
+    fn code(&self) -> &'static str {
+        if self.too_short {
+            "TOO_SHORT"
+        } else {
+            self.error.code().name()
         }
+    }
+
+    fn into_error(self) -> Error {
+        self.error
     }
 
     /// Failures that are about this server, not the file: they end the stream whatever the policy.
     fn is_fatal(&self) -> bool {
-        matches!(self.code, "UNAVAILABLE" | "INTERNAL" | "RESOURCE_EXHAUSTED")
+        matches!(
+            self.error.code(),
+            Code::Unavailable | Code::Internal | Code::ResourceExhausted
+        )
     }
 }
 
@@ -211,9 +204,8 @@ impl Context {
         // client reads and one it may keep.
         let a = self
             .engine
-            .shm
-            .stream_arena(per_clip * self.req.batch_size, self.req.prefetch + 3)
-            .map_err(|e| Error::Internal(e.to_string()))?;
+            .shm()
+            .stream_arena(per_clip * self.req.batch_size, self.req.prefetch + 3)?;
         arenas.push(a.clone());
         Ok(a)
     }
@@ -227,150 +219,129 @@ struct ActiveGuard(Arc<Engine>);
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.0
-            .stream_counters()
-            .active
-            .fetch_sub(1, Ordering::Relaxed);
+        self.0.streams().active.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-impl Engine {
-    /// Starts a stream: validates the request, lists the samples and spawns the producer. Errors in the
-    /// request come back here; errors while streaming come through the channel.
-    pub async fn stream(
-        self: &Arc<Self>,
-        req: StreamRequest,
-    ) -> Result<mpsc::Receiver<Result<StreamBatch, Error>>, Error> {
-        self.validate_stream(&req)?;
-        let samples = self.samples_of(&req.dataset).await?;
-        let order = sample::epoch_order(samples.len(), req.seed, req.epoch, req.shuffle);
-        let shard = sample::shard(&order, req.rank, req.world_size, req.remainder);
-        let prefetch = req.prefetch;
-        let ctx = Arc::new(Context {
-            engine: self.clone(),
-            tenant: self.new_tenant(false),
-            req,
-            samples,
-            shard,
-            bad: Mutex::new(HashMap::new()),
-            arenas: Mutex::new(Vec::new()),
-        });
-        let (tx, rx) = mpsc::channel(1);
-        self.stream_counters()
-            .active
-            .fetch_add(1, Ordering::Relaxed);
-        let guard = ActiveGuard(self.clone());
-        tokio::spawn(async move {
-            let _guard = guard;
-            let closed = tx.clone();
-            tokio::select! {
-                _ = produce(ctx, tx, prefetch) => {}
-                // The reader went away: dropping `produce` drops its batches in preparation, and with
-                // them every wait on a decode run, so runs nobody else wants are skipped.
-                _ = closed.closed() => {}
-            }
-        });
-        Ok(rx)
-    }
+/// Starts a stream: validates the request, lists the samples and spawns the producer. Errors in the
+/// request come back here; errors while streaming come through the channel.
+pub async fn start(
+    engine: &Arc<Engine>,
+    req: StreamRequest,
+) -> Result<mpsc::Receiver<Result<StreamBatch, Error>>, Error> {
+    validate(engine, &req)?;
+    let samples = engine.catalog().samples(&req.dataset).await?;
+    let order = sample::epoch_order(samples.len(), req.seed, req.epoch, req.shuffle);
+    let shard = sample::shard(&order, req.rank, req.world_size, req.remainder);
+    let prefetch = req.prefetch;
+    let ctx = Arc::new(Context {
+        engine: engine.clone(),
+        tenant: engine.frames().new_tenant(false),
+        req,
+        samples,
+        shard,
+        bad: Mutex::new(HashMap::new()),
+        arenas: Mutex::new(Vec::new()),
+    });
+    let (tx, rx) = mpsc::channel(1);
+    engine.streams().active.fetch_add(1, Ordering::Relaxed);
+    let guard = ActiveGuard(engine.clone());
+    tokio::spawn(async move {
+        let _guard = guard;
+        let closed = tx.clone();
+        tokio::select! {
+            _ = produce(ctx, tx, prefetch) => {}
+            // The reader went away: dropping `produce` drops its batches in preparation, and with
+            // them every wait on a decode run, so runs nobody else wants are skipped.
+            _ = closed.closed() => {}
+        }
+    });
+    Ok(rx)
+}
 
-    fn validate_stream(&self, req: &StreamRequest) -> Result<(), Error> {
-        let limits = self.limits();
-        let invalid = |m: String| Err(Error::InvalidArgument(m));
-        self.dataset(&req.dataset)?;
-        req.sampler
-            .validate()
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        if req.batch_size == 0 {
-            return invalid("batch_size must be at least 1".into());
-        }
-        if req.batch_size > limits.max_clips {
-            return invalid(format!(
-                "batch_size {} exceeds the limit of {} clips per batch",
-                req.batch_size, limits.max_clips
-            ));
-        }
-        let frames = req
-            .batch_size
-            .saturating_mul(req.sampler.frames_per_clip as usize);
-        if frames > limits.max_frames {
-            return invalid(format!(
-                "batch of {frames} frames exceeds the limit of {} per batch",
-                limits.max_frames
-            ));
-        }
-        if req.world_size == 0 || req.rank >= req.world_size {
-            return invalid(format!(
-                "rank {} is not in 0..{} (world_size)",
-                req.rank, req.world_size
-            ));
-        }
-        if req.prefetch == 0 || req.prefetch > limits.max_prefetch {
-            return invalid(format!(
-                "prefetch {} is outside 1..={}",
-                req.prefetch, limits.max_prefetch
-            ));
-        }
-        if req.workers > 1 && req.worker >= req.workers {
-            return invalid(format!(
-                "worker {} is not in 0..{} (num_workers)",
-                req.worker, req.workers
-            ));
-        }
-        if req.augment.crop.is_some() && req.transform.batch.crop.is_some() {
-            return invalid("give either a centre crop or a random crop, not both".into());
-        }
-        let side = |what: &str, v: u32| {
-            if v == 0 || v > limits.max_side {
-                invalid(format!("{what} {v} is outside 1..={}", limits.max_side))
-            } else {
-                Ok(())
-            }
-        };
-        match req.augment.crop {
-            None => {}
-            Some(sample::CropSpec::Random { width, height }) => {
-                side("random crop width", width)?;
-                side("random crop height", height)?;
-            }
-            Some(sample::CropSpec::RandomResized {
-                width,
-                height,
-                scale,
-                ratio,
-            }) => {
-                side("random resized crop width", width)?;
-                side("random resized crop height", height)?;
-                if !(scale.0 > 0.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
-                    return invalid(format!(
-                        "scale [{}, {}] must satisfy 0 < min <= max <= 1",
-                        scale.0, scale.1
-                    ));
-                }
-                if !(ratio.0 > 0.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
-                    return invalid(format!(
-                        "ratio [{}, {}] must satisfy 0 < min <= max",
-                        ratio.0, ratio.1
-                    ));
-                }
-            }
-        }
-        self.validate_transform(&req.transform)?;
-        Ok(())
+fn validate(engine: &Engine, req: &StreamRequest) -> Result<(), Error> {
+    let limits = engine.limits();
+    let invalid = |m: String| Err(Error::InvalidArgument(m));
+    engine.catalog().dataset(&req.dataset)?;
+    req.sampler
+        .validate()
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    if req.batch_size == 0 {
+        return invalid("batch_size must be at least 1".into());
     }
-
-    async fn samples_of(&self, dataset: &str) -> Result<Arc<Samples>, Error> {
-        if let Some(s) = self.manifest_of(dataset)? {
-            return Ok(s);
-        }
-        if let Some(s) = self.recent_scans.get(dataset) {
-            return Ok(s);
-        }
-        let root = self.dataset(dataset)?.root.clone();
-        let scanned = blocking(move || Ok(Arc::new(Samples::scan(&root)))).await?;
-        self.recent_scans
-            .insert(dataset.to_owned(), scanned.clone());
-        Ok(scanned)
+    if req.batch_size > limits.max_clips {
+        return invalid(format!(
+            "batch_size {} exceeds the limit of {} clips per batch",
+            req.batch_size, limits.max_clips
+        ));
     }
+    let frames = req
+        .batch_size
+        .saturating_mul(req.sampler.frames_per_clip as usize);
+    if frames > limits.max_frames {
+        return invalid(format!(
+            "batch of {frames} frames exceeds the limit of {} per batch",
+            limits.max_frames
+        ));
+    }
+    if req.world_size == 0 || req.rank >= req.world_size {
+        return invalid(format!(
+            "rank {} is not in 0..{} (world_size)",
+            req.rank, req.world_size
+        ));
+    }
+    if req.prefetch == 0 || req.prefetch > limits.max_prefetch {
+        return invalid(format!(
+            "prefetch {} is outside 1..={}",
+            req.prefetch, limits.max_prefetch
+        ));
+    }
+    if req.workers > 1 && req.worker >= req.workers {
+        return invalid(format!(
+            "worker {} is not in 0..{} (num_workers)",
+            req.worker, req.workers
+        ));
+    }
+    if req.augment.crop.is_some() && req.transform.batch.crop.is_some() {
+        return invalid("give either a centre crop or a random crop, not both".into());
+    }
+    let side = |what: &str, v: u32| {
+        if v == 0 || v > limits.max_side {
+            invalid(format!("{what} {v} is outside 1..={}", limits.max_side))
+        } else {
+            Ok(())
+        }
+    };
+    match req.augment.crop {
+        None => {}
+        Some(sample::CropSpec::Random { width, height }) => {
+            side("random crop width", width)?;
+            side("random crop height", height)?;
+        }
+        Some(sample::CropSpec::RandomResized {
+            width,
+            height,
+            scale,
+            ratio,
+        }) => {
+            side("random resized crop width", width)?;
+            side("random resized crop height", height)?;
+            if !(scale.0 > 0.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+                return invalid(format!(
+                    "scale [{}, {}] must satisfy 0 < min <= max <= 1",
+                    scale.0, scale.1
+                ));
+            }
+            if !(ratio.0 > 0.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
+                return invalid(format!(
+                    "ratio [{}, {}] must satisfy 0 < min <= max",
+                    ratio.0, ratio.1
+                ));
+            }
+        }
+    }
+    req.transform.validate(limits)?;
+    Ok(())
 }
 
 async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>, prefetch: usize) {
@@ -403,7 +374,7 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
     while let Some(item) = prepared.next().await {
         let failed = item.is_err();
         if let Ok(b) = &item {
-            let c = ctx.engine.stream_counters();
+            let c = ctx.engine.streams();
             c.batches.fetch_add(1, Ordering::Relaxed);
             c.skipped
                 .fetch_add(b.skipped.len() as u64, Ordering::Relaxed);
@@ -418,7 +389,7 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
     }
     // Sent everything: the client may still be reading the last slots.
     for a in ctx.arenas.lock().drain(..) {
-        ctx.engine.shm.retire(a);
+        ctx.engine.shm().retire(a);
     }
 }
 
@@ -547,7 +518,9 @@ impl Plan {
 fn fail_error(ctx: &Context, sample: usize, f: &Failure) -> Error {
     Error::DataLoss(format!(
         "sample {sample} ({:?}) cannot be read (on_error = fail): {}: {}",
-        ctx.samples.samples[sample].video, f.code, f.message
+        ctx.samples.samples[sample].video,
+        f.code(),
+        f.error
     ))
 }
 
@@ -555,8 +528,8 @@ fn skip_record(ctx: &Context, sample: usize, f: &Failure) -> Skipped {
     Skipped {
         sample: sample as u64,
         video: ctx.samples.samples[sample].video.clone(),
-        code: f.code.to_owned(),
-        message: f.message.clone(),
+        code: f.code().to_owned(),
+        message: f.error.to_string(),
     }
 }
 
@@ -601,21 +574,20 @@ async fn ready_uncached(
     let s: &Sample = &ctx.samples.samples[sample];
     let (id, index, source) = ctx
         .engine
-        .index_video(&ctx.req.dataset, &s.video, None)
+        .catalog()
+        .resolve(&ctx.req.dataset, &s.video, None)
         .await
         .map_err(|e| Failure::from_error(&e, true))?;
     let facts = facts_of(&index, s.start, s.end)?;
     let mut rng = Rng::keyed(Purpose::Clips, &key);
     let clips = sample::clips_for(&ctx.req.sampler, &facts, &mut rng).map_err(|e| match e {
         SampleError::TooShort(m) => Failure::too_short(m),
-        SampleError::Invalid(m) => Failure {
-            code: "INVALID_ARGUMENT",
-            message: m,
-            whole_file: true,
-            too_short: false,
-        },
+        SampleError::Invalid(m) => Failure::from_error(&Error::InvalidArgument(m), true),
     })?;
-    let geometry = geometry_for(&index, &ctx.req.transform, &s.video, ctx.engine.limits())
+    let geometry = ctx
+        .req
+        .transform
+        .geometry(&index, &s.video, ctx.engine.limits())
         .map_err(|e| Failure::from_error(&e, true))?;
     let mut frames = Vec::with_capacity(clips.len());
     for c in clips {
@@ -624,7 +596,7 @@ async fn ready_uncached(
             ClipPositions::Times(v) => Positions::Times(v),
         };
         frames.push(
-            crate::engine::resolve_positions(&s.video, &index, &positions)
+            resolve_positions(&s.video, &index, &positions)
                 .map_err(|e| Failure::from_error(&e, true))?,
         );
     }
@@ -752,6 +724,7 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
         let fetches = keys.iter().map(|k| {
             let (r, set) = &wanted[k];
             ctx.engine
+                .frames()
                 .fetch(&r.id, &r.source, r.geometry, set.clone(), ctx.tenant)
         });
         let results = futures::future::join_all(fetches).await;
@@ -769,7 +742,9 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
                     }
                     filled.remove(&p);
                     if let Error::Damaged(detail) = &e {
-                        ctx.engine.mark_damaged(&wanted[&key].0.id, detail);
+                        ctx.engine
+                            .catalog()
+                            .mark_damaged(&wanted[&key].0.id, detail);
                         if retried.insert((p, sample)) {
                             // Same candidate again, now indexed by decoding.
                             continue;

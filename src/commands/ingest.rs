@@ -4,7 +4,7 @@
 //! order, with labels and start/end trims), and [`IngestOptions`]. Output: chunks in the output directory
 //! (see [`super::writer`]), `label2idx.json`, a progress line on stderr and a [`Summary`].
 //!
-//! Frames come from the daemon's own decode path: the video index ([`crate::index::build`]) and the FFmpeg
+//! Frames come from the daemon's own decode path: the video index ([`crate::decode::ffmpeg::build_index`]) and the FFmpeg
 //! backend, with the same RGB conversion, rotation and bilinear resize (`--short-side`) as a GetClips
 //! request, so stored frame k (before JPEG) equals what vserve serves for the source frame it came from.
 //! Frame selection: frames whose pts lies in the sample's [start, end); with `--fps F`, the frame displayed
@@ -25,14 +25,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use super::jpeg::Encoder;
-use super::reader::{list_chunks, parse_meta};
-use super::writer::{write_atomic, ChunkWriter};
-use super::{data_name, meta_name};
 use crate::decode::ffmpeg::FfmpegBackend;
 use crate::decode::{Backend, DecodeError, VideoSource};
-use crate::engine::{Resize, Transform};
+use crate::gulp::jpeg::Encoder;
+use crate::gulp::reader::{list_chunks, parse_meta};
+use crate::gulp::writer::{write_atomic, ChunkWriter};
+use crate::gulp::{data_name, meta_name};
 use crate::manifest::{Sample, Samples};
+use crate::request::{Resize, Transform};
 
 #[derive(Clone, Debug)]
 pub struct IngestOptions {
@@ -186,8 +186,10 @@ fn encode_video(
     let path = dataset_dir.join(rel);
     let mut force_decode = false;
     loop {
-        let index =
-            Arc::new(crate::index::build(&path, None, force_decode).map_err(|e| e.to_string())?);
+        let index = Arc::new(
+            crate::decode::ffmpeg::build_index(&path, None, force_decode)
+                .map_err(|e| e.to_string())?,
+        );
         let selected = select_frames(&index, sample, opts.fps);
         if selected.is_empty() {
             return Err("no frames in the sample's range".into());
@@ -196,13 +198,9 @@ fn encode_video(
             resize: opts.short_side.map_or(Resize::Native, Resize::ShortSide),
             ..Transform::default()
         };
-        let geometry = crate::engine::geometry_for(
-            &index,
-            &transform,
-            &sample.video,
-            &crate::config::Limits::default(),
-        )
-        .map_err(|e| e.to_string())?;
+        let geometry = transform
+            .geometry(&index, &sample.video, &crate::config::Limits::default())
+            .map_err(|e| e.to_string())?;
         let source = VideoSource {
             path: path.clone(),
             index: index.clone(),
@@ -503,6 +501,87 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
         })
         .collect();
     Ok(summary)
+}
+
+/// `vserve ingest`: exit 0 when every video was stored, 1 when some failed (listed), 64 on bad flags,
+/// 74 on an output error.
+pub fn ingest(args: &crate::cli::IngestArgs) -> std::process::ExitCode {
+    let opts = IngestOptions {
+        dataset_dir: args.dataset_dir.clone(),
+        manifest: args.manifest.clone(),
+        out: args.out.clone(),
+        fps: args.fps,
+        short_side: args.short_side,
+        quality: args.quality,
+        videos_per_chunk: args.videos_per_chunk,
+        jobs: args
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        progress: !args.quiet,
+    };
+    match run(&opts) {
+        Ok(s) => {
+            eprintln!(
+                "ingest: {} videos stored ({} frames, {} bytes of JPEG) in {} new chunks; {} already present; {} failed",
+                s.videos,
+                s.frames,
+                s.bytes,
+                s.chunks,
+                s.skipped_existing,
+                s.failed.len()
+            );
+            for (video, reason) in &s.failed {
+                eprintln!("ingest: failed: {video:?}: {reason}");
+            }
+            if s.failed.is_empty() {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::from(1)
+            }
+        }
+        Err(e @ IngestError::Usage(_)) => {
+            eprintln!("vserve ingest: {e}");
+            std::process::ExitCode::from(64)
+        }
+        Err(e) => {
+            eprintln!("vserve ingest: {e}");
+            std::process::ExitCode::from(74)
+        }
+    }
+}
+
+/// `vserve gulp-check DIR`: prints the report; exit 0 when clean, 1 on problems, 74 when unreadable.
+pub fn gulp_check(args: &crate::cli::GulpCheckArgs) -> std::process::ExitCode {
+    match crate::gulp::check::check(&args.dir) {
+        Ok(r) => {
+            for w in &r.warnings {
+                println!("warning: {w}");
+            }
+            for p in &r.problems {
+                println!("problem: {p}");
+            }
+            if r.ok() {
+                println!(
+                    "ok: {} chunks, {} videos, {} frames",
+                    r.chunks, r.videos, r.frames
+                );
+                std::process::ExitCode::SUCCESS
+            } else {
+                println!(
+                    "FAILED: {} problems in {} chunks, {} videos, {} frames",
+                    r.problems.len(),
+                    r.chunks,
+                    r.videos,
+                    r.frames
+                );
+                std::process::ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("vserve gulp-check: cannot read {}: {e}", args.dir.display());
+            std::process::ExitCode::from(74)
+        }
+    }
 }
 
 #[cfg(test)]

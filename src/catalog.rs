@@ -1,0 +1,301 @@
+//! The catalogue: the datasets served, their sample lists (manifests, gulp sets, recent directory
+//! scans), and every video's frame table, cached by file identity, with the memory of files that failed
+//! to index or turned out damaged.
+//!
+//! Input: a dataset name and a video path (or gulp id). Output: the video's identity ([`VideoId`], the
+//! cache key), its [`VideoIndex`] and the [`VideoSource`] a decode job needs ([`Catalog::resolve`]).
+//!
+//! Invariants: a path is resolved inside its dataset's root before anything opens it; index builds run
+//! on blocking threads, at most one per decode thread at a time; a failed file is not scanned again for
+//! 30 s unless it changes (identity includes size and mtime); a file found damaged is indexed by decoding
+//! from then on.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::cache::VideoId;
+use crate::config::Config;
+use crate::dataset::Dataset;
+use crate::decode::VideoSource;
+use crate::error::{blocking, Error};
+use crate::gulp::reader::{GulpDataset, GulpVideo};
+use crate::index::{IndexError, VideoIndex};
+use crate::manifest::Samples;
+use crate::metrics::{EngineMetrics, Timer};
+use crate::request::DatasetSummary;
+
+/// A resolved, indexed video.
+pub type Resolved = (Arc<VideoId>, Arc<VideoIndex>, VideoSource);
+
+pub struct Catalog {
+    datasets: BTreeMap<String, Dataset>,
+    /// Datasets whose root holds GulpIO chunks: videos are ids, frames stored JPEGs.
+    gulps: BTreeMap<String, Arc<GulpDataset>>,
+    /// Parsed manifests and gulp sample lists, by dataset name (datasets without one are scanned per
+    /// stream, see `recent_scans`).
+    manifests: BTreeMap<String, Arc<Samples>>,
+    indexes: moka::sync::Cache<Arc<VideoId>, Arc<VideoIndex>>,
+    /// Files that failed to index, remembered briefly (by identity, so a replaced file is tried again at
+    /// once): a client repeating a request for a broken file costs a lookup, not another scan.
+    failed: moka::sync::Cache<Arc<VideoId>, IndexError>,
+    /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
+    /// by decoding from then on.
+    damaged: Mutex<HashSet<VideoId>>,
+    /// Dataset scans of the last seconds: every rank and data-loader worker opening a stream at an
+    /// epoch's start shares one directory walk.
+    recent_scans: moka::sync::Cache<String, Arc<Samples>>,
+    /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
+    /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
+    index_permits: Arc<tokio::sync::Semaphore>,
+    index_builds: AtomicU64,
+    metrics: EngineMetrics,
+}
+
+impl Catalog {
+    /// Opens every configured dataset (gulp chunks and manifests are read now).
+    pub fn open(config: &Config, metrics: EngineMetrics) -> Result<Catalog, String> {
+        let mut datasets = BTreeMap::new();
+        let mut manifests = BTreeMap::new();
+        let mut gulps = BTreeMap::new();
+        for d in &config.datasets {
+            let ds = Dataset::new(&d.name, &d.root)
+                .map_err(|e| format!("dataset {:?}: root {:?}: {e}", d.name, d.root))?;
+            if crate::gulp::is_gulp_dir(&ds.root) {
+                let g = GulpDataset::open(&ds.root)
+                    .map_err(|e| format!("dataset {:?}: {e}", d.name))?;
+                tracing::info!(dataset = %d.name, videos = g.len(), unreadable_chunks = g.broken.len(), "gulp dataset opened");
+                if d.manifest.is_none() {
+                    manifests.insert(d.name.clone(), Arc::new(g.samples()));
+                }
+                gulps.insert(d.name.clone(), Arc::new(g));
+            }
+            datasets.insert(d.name.clone(), ds);
+            if let Some(m) = &d.manifest {
+                let samples =
+                    Samples::from_manifest(m).map_err(|e| format!("dataset {:?}: {e}", d.name))?;
+                tracing::info!(dataset = %d.name, manifest = %m.display(), samples = samples.len(), "manifest loaded");
+                manifests.insert(d.name.clone(), Arc::new(samples));
+            }
+        }
+        Ok(Catalog {
+            datasets,
+            gulps,
+            manifests,
+            indexes: moka::sync::Cache::builder()
+                .max_capacity(config.cache.index_bytes)
+                .weigher(|_k: &Arc<VideoId>, v: &Arc<VideoIndex>| {
+                    u32::try_from(v.approx_bytes()).unwrap_or(u32::MAX)
+                })
+                .build(),
+            failed: moka::sync::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(std::time::Duration::from_secs(30))
+                .build(),
+            damaged: Mutex::new(HashSet::new()),
+            recent_scans: moka::sync::Cache::builder()
+                .max_capacity(64)
+                .time_to_live(std::time::Duration::from_secs(10))
+                .build(),
+            index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
+            index_builds: AtomicU64::new(0),
+            metrics,
+        })
+    }
+
+    pub fn datasets(&self) -> Vec<DatasetSummary> {
+        self.datasets
+            .values()
+            .map(|d| DatasetSummary {
+                name: d.name.clone(),
+                root: d.root.display().to_string(),
+                video_count: self
+                    .gulps
+                    .get(&d.name)
+                    .map_or_else(|| d.count_videos(), |g| g.len() as u64),
+            })
+            .collect()
+    }
+
+    /// Video indexes built since start-up.
+    pub fn index_builds(&self) -> u64 {
+        self.index_builds.load(Ordering::Relaxed)
+    }
+
+    pub fn dataset(&self, name: &str) -> Result<&Dataset, Error> {
+        self.datasets
+            .get(name)
+            .ok_or_else(|| Error::NotFound(format!("dataset {name:?} not served here")))
+    }
+
+    /// A dataset's samples: its manifest (or gulp set), else a scan of its root shared by the streams
+    /// that open within seconds of each other.
+    pub async fn samples(&self, dataset: &str) -> Result<Arc<Samples>, Error> {
+        self.dataset(dataset)?;
+        if let Some(s) = self.manifests.get(dataset) {
+            return Ok(s.clone());
+        }
+        if let Some(s) = self.recent_scans.get(dataset) {
+            return Ok(s);
+        }
+        let root = self.dataset(dataset)?.root.clone();
+        let scanned = blocking(move || Ok(Arc::new(Samples::scan(&root)))).await?;
+        self.recent_scans
+            .insert(dataset.to_owned(), scanned.clone());
+        Ok(scanned)
+    }
+
+    /// Resolves and indexes one video on a blocking thread, within the index-build bound.
+    pub async fn resolve(
+        self: &Arc<Self>,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Result<Resolved, Error> {
+        let permit = self.index_permit().await?;
+        let (this, d, v) = (self.clone(), dataset.to_owned(), video.to_owned());
+        blocking(move || {
+            let _permit = permit;
+            this.resolve_blocking(&d, &v, stream)
+        })
+        .await
+    }
+
+    /// Resolves and indexes several videos in parallel (each within the index-build bound), in order.
+    pub async fn resolve_all(
+        self: &Arc<Self>,
+        dataset: &str,
+        videos: &[(String, Option<u32>)],
+    ) -> Result<Vec<Resolved>, Error> {
+        let timer = Timer::start();
+        let mut handles = Vec::with_capacity(videos.len());
+        for (video, stream) in videos {
+            let (this, d, v, s) = (self.clone(), dataset.to_owned(), video.clone(), *stream);
+            let permit = self.index_permit().await?;
+            handles.push(tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                this.resolve_blocking(&d, &v, s)
+            }));
+        }
+        let mut out = Vec::with_capacity(handles.len());
+        for h in handles {
+            out.push(
+                h.await
+                    .map_err(|e| Error::Internal(format!("index task failed: {e}")))??,
+            );
+        }
+        timer.observe(&self.metrics.index);
+        Ok(out)
+    }
+
+    /// Records that a video's coded data is damaged, so its next index comes from a decode.
+    pub fn mark_damaged(&self, id: &VideoId, detail: &str) {
+        let mut plain = id.clone();
+        plain.decode_table = false;
+        if self.damaged.lock().insert(plain) {
+            self.metrics.damaged_files.inc();
+            tracing::warn!(path = %id.path.display(), %detail, "decode errors in a cleanly scanned file; indexing it by decoding");
+        }
+    }
+
+    async fn index_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
+        self.index_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::ShuttingDown)
+    }
+
+    /// Resolves and indexes one video. Blocking (FFmpeg); call from a blocking thread.
+    fn resolve_blocking(
+        &self,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Result<Resolved, Error> {
+        let ds = self.dataset(dataset)?;
+        if let Some(g) = self.gulps.get(dataset) {
+            return self.index_stored(g, video);
+        }
+        let (path, meta) = ds.resolve(video)?;
+        let mtime_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i128);
+        let mut id = VideoId {
+            path: path.clone(),
+            size: meta.len(),
+            mtime_ns,
+            stream,
+            decode_table: false,
+        };
+        id.decode_table = self.damaged.lock().contains(&id);
+        let id = Arc::new(id);
+        let force_decode = id.decode_table;
+        if let Some(e) = self.failed.get(&id) {
+            return Err(e.into());
+        }
+        let index = self
+            .indexes
+            .try_get_with(id.clone(), || {
+                self.index_builds.fetch_add(1, Ordering::Relaxed);
+                let started = std::time::Instant::now();
+                let built = crate::decode::ffmpeg::build_index(
+                    &path,
+                    stream.map(|s| s as usize),
+                    force_decode,
+                );
+                if let Ok(ix) = &built {
+                    tracing::debug!(
+                        path = %path.display(),
+                        frames = ix.frame_count(),
+                        method = ?ix.method,
+                        ms = started.elapsed().as_millis() as u64,
+                        "indexed"
+                    );
+                }
+                built.map(Arc::new)
+            })
+            .map_err(|e| {
+                self.metrics.index_failures.inc();
+                self.failed.insert(id.clone(), (*e).clone());
+                Error::from((*e).clone())
+            })?;
+        let source = VideoSource {
+            path,
+            index: index.clone(),
+            gulp: None,
+        };
+        Ok((id, index, source))
+    }
+
+    /// A video of a gulp dataset, by id: its table comes from the meta file, its identity (cache key) is
+    /// its chunk's data file plus the id.
+    fn index_stored(&self, g: &Arc<GulpDataset>, video: &str) -> Result<Resolved, Error> {
+        let (data_path, size, mtime_ns) = g.identity(video)?;
+        let id = Arc::new(VideoId {
+            // Only a cache key (never opened): the chunk's data file and the id.
+            path: std::path::PathBuf::from(format!("{}#{video}", data_path.display())),
+            size,
+            mtime_ns,
+            stream: None,
+            decode_table: false,
+        });
+        let index = self
+            .indexes
+            .try_get_with(id.clone(), || g.index(video).map(Arc::new))
+            .map_err(|e| Error::from((*e).clone()))?;
+        let source = VideoSource {
+            path: id.path.clone(),
+            index: index.clone(),
+            gulp: Some(GulpVideo {
+                dataset: g.clone(),
+                id: video.into(),
+            }),
+        };
+        Ok((id, index, source))
+    }
+}

@@ -1,0 +1,228 @@
+//! Decoded frame → packed RGB24 through swscale (the frame's colour matrix and range, BILINEAR for
+//! resizes, bicubic at native size), with display rotation applied to the planes first where the CLI's
+//! autorotation puts it.
+
+use ffmpeg_next as ff;
+
+use crate::decode::{rotate_rgb, Frame, Geometry};
+
+/// A cached swscale context for one (input format, size, colour) → (RGB24, size) conversion.
+pub(super) struct Converter {
+    key: (i32, u32, u32, i32, i32, u32, u32),
+    ctx: ff::software::scaling::Context,
+    out: ff::frame::Video,
+}
+
+impl Converter {
+    fn convert(
+        slot: &mut Option<Converter>,
+        frame: &ff::frame::Video,
+        width: u32,
+        height: u32,
+    ) -> Result<Frame, String> {
+        // SAFETY: `frame` holds a decoded frame; colorspace/color_range/format are plain fields.
+        let (fmt, cs, range) = unsafe {
+            let f = &*frame.as_ptr();
+            (f.format, f.colorspace as i32, f.color_range as i32)
+        };
+        let key = (fmt, frame.width(), frame.height(), cs, range, width, height);
+        if slot.as_ref().map(|c| c.key) != Some(key) {
+            // The FFmpeg CLI's own conversion (`-pix_fmt rgb24`) uses swscale's default, BICUBIC; at native
+            // size that matters only for formats without a dedicated converter (10-bit). Resizes use BILINEAR.
+            let flags = if (width, height) == (frame.width(), frame.height()) {
+                ff::software::scaling::Flags::BICUBIC
+            } else {
+                ff::software::scaling::Flags::BILINEAR
+            };
+            let mut ctx = ff::software::scaling::Context::get(
+                frame.format(),
+                frame.width(),
+                frame.height(),
+                ff::format::Pixel::RGB24,
+                width,
+                height,
+                flags,
+            )
+            .map_err(|e| format!("swscale cannot convert {:?}: {e}", frame.format()))?;
+            let src_full = (range == ff::ffi::AVColorRange::AVCOL_RANGE_JPEG as i32) as i32;
+            // SAFETY: `ctx` is a valid initialised SwsContext; sws_getCoefficients returns a static table for
+            // any integer (unknown colour spaces map to the default, BT.601).
+            unsafe {
+                let ret = ff::ffi::sws_setColorspaceDetails(
+                    ctx.as_mut_ptr(),
+                    ff::ffi::sws_getCoefficients(cs),
+                    src_full,
+                    ff::ffi::sws_getCoefficients(ff::ffi::SWS_CS_DEFAULT),
+                    1,
+                    0,
+                    1 << 16,
+                    1 << 16,
+                );
+                if ret < 0 {
+                    tracing::debug!(
+                        cs,
+                        range,
+                        "sws_setColorspaceDetails refused; using defaults"
+                    );
+                }
+            }
+            *slot = Some(Converter {
+                key,
+                ctx,
+                out: ff::frame::Video::new(ff::format::Pixel::RGB24, width, height),
+            });
+        }
+        let Some(conv) = slot.as_mut() else {
+            return Err("converter missing".into());
+        };
+        conv.ctx
+            .run(frame, &mut conv.out)
+            .map_err(|e| format!("swscale failed: {e}"))?;
+        let row = width as usize * 3;
+        let stride = conv.out.stride(0);
+        let plane = conv.out.data(0);
+        let mut data = Vec::with_capacity(row * height as usize);
+        for y in 0..height as usize {
+            data.extend_from_slice(&plane[y * stride..y * stride + row]);
+        }
+        Ok(Frame {
+            width,
+            height,
+            data,
+        })
+    }
+}
+
+/// Converts a decoded frame to RGB24 at the geometry's size and orientation.
+///
+/// Rotation happens where the FFmpeg CLI's autorotation puts it: on the decoded planes, before the
+/// conversion (and any scaling), as its `transpose`/`hflip,vflip` filters do. swscale's chroma filtering is
+/// not symmetric in x and y, so rotating the RGB image afterwards would differ for most formats (10-bit
+/// 4:2:0 by up to 104 levels). 4:2:2 turned by 90/270 follows the CLI's format negotiation (see below).
+/// Formats whose planes cannot be rotated (packed, palette) fall back to rotating the RGB image, which
+/// may differ from the CLI.
+pub(super) fn convert_frame(
+    converter: &mut Option<Converter>,
+    frame: &ff::frame::Video,
+    geometry: Geometry,
+) -> Result<Frame, String> {
+    if geometry.rotation != 0 {
+        let widened;
+        let mut source = frame;
+        let resized =
+            (geometry.scaled_width, geometry.scaled_height) != (frame.width(), frame.height());
+        if geometry.rotation != 180 && resized {
+            // `transpose` takes no 4:2:2. Before a scale filter the CLI's format negotiation converts such
+            // frames to 4:4:4 (swscale's default, bicubic, scaler) and so does this; at native size it
+            // converts straight to RGB before transposing, which is the fallback below.
+            if let Some(wide) = chroma_444(frame)? {
+                widened = wide;
+                source = &widened;
+            }
+        }
+        if let Some(rotated) = rotate_planes(source, geometry.rotation) {
+            let (w, h) = if geometry.rotation == 180 {
+                (geometry.scaled_width, geometry.scaled_height)
+            } else {
+                (geometry.scaled_height, geometry.scaled_width)
+            };
+            return Converter::convert(converter, &rotated, w, h);
+        }
+    }
+    let converted = Converter::convert(
+        converter,
+        frame,
+        geometry.scaled_width,
+        geometry.scaled_height,
+    )?;
+    Ok(rotate_rgb(converted, geometry.rotation))
+}
+
+/// A 4:2:2 frame converted to the 4:4:4 format the CLI's autorotation would convert it to; None for
+/// other formats.
+fn chroma_444(frame: &ff::frame::Video) -> Result<Option<ff::frame::Video>, String> {
+    use ff::format::Pixel;
+    let target = match frame.format() {
+        Pixel::YUV422P => Pixel::YUV444P,
+        Pixel::YUVJ422P => Pixel::YUVJ444P,
+        Pixel::YUV422P10LE => Pixel::YUV444P10LE,
+        Pixel::YUV422P12LE => Pixel::YUV444P12LE,
+        _ => return Ok(None),
+    };
+    let (w, h) = (frame.width(), frame.height());
+    let mut ctx = ff::software::scaling::Context::get(
+        frame.format(),
+        w,
+        h,
+        target,
+        w,
+        h,
+        ff::software::scaling::Flags::empty(),
+    )
+    .map_err(|e| format!("swscale cannot widen {:?}: {e}", frame.format()))?;
+    let mut out = ff::frame::Video::new(target, w, h);
+    ctx.run(frame, &mut out)
+        .map_err(|e| format!("swscale failed: {e}"))?;
+    out.set_color_space(frame.color_space());
+    out.set_color_range(frame.color_range());
+    Ok(Some(out))
+}
+
+/// Bytes per sample of a planar format whose planes can be rotated sample by sample (every component
+/// 1 or 2 bytes, the same for all), and whether its chroma grid is square (needed to transpose).
+fn planar_layout(format: ff::format::Pixel) -> Option<(usize, bool)> {
+    // SAFETY: av_pix_fmt_desc_get returns a pointer to a static descriptor, or null for unknown formats.
+    let desc = unsafe { ff::ffi::av_pix_fmt_desc_get(format.into()).as_ref()? };
+    let flags = desc.flags;
+    let planar = flags & ff::ffi::AV_PIX_FMT_FLAG_PLANAR as u64 != 0 || desc.nb_components == 1;
+    let odd = (ff::ffi::AV_PIX_FMT_FLAG_PAL
+        | ff::ffi::AV_PIX_FMT_FLAG_BITSTREAM
+        | ff::ffi::AV_PIX_FMT_FLAG_HWACCEL) as u64;
+    if !planar || flags & odd != 0 || desc.nb_components == 0 {
+        return None;
+    }
+    let comps = &desc.comp[..desc.nb_components as usize];
+    let step = comps[0].step;
+    if !(step == 1 || step == 2) || comps.iter().any(|c| c.step != step || c.offset != 0) {
+        return None;
+    }
+    Some((step as usize, desc.log2_chroma_w == desc.log2_chroma_h))
+}
+
+/// Rotates every plane of a planar frame clockwise (8- or 16-bit samples), as FFmpeg's `transpose` and
+/// `hflip,vflip` filters do; None for formats this does not handle.
+fn rotate_planes(frame: &ff::frame::Video, rotation: u32) -> Option<ff::frame::Video> {
+    let transposes = rotation == 90 || rotation == 270;
+    let (bytes, square_chroma) = planar_layout(frame.format())?;
+    if (transposes && !square_chroma) || !matches!(rotation, 90 | 180 | 270) {
+        return None;
+    }
+    let (w, h) = (frame.width(), frame.height());
+    let (ow, oh) = if transposes { (h, w) } else { (w, h) };
+    let mut out = ff::frame::Video::new(frame.format(), ow, oh);
+    out.set_color_space(frame.color_space());
+    out.set_color_range(frame.color_range());
+    for p in 0..frame.planes() {
+        let (pw, ph) = (
+            frame.plane_width(p) as usize,
+            frame.plane_height(p) as usize,
+        );
+        let src_stride = frame.stride(p);
+        let dst_stride = out.stride(p);
+        let src = frame.data(p);
+        let dst = out.data_mut(p);
+        for y in 0..ph {
+            for x in 0..pw {
+                let (ox, oy) = match rotation {
+                    90 => (ph - 1 - y, x),
+                    270 => (y, pw - 1 - x),
+                    _ => (pw - 1 - x, ph - 1 - y),
+                };
+                let s = y * src_stride + x * bytes;
+                let d = oy * dst_stride + ox * bytes;
+                dst[d..d + bytes].copy_from_slice(&src[s..s + bytes]);
+            }
+        }
+    }
+    Some(out)
+}

@@ -1,0 +1,433 @@
+//! CPU decoding through libavcodec (FFmpeg), and the conversion to RGB24 through libswscale.
+//!
+//! Inputs: a [`VideoSource`], a [`GopRun`], a [`Geometry`]. Outputs: the run's wanted frames as packed
+//! RGB24. Frame k is found as the index defines it: by pts after a seek to the run's keyframe
+//! ([`SeekMode::ByPts`]), or by counting from the start of the file ([`SeekMode::FromStart`]).
+//!
+//! Colour: swscale is given the frame's colour matrix and range (`sws_setColorspaceDetails`, destination
+//! full range), as FFmpeg's scale filter does, so native-size output equals `ffmpeg -pix_fmt rgb24` bit
+//! for bit. Resizing happens in the same swscale call with the BILINEAR filter (FFmpeg's `scale` filter
+//! with `flags=bilinear`; its support widens with the scale factor, so downscaling is antialiased).
+//!
+//! A [`FfmpegBackend`] lives on one decode thread and keeps a few videos open, so consecutive runs of one
+//! video skip reopening, and a run that starts where the previous one stopped skips the seek.
+//!
+//! Hardware decoding (NVDEC) is the same backend with a [`HwDevice`]: FFmpeg's CUDA hwaccel decodes into
+//! GPU surfaces (`get_format` picks `AV_PIX_FMT_CUDA`, else the open fails), and only the wanted frames are
+//! copied to host memory (`av_hwframe_transfer_data`, NV12 or P010/P016) before the same swscale
+//! conversion, so seeking, frame numbering and skipping are one code path for CPU and GPU.
+
+mod convert;
+pub mod h264;
+mod hw;
+pub mod info;
+pub mod scan;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ffmpeg_next as ff;
+
+use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
+use crate::index::{IndexMethod, SeekMode, VideoIndex};
+use convert::convert_frame;
+use convert::Converter;
+pub use hw::HwDevice;
+use hw::{download, is_hw_frame};
+pub use info::{
+    cuda_decoder, decoders_of, hwaccel_types, init, library_versions, pick_stream, release,
+    stream_facts, DecoderInfo, StreamFacts,
+};
+pub use scan::{build_index, scan_by_decoding, DecodeScan};
+use scan::{frame_damaged, read_packet};
+
+/// Videos a backend keeps open between runs.
+const OPEN_VIDEOS: usize = 4;
+
+pub(super) fn open_decoder(
+    input: &ff::format::context::Input,
+    index: usize,
+    threads: usize,
+    hw: Option<&HwDevice>,
+) -> Result<ff::decoder::Video, String> {
+    let st = input
+        .stream(index)
+        .ok_or_else(|| format!("stream {index} does not exist"))?;
+    let mut ctx =
+        ff::codec::context::Context::from_parameters(st.parameters()).map_err(|e| e.to_string())?;
+    let tb = st.time_base();
+    // SAFETY: `ctx` owns a valid AVCodecContext not yet opened; pkt_timebase is a plain field that
+    // avcodec_open2 reads.
+    unsafe {
+        (*ctx.as_mut_ptr()).pkt_timebase = tb.into();
+    }
+    match hw {
+        None => ctx.set_threading(ff::codec::threading::Config::count(threads)),
+        Some(device) => {
+            let id = st.parameters().id();
+            let Some(codec) = cuda_decoder(id) else {
+                return Err(format!("FFmpeg has no CUDA hwaccel for {}", id.name()));
+            };
+            // One thread: NVDEC does the work; frame threads would only add latency and surfaces.
+            ctx.set_threading(ff::codec::threading::Config::count(1));
+            device.attach(&mut ctx)?;
+            return ctx
+                .decoder()
+                .open_as(codec)
+                .and_then(|o| o.video())
+                .map_err(|e| format!("cannot open {} on NVDEC: {e}", id.name()));
+        }
+    }
+    ctx.decoder()
+        .video()
+        .map_err(|e| format!("no decoder for {}: {e}", st.parameters().id().name()))
+}
+
+/// Opens a file the index already describes. For MP4/MOV and Matroska/WebM the container header holds
+/// everything decoding needs, so FFmpeg's stream probing (`avformat_find_stream_info`, which decodes
+/// frames and costs ~2 ms per open against ~0.2 ms without) is skipped when the header's stream matches the
+/// index (codec and size). Other containers, or any mismatch, get the full open.
+fn open_for_decoding(
+    path: &Path,
+    index: &VideoIndex,
+) -> Result<ff::format::context::Input, ff::Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return ff::format::input(&path);
+    };
+    let mut ctx: *mut ff::ffi::AVFormatContext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a null out-pointer and `cpath` a valid C string; on failure FFmpeg frees the context
+    // and leaves `ctx` null.
+    let ret = unsafe {
+        ff::ffi::avformat_open_input(
+            &mut ctx,
+            cpath.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        )
+    };
+    if ret < 0 || ctx.is_null() {
+        return ff::format::input(&path);
+    }
+    // SAFETY: `ctx` is a valid, opened AVFormatContext that `Input` now owns and closes on drop.
+    let input = unsafe { ff::format::context::Input::wrap(ctx) };
+    let container = input.format().name().to_owned();
+    let header_is_enough = container.starts_with("mov,mp4") || container.starts_with("matroska");
+    let matches = input.stream(index.stream).is_some_and(|st| {
+        let params = st.parameters();
+        // SAFETY: `params` wraps the stream's valid AVCodecParameters for the life of `input`.
+        let (w, h) = unsafe { ((*params.as_ptr()).width, (*params.as_ptr()).height) };
+        params.id().name() == index.codec && w as u32 == index.width && h as u32 == index.height
+    });
+    if header_is_enough && matches {
+        Ok(input)
+    } else {
+        drop(input);
+        ff::format::input(&path)
+    }
+}
+
+/// One open video: demuxer, decoder, and where the decoder stands.
+struct OpenVideo {
+    path: PathBuf,
+    /// The index this context was opened for.
+    index: Arc<VideoIndex>,
+    stream: usize,
+    input: ff::format::context::Input,
+    decoder: ff::decoder::Video,
+    /// Index of the frame the decoder will output next, when it is positioned mid-stream.
+    next_frame: Option<usize>,
+    converter: Option<Converter>,
+}
+
+/// The FFmpeg backend: CPU decoding, or NVDEC when given a [`HwDevice`]. One per decode thread.
+pub struct FfmpegBackend {
+    /// libavcodec threads per decoder context (1 = the fleet's threads are the parallelism).
+    threads_per_decoder: usize,
+    /// The GPU this backend decodes on (FFmpeg's CUDA hwaccel), or None for the CPU.
+    hw: Option<HwDevice>,
+    open: VecDeque<OpenVideo>,
+}
+
+impl FfmpegBackend {
+    pub fn new(threads_per_decoder: usize) -> Self {
+        init();
+        FfmpegBackend {
+            threads_per_decoder,
+            hw: None,
+            open: VecDeque::new(),
+        }
+    }
+
+    /// A backend that decodes on the GPU of `device` through FFmpeg's CUDA hwaccel. Videos whose codec
+    /// has no CUDA hwaccel, or whose stream NVDEC refuses, fail with [`DecodeError::Unsupported`] or
+    /// [`DecodeError::Backend`]; the caller decides whether to retry on the CPU.
+    pub fn on_gpu(device: HwDevice) -> Self {
+        init();
+        FfmpegBackend {
+            threads_per_decoder: 1,
+            hw: Some(device),
+            open: VecDeque::new(),
+        }
+    }
+
+    /// An open context for this video, reused only for the same index (a changed file, or one re-indexed
+    /// after damage, gets a new index and so a fresh demuxer and decoder).
+    fn open_video(
+        &mut self,
+        path: &Path,
+        index: &Arc<VideoIndex>,
+    ) -> Result<OpenVideo, DecodeError> {
+        let stream = index.stream;
+        if let Some(pos) = self
+            .open
+            .iter()
+            .position(|v| v.path == path && Arc::ptr_eq(&v.index, index))
+        {
+            if let Some(v) = self.open.remove(pos) {
+                return Ok(v);
+            }
+        }
+        let input = open_for_decoding(path, index).map_err(|e| DecodeError::Open {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let decoder = open_decoder(&input, stream, self.threads_per_decoder, self.hw.as_ref())
+            .map_err(|reason| DecodeError::Unsupported {
+                path: path.to_owned(),
+                reason,
+            })?;
+        Ok(OpenVideo {
+            path: path.to_owned(),
+            index: index.clone(),
+            stream,
+            input,
+            decoder,
+            next_frame: None,
+            converter: None,
+        })
+    }
+
+    fn keep(&mut self, video: OpenVideo) {
+        self.open.push_front(video);
+        self.open.truncate(OPEN_VIDEOS);
+    }
+}
+
+impl Backend for FfmpegBackend {
+    fn decode_run(
+        &mut self,
+        source: &VideoSource,
+        run: &GopRun,
+        geometry: Geometry,
+    ) -> Result<RunOutput, DecodeError> {
+        let index = &source.index;
+        let mut video = self.open_video(&source.path, index)?;
+        let result = decode_in(&mut video, index, run, geometry);
+        match &result {
+            // A video that failed mid-run is reopened next time rather than trusted.
+            Ok(_) => self.keep(video),
+            Err(_) => drop(video),
+        }
+        result
+    }
+}
+
+fn decode_in(
+    video: &mut OpenVideo,
+    index: &VideoIndex,
+    run: &GopRun,
+    geometry: Geometry,
+) -> Result<RunOutput, DecodeError> {
+    let (Some(&first), Some(&last)) = (run.wanted.first(), run.wanted.last()) else {
+        return Ok(RunOutput::default());
+    };
+    let path = video.path.clone();
+    let backend_err = |reason: String| DecodeError::Backend {
+        path: path.clone(),
+        reason,
+    };
+    let continue_here = video
+        .next_frame
+        .is_some_and(|n| run.keyframe <= n && n <= first);
+    if !continue_here {
+        reposition(video, index, run.keyframe).map_err(backend_err)?;
+    }
+    let mut out = RunOutput::default();
+    let mut emitted = vec![false; run.wanted.len()];
+    let mut frame = ff::frame::Video::empty();
+    let mut packet = ff::Packet::empty();
+    let mut eof = false;
+    let mut done = false;
+    let last_pts = index.frames[last].pts;
+    // Only a clean packet-scan table can be wrong about damage; decode-scan tables already account for it.
+    let watch_damage = index.method == IndexMethod::PacketScan;
+    while !done {
+        while video.decoder.receive_frame(&mut frame).is_ok() {
+            out.decoded += 1;
+            let k = match index.seek {
+                SeekMode::ByPts => {
+                    let pts = frame.pts().or(frame.timestamp());
+                    match pts.and_then(|p| index.frame_of_pts(p)) {
+                        Some(k) => k,
+                        None => {
+                            // Not in the table (a leading frame of an open GOP, or unknown pts). Past the last
+                            // wanted pts means the wanted frames are not coming.
+                            if pts.is_some_and(|p| p > last_pts) {
+                                done = true;
+                                break;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                SeekMode::FromStart => video.next_frame.unwrap_or(0),
+            };
+            // Damage counts from the run's keyframe on: frames before it (leading frames of an open GOP
+            // after a seek) lack their references and are flagged corrupt in any clean file.
+            if watch_damage && k >= run.keyframe && frame_damaged(&frame) {
+                video.next_frame = None;
+                return Err(DecodeError::Damaged {
+                    path: path.clone(),
+                    frame: k,
+                });
+            }
+            video.next_frame = Some(k + 1);
+            if let Ok(slot) = run.wanted.binary_search(&k) {
+                if !emitted[slot] {
+                    emitted[slot] = true;
+                    let converted = if is_hw_frame(&frame) {
+                        let host = download(&frame).map_err(backend_err)?;
+                        convert_frame(&mut video.converter, &host, geometry)
+                    } else {
+                        convert_frame(&mut video.converter, &frame, geometry)
+                    }
+                    .map_err(backend_err)?;
+                    out.frames.push((k, Arc::new(converted)));
+                }
+            }
+            if k >= last {
+                done = true;
+                break;
+            }
+        }
+        if done || eof {
+            break;
+        }
+        match read_packet(&mut packet, &mut video.input) {
+            Ok(()) => {
+                if packet.stream() != video.stream {
+                    continue;
+                }
+                // Only inside the run: packets past its last frame (read ahead in decode order) go to the
+                // decoder, so the next run of this video can continue from here without a seek and find
+                // every frame it wants.
+                if disposable_unwanted(&packet, index, &run.wanted).is_some_and(|k| k <= last) {
+                    out.skipped += 1;
+                    continue;
+                }
+                if let Err(e) = video.decoder.send_packet(&packet) {
+                    tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");
+                    if watch_damage && matches!(e, ff::Error::InvalidData) {
+                        video.next_frame = None;
+                        return Err(DecodeError::Damaged {
+                            path: path.clone(),
+                            frame: run.keyframe,
+                        });
+                    }
+                }
+            }
+            Err(e) => {
+                if !matches!(e, ff::Error::Eof) {
+                    tracing::debug!(path = %video.path.display(), error = %e, "read stopped early");
+                }
+                let _ = video.decoder.send_eof();
+                eof = true;
+            }
+        }
+    }
+    if eof {
+        // The decoder is drained; the next run must flush and seek.
+        video.next_frame = None;
+    }
+    out.frames.sort_by_key(|(k, _)| *k);
+    let missing: Vec<usize> = run
+        .wanted
+        .iter()
+        .zip(&emitted)
+        .filter(|(_, e)| !**e)
+        .map(|(k, _)| *k)
+        .collect();
+    if !missing.is_empty() {
+        video.next_frame = None;
+        return Err(DecodeError::MissingFrames {
+            path: video.path.clone(),
+            frames: missing,
+            detail: format!(
+                " (decoded {} frames from keyframe {} without producing them)",
+                out.decoded, run.keyframe
+            ),
+        });
+    }
+    Ok(out)
+}
+
+/// A packet whose frame is not wanted and that no other frame references: decoding it would change
+/// nothing the run returns, so it is never sent to the decoder. Only for H.264 (nal_ref_idc is explicit)
+/// and cleanly packet-scanned videos. Returns that frame's index.
+fn disposable_unwanted(packet: &ff::Packet, index: &VideoIndex, wanted: &[usize]) -> Option<usize> {
+    // Only files whose packet scan was clean: there each packet's pts names exactly one frame, and no
+    // decode error makes concealment depend on which frames were decoded.
+    let (Some(n), SeekMode::ByPts, IndexMethod::PacketScan) =
+        (index.h264_nal_length, index.seek, index.method)
+    else {
+        return None;
+    };
+    let k = packet.pts().and_then(|p| index.frame_of_pts(p))?;
+    if wanted.binary_search(&k).is_ok() {
+        return None;
+    }
+    packet
+        .data()
+        .is_some_and(|d| h264::h264_disposable(d, n))
+        .then_some(k)
+}
+
+/// Puts the decoder just before `keyframe`: a pts seek for ByPts tables, a reopen for FromStart ones.
+fn reposition(video: &mut OpenVideo, index: &VideoIndex, keyframe: usize) -> Result<(), String> {
+    video.decoder.flush();
+    match index.seek {
+        SeekMode::ByPts => {
+            let target = index.frames[keyframe].pts;
+            // SAFETY: `input` is a valid open AVFormatContext and `stream` one of its streams.
+            let ret = unsafe {
+                ff::ffi::avformat_seek_file(
+                    video.input.as_mut_ptr(),
+                    video.stream as i32,
+                    i64::MIN,
+                    target,
+                    target,
+                    0,
+                )
+            };
+            if ret < 0 {
+                // Some demuxers cannot seek backwards by pts; reading from the start always works.
+                tracing::debug!(path = %video.path.display(), target, ret, "seek failed; reopening");
+                reopen(video, index)?;
+            }
+            video.next_frame = None;
+        }
+        SeekMode::FromStart => {
+            reopen(video, index)?;
+            video.next_frame = Some(0);
+        }
+    }
+    Ok(())
+}
+
+fn reopen(video: &mut OpenVideo, index: &VideoIndex) -> Result<(), String> {
+    video.input = open_for_decoding(&video.path, index).map_err(|e| e.to_string())?;
+    video.decoder.flush();
+    Ok(())
+}

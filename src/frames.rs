@@ -1,0 +1,367 @@
+//! Frames: the decoded-frame cache in front of the decode fleet, with single flight.
+//!
+//! Input: one video's identity and source, an output [`Geometry`] and the frame numbers wanted. Output:
+//! those frames ([`Frames::fetch`]), from the cache, from another request's pass, or from new GOP runs
+//! ([`crate::plan::gop_runs`]) queued on the fleet under the asking tenant (the fleet shares its threads
+//! fairly between tenants).
+//!
+//! Single flight: a GOP run in progress is registered under (video, keyframe, geometry). A request that
+//! needs frames from a registered run waits for that pass and takes the frames it needs from its output;
+//! whatever it still lacks (frames past the other request's stopping point) it decodes in a second round
+//! of its own. Decoded frames enter the cache on the decode thread, whether or not the requester is still
+//! there, so cancelled work is never wasted; a run nobody waits for any more is skipped before it starts.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::cache::{FrameCache, FrameKey, VideoId};
+use crate::decode::fleet::{BackendFactory, Fleet, Job, OnDone, PendingRun};
+use crate::decode::{DecodeError, DecodedOn, Frame, Geometry, GopRun, RunOutput, VideoSource};
+use crate::error::Error;
+use crate::metrics::{BackendLabel, EngineMetrics, Timer};
+use crate::plan;
+use crate::request::RequestStats;
+
+type RunResult = Result<Arc<RunOutput>, DecodeError>;
+type RunSender = Arc<watch::Sender<Option<RunResult>>>;
+
+/// A run in the single-flight table: its result channel, the run itself while it may still grow, and
+/// its queued job (a joiner from another tenant queues a copy under its own tenant).
+#[derive(Clone)]
+struct InFlight {
+    tx: RunSender,
+    pending: Arc<Mutex<PendingRun>>,
+    job: Job,
+}
+
+/// Whose decode work a fetch queues: the fleet shares threads fairly between tenants. `bounded` work
+/// (GetClips) is refused when the queue is full; a stream's is not, since its prefetch bounds it.
+#[derive(Clone, Copy, Debug)]
+pub struct Tenant {
+    pub id: u64,
+    pub bounded: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RunKey {
+    video: Arc<VideoId>,
+    keyframe: usize,
+    geometry: Geometry,
+}
+
+/// Counters since start-up.
+#[derive(Default)]
+struct Counters {
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    shared_frames: AtomicU64,
+    tenants: AtomicU64,
+}
+
+pub struct Frames {
+    cache: FrameCache,
+    fleet: Fleet,
+    /// GOP runs being decoded now, for single flight.
+    inflight: Arc<Mutex<HashMap<RunKey, InFlight>>>,
+    counters: Counters,
+    metrics: EngineMetrics,
+}
+
+/// The frame counters of [`Frames`], for the engine's stats.
+#[derive(Clone, Debug, Default)]
+pub struct FrameStats {
+    pub frames_decoded: u64,
+    pub gop_runs: u64,
+    pub frames_skipped: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_bytes: u64,
+    pub cache_entries: u64,
+    pub cache_evictions: u64,
+    pub shared_frames: u64,
+    pub decode_queue_depth: u64,
+}
+
+impl Frames {
+    /// Starts a decode fleet of `threads` threads (`factory` gives each its backend; `queue` bounds the
+    /// runs waiting) behind a frame cache of `cache_bytes`.
+    pub fn start(
+        threads: usize,
+        queue: usize,
+        factory: BackendFactory,
+        cache_bytes: u64,
+        metrics: EngineMetrics,
+    ) -> Result<Frames, String> {
+        let fleet = Fleet::start(threads, queue, factory)
+            .map_err(|e| format!("cannot start decode threads: {e}"))?;
+        Ok(Frames {
+            cache: FrameCache::new(cache_bytes),
+            fleet,
+            inflight: Arc::new(Mutex::new(HashMap::new())),
+            counters: Counters::default(),
+            metrics,
+        })
+    }
+
+    /// Decode threads in the fleet (CPU threads and NVDEC sessions).
+    pub fn threads(&self) -> usize {
+        self.fleet.threads()
+    }
+
+    pub fn new_tenant(&self, bounded: bool) -> Tenant {
+        Tenant {
+            id: self.counters.tenants.fetch_add(1, Ordering::Relaxed),
+            bounded,
+        }
+    }
+
+    pub fn stats(&self) -> FrameStats {
+        self.cache.sync();
+        let (c, f) = (&self.counters, &self.fleet.counters);
+        FrameStats {
+            frames_decoded: f.frames_decoded.load(Ordering::Relaxed),
+            gop_runs: f.runs.load(Ordering::Relaxed),
+            frames_skipped: f.frames_skipped.load(Ordering::Relaxed),
+            cache_hits: c.cache_hits.load(Ordering::Relaxed),
+            cache_misses: c.cache_misses.load(Ordering::Relaxed),
+            cache_bytes: self.cache.weighted_bytes(),
+            cache_entries: self.cache.entries(),
+            cache_evictions: self.cache.evictions(),
+            shared_frames: c.shared_frames.load(Ordering::Relaxed),
+            decode_queue_depth: self.fleet.queue_depth() as u64,
+        }
+    }
+
+    /// Whether each registered run has started, for tests that wait for a state.
+    #[cfg(test)]
+    pub(crate) fn inflight_started(&self) -> Vec<bool> {
+        self.inflight
+            .lock()
+            .values()
+            .map(|f| f.pending.lock().started)
+            .collect()
+    }
+
+    /// Returns the wanted frames of one video: from the cache, another request's pass, or new GOP runs.
+    pub async fn fetch(
+        &self,
+        id: &Arc<VideoId>,
+        source: &VideoSource,
+        geometry: Geometry,
+        wanted: BTreeSet<usize>,
+        tenant: Tenant,
+    ) -> Result<(HashMap<usize, Arc<Frame>>, RequestStats), Error> {
+        let mut stats = RequestStats::default();
+        let key_of = |frame: usize| FrameKey {
+            video: id.clone(),
+            frame,
+            geometry,
+        };
+        let lookup_timer = Timer::start();
+        let mut got = HashMap::with_capacity(wanted.len());
+        let mut missing = BTreeSet::new();
+        for &k in &wanted {
+            match self.cache.get(&key_of(k)) {
+                Some(f) => {
+                    got.insert(k, f);
+                }
+                None => {
+                    missing.insert(k);
+                }
+            }
+        }
+        lookup_timer.observe(&self.metrics.cache_lookup);
+        let hits = got.len() as u64;
+        stats.cache_hits += hits;
+        stats.cache_misses += missing.len() as u64;
+        self.counters.cache_hits.fetch_add(hits, Ordering::Relaxed);
+        self.counters
+            .cache_misses
+            .fetch_add(missing.len() as u64, Ordering::Relaxed);
+
+        // Round 0 may join passes already in flight; round 1 decodes whatever those did not produce.
+        for round in 0..2 {
+            if missing.is_empty() {
+                break;
+            }
+            let mut waits = Vec::new();
+            for run in plan::gop_runs(&source.index, &missing) {
+                let key = RunKey {
+                    video: id.clone(),
+                    keyframe: run.keyframe,
+                    geometry,
+                };
+                // Join a pass of the same run; while it is still queued, add our frames to it so one
+                // pass serves both (a started pass gives what it gives; round 1 decodes the rest).
+                let joined = if round == 0 {
+                    let found = self.inflight.lock().get(&key).map(|f| {
+                        let queued = f.pending.lock().extend(&run.wanted);
+                        (f.tx.subscribe(), queued.then(|| f.job.clone()))
+                    });
+                    found.map(|(rx, queued)| {
+                        // Still queued under another tenant: queue a copy under ours too, so the run
+                        // starts at whichever turn comes first (fair share holds for joiners).
+                        if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
+                            job.tenant = tenant.id;
+                            let _ = if tenant.bounded {
+                                self.fleet.submit(job)
+                            } else {
+                                self.fleet.submit_unbounded(job)
+                            };
+                        }
+                        rx
+                    })
+                } else {
+                    None
+                };
+                match joined {
+                    Some(rx) => waits.push((rx, false)),
+                    None => waits.push((self.start_run(key, source, run, geometry, tenant)?, true)),
+                }
+            }
+            for (mut rx, leader) in waits {
+                let outcome = rx
+                    .wait_for(|v| v.is_some())
+                    .await
+                    .map(|v| v.clone())
+                    .ok()
+                    .flatten();
+                match outcome {
+                    Some(Ok(out)) => {
+                        if leader {
+                            stats.frames_decoded += out.decoded;
+                            stats.frames_skipped += out.skipped;
+                            stats.gop_runs += 1;
+                        }
+                        for (k, f) in &out.frames {
+                            if missing.remove(k) {
+                                if !leader {
+                                    stats.shared_frames += 1;
+                                    self.counters.shared_frames.fetch_add(1, Ordering::Relaxed);
+                                }
+                                got.insert(*k, f.clone());
+                            }
+                        }
+                    }
+                    Some(Err(e)) if leader => return Err(e.into()),
+                    None if leader => {
+                        return Err(Error::Internal("decode job vanished".into()));
+                    }
+                    // Another request's pass failed or vanished: decode ourselves next round.
+                    _ => {}
+                }
+            }
+        }
+        if let Some(k) = missing.first() {
+            return Err(Error::Internal(format!(
+                "frame {k} of {} still missing after decoding",
+                source.path.display()
+            )));
+        }
+        Ok((got, stats))
+    }
+
+    /// Registers a run for single flight and queues it on the fleet.
+    fn start_run(
+        &self,
+        key: RunKey,
+        source: &VideoSource,
+        run: GopRun,
+        geometry: Geometry,
+        tenant: Tenant,
+    ) -> Result<watch::Receiver<Option<RunResult>>, Error> {
+        let (tx, rx) = watch::channel(None);
+        let tx: RunSender = Arc::new(tx);
+        let pending = Arc::new(Mutex::new(PendingRun {
+            started: false,
+            run,
+        }));
+        let (cache, inflight, done_tx, done_key) = (
+            self.cache.clone(),
+            self.inflight.clone(),
+            tx.clone(),
+            key.clone(),
+        );
+        let video = key.video.clone();
+        let wanted_tx = tx.clone();
+        // Stage timings: queued at submit, taken by a decode thread when it asks whether the run is still
+        // wanted (just before decoding), done at `on_done`.
+        let (metrics, queued_at) = (self.metrics.clone(), std::time::Instant::now());
+        let taken_at = Arc::new(std::sync::OnceLock::new());
+        let taken = taken_at.clone();
+        let job = Job {
+            tenant: tenant.id,
+            source: source.clone(),
+            run: pending,
+            geometry,
+            on_done: Arc::new(Mutex::new(Some(Box::new(
+                move |result: Result<RunOutput, DecodeError>| {
+                    let result = result.map(Arc::new);
+                    if let Ok(out) = &result {
+                        let started = *taken_at.get_or_init(std::time::Instant::now);
+                        metrics.observe_run(
+                            match out.decoded_on {
+                                DecodedOn::Gpu => BackendLabel::CUDA,
+                                DecodedOn::Cpu | DecodedOn::CpuFallback => BackendLabel::CPU,
+                            },
+                            out.decoded_on == DecodedOn::CpuFallback,
+                            started.saturating_duration_since(queued_at),
+                            started.elapsed(),
+                            out.decoded,
+                            out.frames.len() as u64,
+                        );
+                        for (k, f) in &out.frames {
+                            cache.insert(
+                                FrameKey {
+                                    video: video.clone(),
+                                    frame: *k,
+                                    geometry,
+                                },
+                                f.clone(),
+                            );
+                        }
+                    }
+                    {
+                        let mut map = inflight.lock();
+                        if map
+                            .get(&done_key)
+                            .is_some_and(|f| Arc::ptr_eq(&f.tx, &done_tx))
+                        {
+                            map.remove(&done_key);
+                        }
+                    }
+                    done_tx.send_replace(Some(result));
+                },
+            ) as OnDone))),
+            still_wanted: Arc::new(move || {
+                taken.get_or_init(std::time::Instant::now);
+                wanted_tx.receiver_count() > 0
+            }),
+        };
+        self.inflight.lock().insert(
+            key.clone(),
+            InFlight {
+                tx: tx.clone(),
+                pending: job.run.clone(),
+                job: job.clone(),
+            },
+        );
+        let submitted = if tenant.bounded {
+            self.fleet.submit(job)
+        } else {
+            self.fleet.submit_unbounded(job)
+        };
+        if let Err(e) = submitted {
+            let mut map = self.inflight.lock();
+            if map.get(&key).is_some_and(|f| Arc::ptr_eq(&f.tx, &tx)) {
+                map.remove(&key);
+            }
+            return Err(e.into());
+        }
+        Ok(rx)
+    }
+}

@@ -1,0 +1,412 @@
+//! GetClips: explicit clips of one dataset → one array.
+//!
+//! resolve and index every distinct video ([`crate::catalog`]) → positions to frame numbers → geometry
+//! and output shape (refused before any decode when too large) → frames per video ([`crate::frames`]:
+//! cache, single flight, fleet) → [`batch`] assembly, into a reply buffer or straight into a
+//! shared-memory arena. A video found damaged mid-request is marked (its next index comes from a decode)
+//! and the whole request is resolved once more.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::batch;
+use crate::decode::Frame;
+use crate::engine::Engine;
+use crate::error::{blocking, Error};
+use crate::metrics::Timer;
+use crate::request::{
+    display_dims, resolve_positions, ClipMeta, ClipsReply, ClipsRequest, RequestStats,
+};
+
+/// Serves one GetClips request.
+pub async fn get_clips(engine: &Arc<Engine>, req: ClipsRequest) -> Result<ClipsReply, Error> {
+    let _inflight = engine.request_started();
+    match get_clips_once(engine, &req).await {
+        // The damaged video is now indexed by decoding; frame numbers may have changed, so the whole
+        // request is resolved again.
+        Err(Error::Damaged(_)) => get_clips_once(engine, &req).await,
+        other => other,
+    }
+}
+
+async fn get_clips_once(engine: &Arc<Engine>, req: &ClipsRequest) -> Result<ClipsReply, Error> {
+    let limits = engine.limits();
+    req.validate(limits)?;
+    let tenant = engine.frames().new_tenant(true);
+    engine.catalog().dataset(&req.dataset)?;
+
+    // Index every distinct video once, in parallel on blocking threads. `clip_video[i]` is the
+    // position of clip i's video in `distinct`.
+    let mut distinct: Vec<(String, Option<u32>)> = Vec::new();
+    let mut position: HashMap<(&str, Option<u32>), usize> = HashMap::new();
+    let clip_video: Vec<usize> = req
+        .clips
+        .iter()
+        .map(|c| {
+            *position.entry((&c.video, c.stream)).or_insert_with(|| {
+                distinct.push((c.video.clone(), c.stream));
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    let videos = engine
+        .catalog()
+        .resolve_all(&req.dataset, &distinct)
+        .await?;
+
+    // Positions → frame numbers.
+    let mut clip_frames: Vec<Vec<usize>> = Vec::with_capacity(req.clips.len());
+    for (c, &vi) in req.clips.iter().zip(&clip_video) {
+        let (_, index, _) = &videos[vi];
+        clip_frames.push(resolve_positions(&c.video, index, &c.positions)?);
+    }
+
+    // Geometry per video, and the common output size.
+    let mut geometries = Vec::with_capacity(videos.len());
+    for (i, (_, index, _)) in videos.iter().enumerate() {
+        geometries.push(req.transform.geometry(index, &distinct[i].0, limits)?);
+    }
+    let (w, h) = display_dims(geometries[clip_video[0]]);
+    for (c, &vi) in req.clips.iter().zip(&clip_video) {
+        let g = geometries[vi];
+        // With a crop, frames of other sizes are fine as long as each holds the crop (batch checks).
+        if req.transform.batch.crop.is_none() && display_dims(g) != (w, h) {
+            let (w2, h2) = display_dims(g);
+            return Err(Error::InvalidArgument(format!(
+                "clips have different frame sizes ({w}x{h} and {w2}x{h2} for {:?}); request an output size",
+                c.video
+            )));
+        }
+    }
+    let t = clip_frames[0].len();
+    for &vi in &clip_video {
+        let (cw, ch) = display_dims(geometries[vi]);
+        batch::output_shape(1, t, cw, ch, &req.transform.batch)?;
+    }
+    let shape = batch::output_shape(req.clips.len(), t, w, h, &req.transform.batch)?;
+    let nbytes = shape.iter().product::<u64>() * req.transform.batch.dtype.size() as u64;
+    if nbytes > limits.max_output_bytes {
+        return Err(Error::InvalidArgument(format!(
+            "output of {nbytes} bytes (shape {shape:?}) exceeds the limit of {} bytes",
+            limits.max_output_bytes
+        )));
+    }
+
+    // Frames, per video.
+    // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.
+    let mut wanted: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); videos.len()];
+    for (frames, &vi) in clip_frames.iter().zip(&clip_video) {
+        wanted[vi].extend(frames.iter().copied());
+    }
+    let mut fetches = Vec::with_capacity(videos.len());
+    for (i, ((id, _, source), wanted)) in videos.iter().zip(wanted).enumerate() {
+        fetches.push(
+            engine
+                .frames()
+                .fetch(id, source, geometries[i], wanted, tenant),
+        );
+    }
+    let mut stats = RequestStats::default();
+    let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
+    let fetched_all = futures::future::join_all(fetches).await;
+    for (i, fetched) in fetched_all.iter().enumerate() {
+        if let Err(Error::Damaged(detail)) = fetched {
+            engine.catalog().mark_damaged(&videos[i].0, detail);
+        }
+    }
+    for fetched in fetched_all {
+        let (frames, s) = fetched?;
+        stats.add(&s);
+        per_video.push(frames);
+    }
+
+    // Assemble.
+    let mut frames_by_clip: Vec<Vec<Arc<Frame>>> = Vec::with_capacity(req.clips.len());
+    let mut metas = Vec::with_capacity(req.clips.len());
+    for ((c, frames), &vi) in req.clips.iter().zip(&clip_frames).zip(&clip_video) {
+        let index = &videos[vi].1;
+        let mut list = Vec::with_capacity(frames.len());
+        for k in frames {
+            let f = per_video[vi].get(k).cloned().ok_or_else(|| {
+                Error::Internal(format!("frame {k} of {:?} missing after decode", c.video))
+            })?;
+            list.push(f);
+        }
+        frames_by_clip.push(list);
+        metas.push(ClipMeta {
+            video: c.video.clone(),
+            frames: frames.iter().map(|&k| k as u64).collect(),
+            pts: frames.iter().map(|&k| index.frames[k].pts).collect(),
+            pts_seconds: frames
+                .iter()
+                .map(|&k| index.seconds(index.frames[k].pts))
+                .collect(),
+        });
+    }
+    let spec = req.transform.batch.clone();
+    let assembly_timer = Timer::start();
+    let (to_shm, reuse, shared) = (req.shm, req.shm_reuse, engine.clone());
+    let (shape, data, shm) = blocking(move || {
+        if !to_shm {
+            let (shape, data) = batch::assemble(&frames_by_clip, &spec)?;
+            return Ok((shape, data, None));
+        }
+        let augs = batch::centre_augs(&frames_by_clip, &spec)?;
+        let shape = batch::augmented_shape(&frames_by_clip, &augs, &spec)?;
+        let nbytes = batch::shape_bytes(&shape, &spec);
+        let (shape, r) = shared.shm().one_shot_with(nbytes, reuse, |buf| {
+            Ok::<_, Error>(batch::assemble_augmented_into(
+                &frames_by_clip,
+                &augs,
+                &spec,
+                buf,
+            )?)
+        })?;
+        Ok((shape, Vec::new(), Some(r)))
+    })
+    .await?;
+    assembly_timer.observe(&engine.metrics().batch_assembly);
+    let nbytes = shape.iter().product::<u64>() * req.transform.batch.dtype.size() as u64;
+    Ok(ClipsReply {
+        shape,
+        data,
+        shm,
+        nbytes,
+        clips: metas,
+        stats,
+    })
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CacheConfig, DatasetConfig, DecodeConfig};
+    use crate::config::{Config, Limits};
+    use crate::decode::fake::{fake_value, FakeBackend};
+    use crate::decode::fleet::BackendFactory;
+    use crate::decode::Geometry;
+    use crate::request::{ClipRequest, Positions, Resize, Transform};
+
+    /// An engine over the committed demo clips whose decoding is the fake backend: the index is real
+    /// (nasa_13013.mp4, keyframes 0 and 240 of 390), frame k is a solid image of value fake_value(k).
+    fn engine(delay_ms: u64) -> Arc<Engine> {
+        engine_with(delay_ms, 2)
+    }
+
+    fn engine_with(delay_ms: u64, threads: usize) -> Arc<Engine> {
+        let config = Config {
+            listen: vec![],
+            datasets: vec![DatasetConfig {
+                name: "demo".into(),
+                root: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/demo").into(),
+                manifest: None,
+            }],
+            cache: CacheConfig {
+                bytes: 64 << 20,
+                index_bytes: 1 << 20,
+            },
+            decode: DecodeConfig {
+                threads,
+                threads_explicit: true,
+                queue: 16,
+                threads_per_decoder: 1,
+                gpus: crate::config::GpuSpec::None,
+                nvdec_sessions: 1,
+            },
+            limits: Limits::default(),
+            shutdown_grace: std::time::Duration::from_secs(1),
+            shm_dir: std::env::temp_dir(),
+            ops: Default::default(),
+        };
+        let factory: BackendFactory = Arc::new(move |_slot| {
+            Box::new(FakeBackend {
+                delay: std::time::Duration::from_millis(delay_ms),
+            })
+        });
+        Engine::new(&config, factory).unwrap()
+    }
+
+    fn request(frames: &[u64]) -> ClipsRequest {
+        ClipsRequest {
+            shm: false,
+            shm_reuse: false,
+            dataset: "demo".into(),
+            clips: vec![ClipRequest {
+                video: "nasa_13013.mp4".into(),
+                stream: None,
+                positions: Positions::Frames(frames.to_vec()),
+            }],
+            transform: Transform {
+                resize: Resize::Exact {
+                    width: 8,
+                    height: 4,
+                },
+                ..Transform::default()
+            },
+        }
+    }
+
+    /// A request that joins a run still queued behind another tenant's backlog is served at its own
+    /// turn, not at the end of that backlog.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn joined_runs_start_at_the_joiners_turn() {
+        let e = engine_with(30, 1);
+        let (id, _, source) = e
+            .catalog()
+            .resolve("demo", "nasa_13013.mp4", None)
+            .await
+            .unwrap();
+        let a = e.frames().new_tenant(false);
+        let b = e.frames().new_tenant(false);
+        let geometry = |w: u32| Geometry {
+            scaled_width: w,
+            scaled_height: 4,
+            rotation: 0,
+        };
+        // Tenant a queues ten runs (one per geometry); the last is the one b will want.
+        let mut backlog = Vec::new();
+        for w in 1..=10 {
+            let (e, id, source) = (e.clone(), id.clone(), source.clone());
+            backlog.push(tokio::spawn(async move {
+                e.frames()
+                    .fetch(&id, &source, geometry(w), BTreeSet::from([5]), a)
+                    .await
+                    .map(|_| ())
+            }));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let (got, stats) = e
+            .frames()
+            .fetch(&id, &source, geometry(10), BTreeSet::from([5]), b)
+            .await
+            .unwrap();
+        assert_eq!(got[&5].data[0], fake_value(5));
+        assert_eq!(stats.shared_frames, 1, "b joined a's queued run");
+        let runs_done = e.frames().stats().gop_runs;
+        assert!(
+            runs_done <= 4,
+            "b waited for {runs_done} runs of a's backlog"
+        );
+        for h in backlog {
+            h.await.unwrap().unwrap();
+        }
+        assert_eq!(e.frames().stats().gop_runs, 10);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn decodes_gop_runs_once_then_serves_from_cache() {
+        let e = engine(0);
+        let first = get_clips(&e, request(&[250, 5, 7])).await.unwrap();
+        // Runs: keyframe 0 → 7 (8 frames) and keyframe 240 → 250 (11 frames).
+        assert_eq!(first.stats.frames_decoded, 8 + 11);
+        assert_eq!(first.stats.gop_runs, 2);
+        assert_eq!(first.shape, vec![1, 3, 4, 8, 3]);
+        let per = 4 * 8 * 3;
+        for (i, k) in [250usize, 5, 7].iter().enumerate() {
+            assert!(first.data[i * per..(i + 1) * per]
+                .iter()
+                .all(|&v| v == fake_value(*k)));
+        }
+        let second = get_clips(&e, request(&[250, 5, 7])).await.unwrap();
+        assert_eq!(second.stats.frames_decoded, 0);
+        assert_eq!(second.stats.cache_hits, 3);
+        assert_eq!(second.data, first.data);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_requests_share_one_pass() {
+        let e = engine(300);
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let e = e.clone();
+            tasks.push(tokio::spawn(async move {
+                get_clips(&e, request(&[3, 9])).await
+            }));
+        }
+        let mut decoded = 0;
+        let mut shared = 0;
+        let mut datas = Vec::new();
+        for t in tasks {
+            let r = t.await.unwrap().unwrap();
+            decoded += r.stats.frames_decoded;
+            shared += r.stats.shared_frames;
+            datas.push(r.data);
+        }
+        assert_eq!(decoded, 10, "one pass of keyframe 0 → frame 9");
+        assert_eq!(
+            shared, 6,
+            "three requests took both frames from the one pass"
+        );
+        assert!(datas.windows(2).all(|w| w[0] == w[1]));
+        assert_eq!(e.stats().gop_runs, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_queued_run_grows_to_serve_a_later_request() {
+        // One decode thread, busy with GOP 240 while both requests for GOP 0 arrive.
+        let e = engine_with(500, 1);
+        let blocker = {
+            let e = e.clone();
+            tokio::spawn(async move { get_clips(&e, request(&[250])).await })
+        };
+        // Wait (not sleep) for each state, so a loaded machine cannot reorder the steps.
+        let until = |cond: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !cond() {
+                assert!(std::time::Instant::now() < deadline, "state not reached");
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        };
+        // The blocker's run has started (left the queue).
+        until(&|| e.frames().inflight_started() == [true]);
+        let first = {
+            let e = e.clone();
+            tokio::spawn(async move { get_clips(&e, request(&[3])).await })
+        };
+        // The first request's run is registered and queued behind the blocker.
+        until(&|| {
+            let started = e.frames().inflight_started();
+            started.len() == 2 && started.iter().filter(|s| !**s).count() == 1
+        });
+        let second = get_clips(&e, request(&[9])).await.unwrap();
+        let first = first.await.unwrap().unwrap();
+        blocker.await.unwrap().unwrap();
+        // The queued run 0 → 3 grew to 0 → 9 before it started: one pass served both.
+        assert_eq!(first.stats.frames_decoded, 10);
+        assert_eq!(second.stats.frames_decoded, 0);
+        assert_eq!(second.stats.shared_frames, 1);
+        assert!(second.data.iter().all(|&v| v == fake_value(9)));
+        assert!(first.data.iter().all(|&v| v == fake_value(3)));
+        assert_eq!(e.stats().gop_runs, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refuses_bad_requests_before_work() {
+        let e = engine(0);
+        let many = vec![0u64; 1_000_000];
+        assert!(matches!(
+            get_clips(&e, request(&many)).await,
+            Err(Error::InvalidArgument(_))
+        ));
+        let mut huge = request(&[0]);
+        huge.transform.resize = Resize::Exact {
+            width: 100_000,
+            height: 100_000,
+        };
+        assert!(matches!(
+            get_clips(&e, huge).await,
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            get_clips(&e, request(&[390])).await,
+            Err(Error::OutOfRange(_))
+        ));
+        let mut outside = request(&[0]);
+        outside.clips[0].video = "../demo/nasa_13013.mp4".into();
+        assert!(matches!(
+            get_clips(&e, outside).await,
+            Err(Error::PermissionDenied(_))
+        ));
+        assert_eq!(e.stats().frames_decoded, 0);
+        assert!(get_clips(&e, request(&[1])).await.is_ok());
+    }
+}
