@@ -112,6 +112,8 @@ pub struct ClipMeta {
     pub frames: Vec<u64>,
     pub pts: Vec<i64>,
     pub pts_seconds: Vec<f64>,
+    /// Per frame: its duration in the frame table, in seconds.
+    pub duration_seconds: Vec<f64>,
 }
 
 #[derive(Debug)]
@@ -132,6 +134,10 @@ pub struct DatasetSummary {
     pub name: String,
     pub root: String,
     pub video_count: u64,
+    /// The samples a stream draws from (manifest rows, else the videos a scan lists).
+    pub samples: u64,
+    /// Each distinct label and its label index.
+    pub classes: Vec<(String, i64)>,
 }
 
 /// Counters since start-up.
@@ -324,13 +330,21 @@ impl Engine {
     pub fn datasets(&self) -> Vec<DatasetSummary> {
         self.datasets
             .values()
-            .map(|d| DatasetSummary {
-                name: d.name.clone(),
-                root: d.root.display().to_string(),
-                video_count: self
-                    .gulps
-                    .get(&d.name)
-                    .map_or_else(|| d.count_videos(), |g| g.len() as u64),
+            .map(|d| {
+                let manifest = self.manifests.get(&d.name);
+                DatasetSummary {
+                    name: d.name.clone(),
+                    root: d.root.display().to_string(),
+                    video_count: self
+                        .gulps
+                        .get(&d.name)
+                        .map_or_else(|| d.count_videos(), |g| g.len() as u64),
+                    samples: manifest.map_or_else(
+                        || crate::manifest::Samples::scan(&d.root).len(),
+                        |m| m.len(),
+                    ) as u64,
+                    classes: manifest.map(|m| m.classes()).unwrap_or_default(),
+                }
             })
             .collect()
     }
@@ -684,6 +698,10 @@ impl Engine {
                 pts_seconds: frames
                     .iter()
                     .map(|&k| index.seconds(index.frames[k].pts))
+                    .collect(),
+                duration_seconds: frames
+                    .iter()
+                    .map(|&k| index.seconds(index.frames[k].duration))
                     .collect(),
             });
         }
