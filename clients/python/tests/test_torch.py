@@ -19,7 +19,7 @@ from vserve_client.batch import Batch  # noqa: E402
 from vserve_client.torch import VideoClipDataset  # noqa: E402
 from test_fake_stream import expected  # noqa: E402
 
-KW = dict(batch_size=4, frames_per_clip=2)
+KW = dict(batch_size=4, num_frames_per_clip=2)
 
 
 def batches_of(loader):
@@ -109,7 +109,7 @@ def test_bad_arguments_fail_at_construction():
 def test_real_daemon_stream(daemon, workers):
     # Shared memory (the Unix socket's default) against inline bytes: workers copy each slot into a
     # torch shared-memory tensor before releasing it; the main process holds views, cloned here.
-    kw = dict(batch_size=1, clips_per_video=3, frames_per_clip=2, size=(32, 24), seed=1)
+    kw = dict(batch_size=1, num_clips=3, num_frames_per_clip=2, size=(24, 32), seed=1)
     ds = VideoClipDataset(daemon.addr, "clips", **kw)
     try:
         items = [

@@ -24,7 +24,7 @@ def test_transform_defaults():
 
 def test_transform_every_field():
     t = rq.transform_msg(
-        size=(320, 240), crop=112, flip=True, dtype="float16", mean=[0.4, 0.5, 0.6], std=0.25, layout="tchw",
+        size=(240, 320), crop=112, flip=True, dtype="float16", mean=[0.4, 0.5, 0.6], std=0.25, layout="tchw",
         rotate=False,
     )
     assert (t.size.width, t.size.height) == (320, 240)
@@ -73,14 +73,14 @@ def test_stream_request_every_field():
         "kin",
         batch_size=32,
         sampler="regular_timestamps",
-        clips_per_video=2,
-        frames_per_clip=8,
-        frame_stride=4,
+        num_clips=2,
+        num_frames_per_clip=8,
+        num_indices_between_frames=4,
         seconds_between_frames=0.1,
         seconds_between_clip_starts=2.0,
-        range_start=1.0,
-        range_end=-1.0,
-        short_video="wrap",
+        sampling_range_start=1.0,
+        sampling_range_end=-1.0,
+        policy="wrap",
         short_side=256,
         random_resized_crop={"size": 224, "scale": (0.2, 1.0), "ratio": (0.5, 2.0)},
         random_hflip=True,
@@ -122,7 +122,7 @@ def test_stream_request_defaults():
     assert r.augment.WhichOneof("crop") is None and not r.augment.random_hflip
     assert (r.world_size, r.rank, r.prefetch, r.no_shuffle) == (1, 0, 2, False)
     assert (r.shard_remainder, r.on_error) == (pb.SHARD_REMAINDER_UNEVEN, pb.ON_ERROR_SKIP)
-    r = rq.stream_request("kin", batch_size=4, random_crop=(200, 100))
+    r = rq.stream_request("kin", batch_size=4, random_crop=(100, 200))
     assert (r.augment.random_crop.width, r.augment.random_crop.height) == (200, 100)
 
 
@@ -132,7 +132,7 @@ def test_stream_request_defaults():
         (dict(batch_size=0), "batch_size=0"),
         (dict(batch_size=2, rank=2, world_size=2), "rank=2"),
         (dict(batch_size=2, sampler="uniform"), "sampler='uniform'"),
-        (dict(batch_size=2, short_video="pad"), "short_video='pad'"),
+        (dict(batch_size=2, policy="pad"), "policy='pad'"),
         (dict(batch_size=2, shard_remainder="even"), "shard_remainder"),
         (dict(batch_size=2, on_error="ignore"), "on_error"),
         (dict(batch_size=2, random_crop=10, random_resized_crop=10), "give one of them"),
