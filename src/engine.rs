@@ -112,7 +112,7 @@ pub struct ClipMeta {
     pub frames: Vec<u64>,
     pub pts: Vec<i64>,
     pub pts_seconds: Vec<f64>,
-    /// Per frame: its duration in the frame table, in seconds.
+    /// Per frame: the duration the stream states for it (FFmpeg's frame duration), in seconds.
     pub duration_seconds: Vec<f64>,
 }
 
@@ -701,7 +701,7 @@ impl Engine {
                     .collect(),
                 duration_seconds: frames
                     .iter()
-                    .map(|&k| index.seconds(index.frames[k].duration))
+                    .map(|&k| index.seconds(index.frames[k].stated_duration))
                     .collect(),
             });
         }

@@ -831,7 +831,7 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
                     .collect(),
                 duration_seconds: numbers
                     .iter()
-                    .map(|&k| r.index.seconds(r.index.frames[k].duration))
+                    .map(|&k| r.index.seconds(r.index.frames[k].stated_duration))
                     .collect(),
             },
             label: s.label.clone(),

@@ -421,7 +421,7 @@ impl pb::v_serve_server::VServe for Api {
             display_width: dw,
             display_height: dh,
             durations: if req.include_pts {
-                index.frames.iter().map(|f| f.duration).collect()
+                index.frames.iter().map(|f| f.stated_duration).collect()
             } else {
                 Vec::new()
             },
