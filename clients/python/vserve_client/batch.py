@@ -97,8 +97,8 @@ class Batch:
         label_indices: int64 [clips], the label's index in the dataset's sorted label set (-1 without).
         frames: int64 [clips, T], the frame indices decoded (frame k = FFmpeg's k-th output frame).
         pts: int64 [clips, T] in the stream's time base; pts_seconds: float64 [clips, T].
-        duration_seconds: float64 [clips, T], each frame's duration (until the next frame's pts; the
-            last frame of a video: its packet duration), as TorchCodec's ``FrameBatch.duration_seconds``.
+        duration_seconds: float64 [clips, T], each frame's duration as the stream states it (FFmpeg's
+            frame duration; 0 when none is stated), as TorchCodec's ``FrameBatch.duration_seconds``.
         clips: per clip, every ClipInfo field as a dict (sample, clip, replaced_by, crop, flipped, ...).
         skipped: samples replaced in this batch, dicts with sample, video, code, message.
         batch, batches_total: this batch's number in the rank's epoch and how many it has (StreamBatches;

@@ -11,8 +11,8 @@ by the daemon (and its shared cache) instead of in this process.
 Semantics are TorchCodec's (exact seek mode): frame i is the i-th frame FFmpeg's decoder outputs in
 presentation order; the frame played at t is the last frame whose pts <= t, for begin_stream_seconds <= t
 < end_stream_seconds; ``get_frames_played_in_range(a, b)`` gives the frames played during [a, b): from the
-one played at a to the last one whose pts is before b. A frame's duration runs until the next frame's
-pts (the last frame's: its packet duration).
+one played at a to the last one whose pts is before b. A frame's ``duration_seconds`` is the duration
+the stream states for it (FFmpeg's frame duration, as TorchCodec and ffprobe report it; 0 when none).
 
 Outputs: ``data`` is ``[N, 3, H, W]`` (``dimension_order="NCHW"``, the default) or ``[N, H, W, 3]``
 ("NHWC"), uint8; ``pts_seconds`` and ``duration_seconds`` are float64 ``[N]``. They are torch tensors when
@@ -50,14 +50,15 @@ class VideoStreamMetadata:
 
     Attributes:
         num_frames: frames FFmpeg's decoder outputs (``len(decoder)``).
-        begin_stream_seconds: the first frame's pts; end_stream_seconds: the end of the last frame
-            (its pts plus its duration); duration_seconds: end minus begin.
+        begin_stream_seconds: the smallest pts; end_stream_seconds: the largest pts plus that frame's
+            stated duration (TorchCodec's ``*_from_content``); duration_seconds: end minus begin.
         average_fps: num_frames / duration_seconds (TorchCodec's definition); average_fps_from_header:
             the container's average frame rate.
         width, height: of the decoded frames (after display rotation, as returned); coded_width,
             coded_height: as stored. rotation: degrees clockwise applied for display.
         codec, pixel_format, stream_index, time_base (num, den).
-        pts_seconds, duration_seconds_per_frame: float64 [num_frames], each frame's pts and duration.
+        pts_seconds, duration_seconds_per_frame: float64 [num_frames], each frame's pts and stated
+            duration (:meth:`Client.probe`'s ``pts`` and ``durations`` in seconds).
     """
 
     num_frames: int
@@ -91,10 +92,6 @@ class VideoStreamMetadata:
     def end_stream_seconds_from_content(self) -> float:
         return self.end_stream_seconds
 
-    @property
-    def duration_seconds_from_header(self) -> float:
-        return self.duration_seconds
-
     @classmethod
     def from_probe(cls, p: Dict[str, Any]) -> "VideoStreamMetadata":
         """From :meth:`Client.probe` with ``include_pts=True``."""
@@ -111,11 +108,12 @@ class VideoStreamMetadata:
         pts_s = _seconds(pts, num, den)
         dur_s = _seconds(durations, num, den)
         if n:
-            begin = float(pts_s[0])
-            end = float(_seconds([pts[-1] + durations[-1]], num, den)[0])
+            # As TorchCodec's scan: the smallest pts, and the largest pts + stated duration.
+            begin = float(_seconds([pts.min()], num, den)[0])
+            end = float(_seconds([(pts + durations).max()], num, den)[0])
         else:
             begin = end = 0.0
-        duration = float(p["duration_seconds"])
+        duration = end - begin
         return cls(
             num_frames=n,
             begin_stream_seconds=begin,
