@@ -54,13 +54,17 @@ needs anyway) and the slot is released at once, so the tensors the loader yields
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+from . import errors
 from .batch import Batch
 from .client import Client
 from .request import rename_deprecated, stream_kwargs_names, stream_request
@@ -74,6 +78,42 @@ def _distributed() -> Optional[Tuple[int, int]]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return None
+
+
+#: Run by _dataset_info_elsewhere in a child interpreter: one ListDatasets call, the answer as JSON.
+_INFO_SCRIPT = """
+import json, sys
+from vserve_client import Client, VServeError
+a = json.load(sys.stdin)
+try:
+    with Client(a["addr"], transport="inline", token=a["token"]) as c:
+        print(json.dumps({"info": c.dataset_info(a["dataset"])}))
+except VServeError as e:
+    print(json.dumps({"error": type(e).__name__, "code": e.code, "message": e.message}))
+"""
+
+
+def _dataset_info_elsewhere(addr: str, token: Optional[str], dataset: str) -> Dict[str, Any]:
+    """The dataset's ListDatasets entry, asked by a short-lived child interpreter, so that this process
+    (a trainer's main process) opens no gRPC channel of ours before DataLoader forks its workers: gRPC's
+    threads and locks do not survive fork(), and a worker forked while they are busy can hang."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    run = subprocess.run(
+        [sys.executable, "-c", _INFO_SCRIPT],
+        input=json.dumps({"addr": addr, "token": token, "dataset": dataset}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"asking the daemon for dataset {dataset!r} failed:\n{run.stderr[-2000:]}")
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    if "error" in answer:
+        cls = getattr(errors, answer["error"], errors.VServeError)
+        raise cls(answer["message"], code=answer["code"])
+    return answer["info"]
 
 
 def _worker() -> Tuple[int, int]:
@@ -179,8 +219,11 @@ class VideoClipDataset(IterableDataset):
 
     def _dataset_info(self) -> Dict[str, Any]:
         if self._info is None:
-            with Client(self.addr, transport="inline", token=self.token) as c:
-                self._info = c.dataset_info(self.dataset)
+            if get_worker_info() is not None:
+                with Client(self.addr, transport="inline", token=self.token) as c:
+                    self._info = c.dataset_info(self.dataset)
+            else:
+                self._info = _dataset_info_elsewhere(self.addr, self.token, self.dataset)
         return self._info
 
     @property
@@ -199,7 +242,8 @@ class VideoClipDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Batches of this rank's epoch (the daemon's ``batches_total``; counting from ``start_sample``
-        after a resume with another world size). Asks the daemon for the dataset's sample count once.
+        after a resume with another world size). Asks the daemon for the dataset's sample count once
+        (from a child interpreter: see :func:`_dataset_info_elsewhere`).
         Regular-timestamps sampling has no length known ahead: TypeError, as for a dataset without one."""
         if not self._fixed_clips():
             raise TypeError("VideoClipDataset with regular-timestamps sampling has no length known ahead")
