@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .request import Finish
 
 #: Wire dtype -> numpy dtype (explicitly little-endian: the wire is little-endian on every host).
-WIRE_DTYPES = {
+WIRE_DTYPES: Dict[int, "np.dtype[Any]"] = {
     pb.DTYPE_UINT8: np.dtype("u1"),
     pb.DTYPE_FLOAT16: np.dtype("<f2"),
     pb.DTYPE_FLOAT32: np.dtype("<f4"),

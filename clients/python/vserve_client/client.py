@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -119,7 +119,7 @@ class Client:
         self._timeout = timeout
         self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
         target, secure = _target(addr)
-        options = [
+        options: List[Tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
@@ -221,7 +221,7 @@ class Client:
 
     # -- batches ----------------------------------------------------------------------------------------
 
-    def _messages(self, method: Any, req: Any, timeout: Optional[float]) -> Iterator[Any]:
+    def _messages(self, method: Any, req: Any, timeout: Optional[float]) -> Generator[Any, None, None]:
         """The reply messages of a server-streaming call; errors become VServeError; closing cancels."""
         call = method(req, metadata=self._metadata, timeout=timeout)
         try:

@@ -92,7 +92,7 @@ def rename_deprecated(kwargs: Dict[str, Any], stacklevel: int = 3) -> Dict[str, 
     return out
 
 
-def _choice(arg: str, value: Any, table: Mapping[str, int]) -> int:
+def _choice(arg: str, value: Any, table: Mapping[str, Any]) -> Any:
     key = value
     if isinstance(value, str):
         # Accept either spelling of word separators: "random_indices", "repeat-last".
@@ -103,7 +103,7 @@ def _choice(arg: str, value: Any, table: Mapping[str, int]) -> int:
     raise InvalidArgument(f"{arg}={value!r}: expected one of {', '.join(repr(k) for k in table)}")
 
 
-def _canonical(arg: str, value: Any, table: Mapping[str, int]) -> str:
+def _canonical(arg: str, value: Any, table: Mapping[str, Any]) -> str:
     """The table's spelling of a choice (``"repeat-last"`` -> ``"repeat_last"``)."""
     _choice(arg, value, table)
     key = value.strip()
@@ -131,7 +131,7 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-def dtype_code(dtype: Any) -> int:
+def dtype_code(dtype: Any) -> Any:
     """The wire enum for a dtype (bfloat16 travels as float32)."""
     return DTYPES[dtype_name(dtype)]
 
