@@ -655,9 +655,9 @@ def run_ranks(specs: List[Dict[str, Any]], mode: str, daemon: Optional[Daemon], 
 def train_stream_args(rank: int, ranks: int, seed: int, epoch: int = 0) -> Dict[str, Any]:
     return dict(
         sampler="random-indices",
-        clips_per_video=1,
-        frames_per_clip=8,
-        frame_stride=4,
+        num_clips=1,
+        num_frames_per_clip=8,
+        num_indices_between_frames=4,
         short_side=256,
         random_crop=(224, 224),
         random_hflip=True,

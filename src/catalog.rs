@@ -108,13 +108,19 @@ impl Catalog {
     pub fn datasets(&self) -> Vec<DatasetSummary> {
         self.datasets
             .values()
-            .map(|d| DatasetSummary {
-                name: d.name.clone(),
-                root: d.root.display().to_string(),
-                video_count: self
-                    .gulps
-                    .get(&d.name)
-                    .map_or_else(|| d.count_videos(), |g| g.len() as u64),
+            .map(|d| {
+                let manifest = self.manifests.get(&d.name);
+                DatasetSummary {
+                    name: d.name.clone(),
+                    root: d.root.display().to_string(),
+                    video_count: self
+                        .gulps
+                        .get(&d.name)
+                        .map_or_else(|| d.count_videos(), |g| g.len() as u64),
+                    samples: manifest.map_or_else(|| Samples::scan(&d.root).len(), |m| m.len())
+                        as u64,
+                    classes: manifest.map(|m| m.classes()).unwrap_or_default(),
+                }
             })
             .collect()
     }

@@ -24,6 +24,9 @@ pub struct FrameEntry {
     /// Until the next frame's pts (the last frame: its packet duration, else the average frame duration).
     pub duration: i64,
     pub key: bool,
+    /// The duration the stream states for this frame (its packet's, or the decoded frame's; 0 when none
+    /// is stated): what ffprobe and TorchCodec report as the frame's duration.
+    pub stated_duration: i64,
 }
 
 /// How a decoder finds frame k.
@@ -200,6 +203,7 @@ mod tests {
                 pts: p,
                 duration: 10,
                 key: keys.contains(&i),
+                stated_duration: 10,
             })
             .collect();
         VideoIndex {

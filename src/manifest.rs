@@ -130,6 +130,17 @@ impl Samples {
         self.samples.len()
     }
 
+    /// Each distinct label with its label index, sorted by label.
+    pub fn classes(&self) -> Vec<(String, i64)> {
+        let mut seen: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+        for s in &self.samples {
+            if let Some(l) = &s.label {
+                seen.entry(l.as_str()).or_insert(s.label_index);
+            }
+        }
+        seen.into_iter().map(|(l, i)| (l.to_owned(), i)).collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.samples.is_empty()
     }
@@ -345,6 +356,13 @@ mod tests {
         // Sorted distinct labels: "playing guitar, loudly" < "swimming".
         assert_eq!(s.samples[0].label_index, 0);
         assert_eq!(s.samples[1].label_index, 1);
+        assert_eq!(
+            s.classes(),
+            vec![
+                ("playing guitar, loudly".to_owned(), 0),
+                ("swimming".to_owned(), 1)
+            ]
+        );
     }
 
     #[test]
@@ -354,6 +372,8 @@ mod tests {
         let s = Samples::from_manifest(&p).unwrap();
         let idx: Vec<i64> = s.samples.iter().map(|s| s.label_index).collect();
         assert_eq!(idx, vec![7, 3, -1]);
+        // Integer labels are their own indices; a row without a label adds no class.
+        assert_eq!(s.classes(), vec![("3".to_owned(), 3), ("7".to_owned(), 7)]);
     }
 
     #[test]

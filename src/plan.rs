@@ -76,6 +76,7 @@ mod tests {
                     pts: i as i64,
                     duration: 1,
                     key: keys.contains(&i),
+                    stated_duration: 1,
                 })
                 .collect(),
             keyframes: keys.to_vec(),

@@ -99,6 +99,8 @@ pub struct ClipMeta {
     pub frames: Vec<u64>,
     pub pts: Vec<i64>,
     pub pts_seconds: Vec<f64>,
+    /// Per frame: the duration the stream states for it (FFmpeg's frame duration), in seconds.
+    pub duration_seconds: Vec<f64>,
 }
 
 #[derive(Debug)]
@@ -119,6 +121,10 @@ pub struct DatasetSummary {
     pub name: String,
     pub root: String,
     pub video_count: u64,
+    /// The samples a stream draws from (manifest rows, else the videos a scan lists).
+    pub samples: u64,
+    /// Each distinct label and its label index.
+    pub classes: Vec<(String, i64)>,
 }
 
 impl ClipsRequest {

@@ -298,6 +298,7 @@ fn stream_from_proto(req: pb::StreamBatchesRequest) -> Result<StreamRequest, Err
         transport: transport_from_proto(req.transport)?,
         worker: req.worker as u64,
         workers: (req.num_workers as u64).max(1),
+        start_sample: req.start_sample,
     })
 }
 
@@ -320,6 +321,7 @@ fn stream_batch_messages(
                 frame_indices: c.meta.frames,
                 pts: c.meta.pts,
                 pts_seconds: c.meta.pts_seconds,
+                duration_seconds: c.meta.duration_seconds,
                 label: c.label.unwrap_or_default(),
                 label_index: c.label_index,
                 sample: c.sample,
@@ -418,6 +420,11 @@ impl pb::v_serve_server::VServe for Api {
             declared_frames: index.declared_frames,
             display_width: dw,
             display_height: dh,
+            durations: if req.include_pts {
+                index.frames.iter().map(|f| f.stated_duration).collect()
+            } else {
+                Vec::new()
+            },
         }))
     }
 
@@ -450,6 +457,7 @@ impl pb::v_serve_server::VServe for Api {
                     frame_indices: c.frames,
                     pts: c.pts,
                     pts_seconds: c.pts_seconds,
+                    duration_seconds: c.duration_seconds,
                     ..Default::default()
                 })
                 .collect(),
@@ -527,6 +535,8 @@ impl pb::v_serve_server::VServe for Api {
                     name: d.name,
                     root: d.root,
                     video_count: d.video_count,
+                    samples: d.samples,
+                    class_to_idx: d.classes.into_iter().collect(),
                 })
                 .collect(),
         }))

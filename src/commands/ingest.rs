@@ -604,6 +604,7 @@ mod tests {
                     pts: k,
                     duration: 1,
                     key: k == 0,
+                    stated_duration: 1,
                 })
                 .collect(),
             keyframes: vec![0],

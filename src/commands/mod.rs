@@ -244,6 +244,7 @@ pub fn stream_request(args: &StreamArgs) -> Result<proto::StreamBatchesRequest, 
         transport: local_transport(&args.addr.addr),
         worker: 0,
         num_workers: 0,
+        start_sample: 0,
     })
 }
 

@@ -347,6 +347,7 @@ impl GulpDataset {
                     pts: k,
                     duration: 1,
                     key: true,
+                    stated_duration: 1,
                 })
                 .collect(),
             keyframes: (0..n).collect(),

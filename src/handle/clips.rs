@@ -141,6 +141,10 @@ async fn get_clips_once(engine: &Arc<Engine>, req: &ClipsRequest) -> Result<Clip
                 .iter()
                 .map(|&k| index.seconds(index.frames[k].pts))
                 .collect(),
+            duration_seconds: frames
+                .iter()
+                .map(|&k| index.seconds(index.frames[k].stated_duration))
+                .collect(),
         });
     }
     let spec = req.transform.batch.clone();

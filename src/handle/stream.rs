@@ -75,6 +75,9 @@ pub struct StreamRequest {
     /// Data-loader worker split: send only batches b with (b - start_batch) mod workers == worker.
     pub worker: u64,
     pub workers: u64,
+    /// Resume after a change of world size: the epoch's first `start_sample` samples are left out
+    /// before sharding.
+    pub start_sample: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -232,7 +235,8 @@ pub async fn start(
     validate(engine, &req)?;
     let samples = engine.catalog().samples(&req.dataset).await?;
     let order = sample::epoch_order(samples.len(), req.seed, req.epoch, req.shuffle);
-    let shard = sample::shard(&order, req.rank, req.world_size, req.remainder);
+    let left = usize::try_from(req.start_sample).map_or(order.len(), |s| s.min(order.len()));
+    let shard = sample::shard(&order[left..], req.rank, req.world_size, req.remainder);
     let prefetch = req.prefetch;
     let ctx = Arc::new(Context {
         engine: engine.clone(),
@@ -799,6 +803,10 @@ async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatc
                 pts_seconds: numbers
                     .iter()
                     .map(|&k| r.index.seconds(r.index.frames[k].pts))
+                    .collect(),
+                duration_seconds: numbers
+                    .iter()
+                    .map(|&k| r.index.seconds(r.index.frames[k].stated_duration))
                     .collect(),
             },
             label: s.label.clone(),

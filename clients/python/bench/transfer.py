@@ -33,8 +33,8 @@ def main() -> None:
 
     kw = dict(
         batch_size=args.batch_size,
-        clips_per_video=args.clips_per_video,
-        frames_per_clip=8,
+        num_clips=args.clips_per_video,
+        num_frames_per_clip=8,
         frame_stride=4,
         size=(224, 224),
         drop_last=True,

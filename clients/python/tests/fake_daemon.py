@@ -38,7 +38,9 @@ class Servicer(pb_grpc.VServeServicer):
         self.calls_log = calls_log
 
     def ListDatasets(self, request, context):
-        return pb.ListDatasetsResponse(datasets=[pb.DatasetInfo(name="synthetic", root="/fake", video_count=SAMPLES)])
+        return pb.ListDatasetsResponse(
+            datasets=[pb.DatasetInfo(name="synthetic", root="/fake", video_count=SAMPLES, samples=SAMPLES)]
+        )
 
     def StreamBatches(self, request, context):
         with open(self.calls_log, "a") as f:

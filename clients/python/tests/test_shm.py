@@ -18,8 +18,8 @@ import pytest
 import vserve_client
 from conftest import assert_array_equal
 
-SIZE = (48, 32)
-KW = dict(clips_per_video=2, frames_per_clip=3, frame_stride=2, batch_size=3, size=SIZE, seed=4)
+SIZE = (32, 48)  # (height, width)
+KW = dict(num_clips=2, num_frames_per_clip=3, num_indices_between_frames=2, batch_size=3, size=SIZE, seed=4)
 
 
 def arenas_of(daemon) -> list:
@@ -90,7 +90,7 @@ def test_get_clips_arrays_stay_valid_while_referenced_and_their_arena_is_reused_
 
 def test_kept_batches_stay_valid_and_released_slots_are_reused(daemon):
     with daemon.client(transport="shm") as c:
-        with c.stream("clips", prefetch=1, **dict(KW, clips_per_video=6)) as stream:
+        with c.stream("clips", prefetch=1, **dict(KW, num_clips=6)) as stream:
             first = next(stream).keep()
             snapshot = first.array.copy()
             rest = []
@@ -110,7 +110,7 @@ KILLED = textwrap.dedent(
     import sys, time
     import vserve_client
     c = vserve_client.Client(sys.argv[1], transport="shm")
-    s = c.stream("clips", clips_per_video=50, frames_per_clip=2, batch_size=1, size=(32, 32))
+    s = c.stream("clips", num_clips=50, num_frames_per_clip=2, batch_size=1, size=(32, 32))
     next(s)
     print("reading", flush=True)
     time.sleep(600)

@@ -22,8 +22,8 @@ from conftest import CLIP_VIDEOS, assert_array_equal
 NOT_SERVED = "the daemon answers UNIMPLEMENTED for StreamBatches (server side not landed yet)"
 
 # Every video of the `clips` dataset resized to one size, so clips of different videos stack.
-SIZE = (64, 48)
-BASE = dict(batch_size=2, frames_per_clip=3, frame_stride=2, size=SIZE, seed=11, epoch=0)
+SIZE = (48, 64)  # (height, width)
+BASE = dict(batch_size=2, num_frames_per_clip=3, num_indices_between_frames=2, size=SIZE, seed=11, epoch=0)
 
 
 def read_all(client: vserve_client.Client, dataset: str = "clips", **kw: Any) -> List[vserve_client.Batch]:
@@ -53,7 +53,7 @@ def test_one_rank_reads_the_whole_dataset(client):
     assert sorted(samples(batches)) == list(range(len(CLIP_VIDEOS)))
     assert sorted(v for b in batches for v in b.videos) == sorted(CLIP_VIDEOS)
     for b in batches:
-        assert b.array.shape[1:] == (3, SIZE[1], SIZE[0], 3) and b.array.dtype == np.uint8
+        assert b.array.shape[1:] == (3, SIZE[0], SIZE[1], 3) and b.array.dtype == np.uint8
         assert b.array.shape[0] == len(b.videos) <= 2
         assert b.labels == [""] * len(b) and b.label_indices.tolist() == [-1] * len(b)
         assert b.skipped == []
@@ -65,7 +65,7 @@ def test_stream_arrays_equal_get_clips_of_the_same_clips(client):
         for i, video in enumerate(b.videos):
             frames = b.frames[i].tolist()
             stride = np.diff(frames)
-            # frame_stride 2 inside a clip, or the last frame repeated when the video is too short.
+            # num_indices_between_frames 2 inside a clip, or the last frame repeated when the video is too short.
             assert all(d in (0, 2) for d in stride), f"{video}: frames {frames}"
             ref = client.get_clips("clips", [(video, frames)], size=SIZE)
             assert_array_equal(b.array[i], ref.array[0], f"batch {b.batch} clip {i} ({video} {frames})")
@@ -120,7 +120,7 @@ def test_worker_split_matches_the_rank_stream(client, n):
 
 
 def test_random_crop_and_flip_are_reported_and_applied(client):
-    kw = dict(BASE, size=None, short_side=48, random_crop=(40, 32), random_hflip=True, batch_size=5)
+    kw = dict(BASE, size=None, short_side=48, random_crop=(32, 40), random_hflip=True, batch_size=5)
     batches = read_all(client, **kw)
     for b in batches:
         assert b.array.shape[2:] == (32, 40, 3)
@@ -137,7 +137,7 @@ def test_random_crop_and_flip_are_reported_and_applied(client):
 
 def test_unreadable_samples_are_skipped_and_reported(client):
     # scratch: ok.mov and notvideo.mp4 (a text file); the symlink leaving the dataset is not listed.
-    batches = read_all(client, "scratch", batch_size=1, frames_per_clip=1, size=SIZE)
+    batches = read_all(client, "scratch", batch_size=1, num_frames_per_clip=1, size=SIZE)
     skipped = [s for b in batches for s in b.skipped]
     assert [s["video"] for s in skipped] == ["notvideo.mp4"]
     assert skipped[0]["code"] and skipped[0]["message"]
@@ -145,7 +145,7 @@ def test_unreadable_samples_are_skipped_and_reported(client):
     replaced = [c for b in batches for c in b.clips if c["replaced_by"] is not None]
     assert replaced, "a clip should stand in for the skipped sample"
     with pytest.raises(vserve_client.VServeError):
-        read_all(client, "scratch", batch_size=1, frames_per_clip=1, size=SIZE, on_error="fail")
+        read_all(client, "scratch", batch_size=1, num_frames_per_clip=1, size=SIZE, on_error="fail")
 
 
 def test_bad_stream_requests_map_to_classes(client):
@@ -231,7 +231,7 @@ def test_closing_a_stream_cancels_it_on_the_daemon(client):
 
 def test_native_size_stream_equals_ffmpeg(client, reference):
     # One clip per batch, so every video keeps its own size and is compared with FFmpeg directly.
-    batches = read_all(client, batch_size=1, frames_per_clip=3, frame_stride=3, seed=5)
+    batches = read_all(client, batch_size=1, num_frames_per_clip=3, num_indices_between_frames=3, seed=5)
     assert len(batches) == len(CLIP_VIDEOS)
     for b in batches:
         (video,) = b.videos
@@ -242,9 +242,9 @@ def test_native_size_stream_equals_ffmpeg(client, reference):
 @pytest.mark.parametrize(
     "sampler, extra",
     [
-        ("random-indices", dict(clips_per_video=2)),
-        ("regular-indices", dict(clips_per_video=2)),
-        ("random-timestamps", dict(clips_per_video=2, seconds_between_frames=0.1)),
+        ("random-indices", dict(num_clips=2)),
+        ("regular-indices", dict(num_clips=2)),
+        ("random-timestamps", dict(num_clips=2, seconds_between_frames=0.1)),
         ("regular-timestamps", dict(seconds_between_clip_starts=0.5, seconds_between_frames=0.1)),
     ],
 )

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import vserve_client
-from vserve_client import errors, request as rq
+from vserve_client import bfloat16, errors, request as rq
 from vserve_client._proto import vserve_pb2 as pb
 from vserve_client.batch import Batch
 from vserve_client.transport import is_local, select
@@ -24,7 +24,7 @@ def test_transform_defaults():
 
 def test_transform_every_field():
     t = rq.transform_msg(
-        size=(320, 240), crop=112, flip=True, dtype="float16", mean=[0.4, 0.5, 0.6], std=0.25, layout="tchw",
+        size=(240, 320), crop=112, flip=True, dtype="float16", mean=[0.4, 0.5, 0.6], std=0.25, layout="tchw",
         rotate=False,
     )
     assert (t.size.width, t.size.height) == (320, 240)
@@ -73,14 +73,14 @@ def test_stream_request_every_field():
         "kin",
         batch_size=32,
         sampler="regular_timestamps",
-        clips_per_video=2,
-        frames_per_clip=8,
-        frame_stride=4,
+        num_clips=2,
+        num_frames_per_clip=8,
+        num_indices_between_frames=4,
         seconds_between_frames=0.1,
         seconds_between_clip_starts=2.0,
-        range_start=1.0,
-        range_end=-1.0,
-        short_video="wrap",
+        sampling_range_start=1.0,
+        sampling_range_end=-1.0,
+        policy="wrap",
         short_side=256,
         random_resized_crop={"size": 224, "scale": (0.2, 1.0), "ratio": (0.5, 2.0)},
         random_hflip=True,
@@ -122,7 +122,7 @@ def test_stream_request_defaults():
     assert r.augment.WhichOneof("crop") is None and not r.augment.random_hflip
     assert (r.world_size, r.rank, r.prefetch, r.no_shuffle) == (1, 0, 2, False)
     assert (r.shard_remainder, r.on_error) == (pb.SHARD_REMAINDER_UNEVEN, pb.ON_ERROR_SKIP)
-    r = rq.stream_request("kin", batch_size=4, random_crop=(200, 100))
+    r = rq.stream_request("kin", batch_size=4, random_crop=(100, 200))
     assert (r.augment.random_crop.width, r.augment.random_crop.height) == (200, 100)
 
 
@@ -132,7 +132,7 @@ def test_stream_request_defaults():
         (dict(batch_size=0), "batch_size=0"),
         (dict(batch_size=2, rank=2, world_size=2), "rank=2"),
         (dict(batch_size=2, sampler="uniform"), "sampler='uniform'"),
-        (dict(batch_size=2, short_video="pad"), "short_video='pad'"),
+        (dict(batch_size=2, policy="pad"), "policy='pad'"),
         (dict(batch_size=2, shard_remainder="even"), "shard_remainder"),
         (dict(batch_size=2, on_error="ignore"), "on_error"),
         (dict(batch_size=2, random_crop=10, random_resized_crop=10), "give one of them"),
@@ -267,3 +267,129 @@ def test_resolve_rank():
         resolve_rank(None, None, None, {"RANK": "x", "WORLD_SIZE": "2"})
     with pytest.raises(ValueError):
         resolve_rank(None, None, None, {"RANK": "2", "WORLD_SIZE": "2"})
+
+
+# -- client-side outputs: bfloat16, DLPack, sizes ----------------------------------------------------
+
+
+def _bf16_value(bits: int) -> float:
+    """The value of a bfloat16 pattern, decoded by hand in float64 (which holds 2**128 too)."""
+    sign = -1.0 if bits & 0x8000 else 1.0
+    exp, man = (bits >> 7) & 0xFF, bits & 0x7F
+    if exp == 0:
+        return sign * man * 2.0**-133
+    return sign * (1 + man / 128) * 2.0 ** (exp - 127)
+
+
+def _nearest_even_reference(x: np.float32) -> int:
+    """bfloat16 rounding by its definition: of the two patterns around x, the nearer one; on a tie the
+    even one. Overflow past the largest finite value lands on infinity, as in IEEE."""
+    bits = int(np.array([x], np.float32).view(np.uint32)[0])
+    if np.isnan(x):
+        return 0x7FC0
+    if np.isinf(x):
+        return bits >> 16
+    lo = bits >> 16  # truncation toward zero
+    hi = lo + 1
+    v = float(x)
+    d_lo, d_hi = abs(v - _bf16_value(lo)), abs(_bf16_value(hi) - v)
+    if d_lo != d_hi:
+        return lo if d_lo < d_hi else hi
+    return lo if lo % 2 == 0 else hi
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    edge = [
+        0x3F800000, 0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001,  # 1.0, ties to even (down, up), near ties
+        0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0xFF7FFFFF,  # around the largest finite bfloat16: to inf
+        0x00000001, 0x00008000, 0x00018000, 0x807FFFFF,  # subnormals and their ties
+        0x7F800000, 0xFF800000, 0x00000000, 0x80000000,  # infinities, zeros
+        0x7FC00000, 0xFFC00001, 0x7F800001,  # NaNs
+    ]
+    rng = np.random.default_rng(7)
+    patterns = np.concatenate([np.array(edge, np.uint32), rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)])
+    values = patterns.view(np.float32)
+    got = bfloat16.from_float32(values)
+    want = np.array([_nearest_even_reference(v) for v in values], np.uint16)
+    assert_equal_bits(got, want)
+    assert got[:9].tolist() == [0x3F80, 0x3F80, 0x3F82, 0x3F80, 0x3F81, 0x7F7F, 0x7F80, 0x7F80, 0xFF80]
+    # Widening back is exact, and every bfloat16 value round-trips.
+    every = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    finite = ~np.isnan(bfloat16.to_float32(every))
+    assert_equal_bits(bfloat16.from_float32(bfloat16.to_float32(every))[finite], every[finite])
+    # Any shape and memory order; the result is C-contiguous.
+    a = values[:24].reshape(2, 3, 4).transpose(2, 0, 1)
+    assert bfloat16.from_float32(a).flags.c_contiguous
+    assert_equal_bits(bfloat16.from_float32(a), want[:24].reshape(2, 3, 4).transpose(2, 0, 1))
+
+
+def assert_equal_bits(got: np.ndarray, want: np.ndarray) -> None:
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} patterns differ, first at {bad[0]}: {got.flat[bad[0]]:#06x} != {want.flat[bad[0]]:#06x}"
+
+
+def test_dlpack_capsules_keep_their_array_until_released():
+    from vserve_client import dlpack
+
+    before = dlpack.live_tensors()
+    arr = np.arange(6, dtype=np.uint16).reshape(2, 3)
+    cap = dlpack.capsule(arr[:, ::2])
+    assert dlpack.live_tensors() == before + 1
+    del cap  # never consumed: the capsule's destructor frees it
+    assert dlpack.live_tensors() == before
+    with pytest.raises(BufferError):
+        dlpack.capsule(np.zeros(3, np.float32))
+
+
+def test_batch_finish_bfloat16_and_cthw():
+    h = pb.BatchHeader(shape=[1, 2, 2, 3, 3], dtype=pb.DTYPE_FLOAT32, layout=pb.LAYOUT_THWC, nbytes=1 * 2 * 2 * 3 * 3 * 4)
+    h.clips.add(video="a.mp4", frame_indices=[0, 1], pts=[0, 1], pts_seconds=[0.0, 0.5], duration_seconds=[0.5, 0.25])
+    f32 = np.linspace(-2, 2, 36, dtype=np.float32).reshape(1, 2, 2, 3, 3)
+    b = Batch(h, f32.copy())._finish(rq.finish_of("bfloat16", "CTHW"))
+    assert (b.dtype, b.layout, b.array.shape) == ("bfloat16", "CTHW", (1, 3, 2, 2, 3))
+    assert_equal_bits(b.array, bfloat16.from_float32(f32).transpose(0, 4, 1, 2, 3))
+    assert b.duration_seconds.tolist() == [[0.5, 0.25]]
+    assert "bfloat16" in repr(b) and "CTHW" in repr(b)
+    plain = Batch(h, f32.copy())._finish(rq.finish_of("float32", "THWC"))
+    assert plain.dtype == "float32" and plain.layout == "THWC"
+    with pytest.raises(vserve_client.ProtocolError, match="expected float32"):
+        Batch(pb.BatchHeader(shape=[1], nbytes=1), np.zeros(1, np.uint8))._finish(rq.finish_of("bfloat16"))
+
+
+def test_sizes_are_height_width():
+    assert rq.size_hw("size", (48, 80)) == (48, 80)
+    assert rq.size_hw("size", {"width": 80, "height": 48}) == (48, 80)
+    assert rq.size_hw("size", 7) == (7, 7)
+    s = rq.size_msg("size", (48, 80))
+    assert (s.height, s.width) == (48, 80)
+    t = rq.transform_msg(height=48, width=80, crop=(20, 40))
+    assert (t.size.height, t.size.width, t.center_crop.height, t.center_crop.width) == (48, 80, 20, 40)
+    r = rq.stream_request("kin", batch_size=1, random_resized_crop={"size": (20, 36), "ratio": (0.5, 2.0)})
+    assert (r.augment.random_resized_crop.size.height, r.augment.random_resized_crop.size.width) == (20, 36)
+    assert rq.finish_of("bfloat16", "cthw") == rq.Finish("bfloat16", "CTHW") and rq.finish_of().needed is False
+    assert rq.transform_msg(dtype="bfloat16", layout="CTHW").dtype == pb.DTYPE_FLOAT32
+    assert rq.transform_msg(dtype="bfloat16", layout="CTHW").layout == pb.LAYOUT_THWC
+
+
+def test_message_to_dict_maps():
+    from vserve_client.batch import message_to_dict
+
+    d = message_to_dict(pb.DatasetInfo(name="k", samples=3, class_to_idx={"cat": 0, "dog": 1}))
+    assert d == {"name": "k", "root": "", "video_count": 0, "samples": 3, "class_to_idx": {"cat": 0, "dog": 1}}
+
+
+def test_epoch_arithmetic():
+    from vserve_client.workers import batches_in_epoch, global_offset, shard_size
+
+    assert [shard_size(5, r, 2) for r in range(2)] == [3, 2]
+    assert [shard_size(5, r, 3, "pad") for r in range(3)] == [2, 2, 2]
+    assert [shard_size(5, r, 3, "drop") for r in range(3)] == [1, 1, 1]
+    assert batches_in_epoch(10, batch_size=4, num_clips=3, rank=1, world_size=3) == 3  # 3 samples, 9 clips
+    assert batches_in_epoch(10, batch_size=4, num_clips=3, rank=1, world_size=3, drop_last=True) == 2
+    assert batches_in_epoch(10, batch_size=4, start_sample=8) == 1 and batches_in_epoch(3, batch_size=4, start_sample=8) == 0
+    # Two ranks each took 3 batches of 4 clips, 2 clips a sample: 6 samples each, 12 of the order.
+    assert global_offset(3, batch_size=4, num_clips=2, world_size=2, start_sample=5) == 17
+    # A batch boundary inside a sample: that sample is not counted (it is read again).
+    assert global_offset(1, batch_size=3, num_clips=2, world_size=2) == 2
+    with pytest.raises(ValueError):
+        shard_size(5, 0, 1, "even")

@@ -15,15 +15,21 @@ concatenation of chunks). Violations raise :class:`~vserve_client.errors.Protoco
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from . import bfloat16, dlpack
 from ._proto import vserve_pb2 as pb
 from .errors import ProtocolError
 
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .request import Finish
+
 #: Wire dtype -> numpy dtype (explicitly little-endian: the wire is little-endian on every host).
-WIRE_DTYPES = {
+WIRE_DTYPES: Dict[int, "np.dtype[Any]"] = {
     pb.DTYPE_UINT8: np.dtype("u1"),
     pb.DTYPE_FLOAT16: np.dtype("<f2"),
     pb.DTYPE_FLOAT32: np.dtype("<f4"),
@@ -42,7 +48,13 @@ def message_to_dict(msg: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for field in msg.DESCRIPTOR.fields:
         value = getattr(msg, field.name)
-        if field.is_repeated:
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name["value"]
+            if entry.message_type is not None:
+                out[field.name] = {k: message_to_dict(v) for k, v in value.items()}
+            else:
+                out[field.name] = dict(value)
+        elif field.is_repeated:
             if field.message_type is not None:
                 out[field.name] = [message_to_dict(v) for v in value]
             elif field.enum_type is not None:
@@ -71,22 +83,28 @@ def _per_clip(rows: List[List[Any]], dtype: Any) -> Any:
 
 
 class Batch:
-    """Clips as one array ``[clips, T, H, W, C]`` (layout THWC) or ``[clips, T, C, H, W]`` (TCHW), and what
-    the daemon says about them.
+    """Clips as one array ``[clips, T, H, W, C]`` (layout THWC), ``[clips, T, C, H, W]`` (TCHW) or
+    ``[clips, C, T, H, W]`` (CTHW, torchvision's video models), and what the daemon says about them.
 
     Attributes:
-        array: the pixels (uint8, float16 or float32; writable, owned by this batch).
+        array: the pixels (uint8, float16 or float32; writable). bfloat16 batches hold the values' bit
+            patterns as uint16 (NumPy has no bfloat16): :meth:`to_torch` or ``torch.from_dlpack(batch)``
+            gives a ``torch.bfloat16`` tensor on the same memory, :func:`vserve_client.bfloat16.to_float32`
+            widens them. CTHW arrays are a permuted view of THWC memory (not C-contiguous).
+        dtype: "uint8", "float16", "float32" or "bfloat16".
         videos: per clip, its path in the dataset.
         labels: per clip, its manifest label ("" without one; StreamBatches only).
         label_indices: int64 [clips], the label's index in the dataset's sorted label set (-1 without).
         frames: int64 [clips, T], the frame indices decoded (frame k = FFmpeg's k-th output frame).
         pts: int64 [clips, T] in the stream's time base; pts_seconds: float64 [clips, T].
+        duration_seconds: float64 [clips, T], each frame's duration as the stream states it (FFmpeg's
+            frame duration; 0 when none is stated), as TorchCodec's ``FrameBatch.duration_seconds``.
         clips: per clip, every ClipInfo field as a dict (sample, clip, replaced_by, crop, flipped, ...).
         skipped: samples replaced in this batch, dicts with sample, video, code, message.
         batch, batches_total: this batch's number in the rank's epoch and how many it has (StreamBatches;
             batches_total is None where the daemon cannot know it ahead, with regular-timestamp sampling).
         stats: what serving it cost (frames_decoded, cache_hits, gop_runs, ...).
-        layout: "THWC" or "TCHW". header: the raw ``BatchHeader`` message.
+        layout: "THWC", "TCHW" or "CTHW". header: the raw ``BatchHeader`` message.
     """
 
     __slots__ = (
@@ -98,6 +116,8 @@ class Batch:
         "frames",
         "pts",
         "pts_seconds",
+        "duration_seconds",
+        "dtype",
         "clips",
         "skipped",
         "batch",
@@ -121,6 +141,8 @@ class Batch:
         self.frames = _per_clip([list(c.frame_indices) for c in infos], np.int64)
         self.pts = _per_clip([list(c.pts) for c in infos], np.int64)
         self.pts_seconds = _per_clip([list(c.pts_seconds) for c in infos], np.float64)
+        self.duration_seconds = _per_clip([list(c.duration_seconds) for c in infos], np.float64)
+        self.dtype: str = array.dtype.name
         self.clips: List[Dict[str, Any]] = [message_to_dict(c) for c in infos]
         self.skipped: List[Dict[str, Any]] = [message_to_dict(s) for s in header.skipped]
         self.batch: int = header.batch
@@ -133,6 +155,49 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.videos)
+
+    def _finish(self, finish: "Finish") -> "Batch":
+        """Applies the client-side part of the request's output: bfloat16 rounding (a new array, so the
+        shared-memory slot is released at once) and the CTHW view."""
+        if finish.dtype == "bfloat16":
+            if self.array.dtype != np.float32:
+                raise ProtocolError(f"bfloat16 asked, but the daemon sent {self.array.dtype} (expected float32)")
+            self.array = bfloat16.from_float32(self.array)
+            self.dtype = "bfloat16"
+            self.release()
+        if finish.layout == "CTHW":
+            if self.layout != "THWC" or self.array.ndim != 5:
+                raise ProtocolError(f"CTHW asked, but the daemon sent {self.layout} {self.array.shape}")
+            self.array = self.array.transpose(0, 4, 1, 2, 3)
+            self.layout = "CTHW"
+        return self
+
+    def to_torch(self) -> "torch.Tensor":
+        """The pixels as a torch tensor on the same memory (no copy; a shared-memory batch's tensor is valid
+        while the slot is: see :meth:`keep`). bfloat16 batches give ``torch.bfloat16``."""
+        import torch
+
+        if self.dtype == "bfloat16":
+            return torch.from_numpy(self.array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(self.array)
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        """DLPack export of ``array`` (``torch.from_dlpack(batch)``, ``jax.dlpack``, ...), zero-copy: the
+        consumer's tensor views this batch's memory (for shared memory: the slot, valid while kept).
+        bfloat16 batches export ``kDLBfloat`` 16-bit tensors."""
+        if stream is not None and stream != -1:
+            raise BufferError(f"stream={stream!r}: batches are host memory (no stream)")
+        if self.dtype == "bfloat16":
+            dl_device = kwargs.get("dl_device")
+            if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+                raise BufferError(f"dl_device={dl_device!r}: batches are on the CPU")
+            if kwargs.get("copy"):
+                return dlpack.capsule(self.array.copy())
+            return dlpack.capsule(self.array)
+        return self.array.__dlpack__(stream=stream, **kwargs)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (dlpack.KDL_CPU, 0)
 
     @property
     def shared(self) -> bool:
@@ -166,7 +231,7 @@ class Batch:
     def __repr__(self) -> str:
         return (
             f"Batch(batch={self.batch}/{self.batches_total}, shape={tuple(self.array.shape)}, "
-            f"dtype={self.array.dtype}, videos={len(self.videos)}, skipped={len(self.skipped)})"
+            f"dtype={self.dtype}, layout={self.layout}, videos={len(self.videos)}, skipped={len(self.skipped)})"
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -17,8 +17,11 @@ from . import request as rq
 from ._proto import vserve_pb2 as pb
 from ._proto import vserve_pb2_grpc as pb_grpc
 from .batch import Batch, message_to_dict
-from .errors import InvalidArgument, from_rpc_error
+from .errors import InvalidArgument, OutOfRange, from_rpc_error
 from .transport import Transport, select
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .decoder import VideoDecoder, VideoStreamMetadata
 
 #: The largest message accepted or sent. The daemon sends 8 MiB chunks; headers of huge requests (per-clip
 #: frame lists) are the other large messages.
@@ -116,7 +119,7 @@ class Client:
         self._timeout = timeout
         self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
         target, secure = _target(addr)
-        options = [
+        options: List[Tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
@@ -166,17 +169,48 @@ class Client:
         self, dataset: str, video: str, include_pts: bool = False, stream: Optional[int] = None
     ) -> Dict[str, Any]:
         """Stream facts and frame table of one video: codec, width/height (stored), display_width/height,
-        rotation, avg_fps, time_base {num, den}, duration_seconds, frame_count, keyframes, pts (with
-        include_pts), stream, pixel_format, declared_frames."""
+        rotation, avg_fps, time_base {num, den}, duration_seconds, frame_count, keyframes, pts and
+        durations (per frame, in the time base; with include_pts), stream, pixel_format, declared_frames.
+        :meth:`metadata` gives the same facts under TorchCodec's names."""
         req = pb.ProbeRequest(dataset=dataset, video=video, include_pts=include_pts)
         if stream is not None:
             req.stream = int(stream)
         return message_to_dict(self._unary(self._stub.Probe, req))
 
+    def metadata(self, dataset: str, video: str, stream: Optional[int] = None) -> "VideoStreamMetadata":
+        """One video's stream facts as TorchCodec's ``VideoStreamMetadata`` names them (``num_frames``,
+        ``average_fps``, ``begin_stream_seconds``, ``end_stream_seconds``, ``duration_seconds``, ...)."""
+        from .decoder import VideoStreamMetadata
+
+        return VideoStreamMetadata.from_probe(self.probe(dataset, video, include_pts=True, stream=stream))
+
+    def decoder(self, dataset: str, video: str, **kwargs: Any) -> "VideoDecoder":
+        """A :class:`~vserve_client.decoder.VideoDecoder` (TorchCodec's API) for one video of a dataset."""
+        from .decoder import VideoDecoder
+
+        return VideoDecoder(self, dataset, video, **kwargs)
+
     def list_datasets(self) -> List[Dict[str, Any]]:
-        """The datasets served: dicts with name, root, video_count."""
+        """The datasets served: dicts with name, root, video_count, samples (what StreamBatches draws
+        from: manifest rows, else the videos found), and, as torchvision's ``ImageFolder`` names them,
+        classes (the distinct labels, ordered by index) and class_to_idx (label -> label index)."""
         reply = self._unary(self._stub.ListDatasets, pb.ListDatasetsRequest())
-        return [message_to_dict(d) for d in reply.datasets]
+        out = []
+        for d in reply.datasets:
+            info = message_to_dict(d)
+            info["class_to_idx"] = dict(sorted(info["class_to_idx"].items(), key=lambda kv: (kv[1], kv[0])))
+            info["classes"] = list(info["class_to_idx"])
+            out.append(info)
+        return out
+
+    def dataset_info(self, dataset: str) -> Dict[str, Any]:
+        """:meth:`list_datasets`' entry for one dataset (NotFound when the daemon does not serve it)."""
+        for d in self.list_datasets():
+            if d["name"] == dataset:
+                return d
+        from .errors import NotFound
+
+        raise NotFound(f"dataset {dataset!r} is not served by the daemon at {self.addr}")
 
     def _release_slots(self, arena: str, slots: List[int]) -> None:
         self._unary(self._stub.ReleaseSlots, pb.ReleaseSlotsRequest(arena=arena, slots=slots))
@@ -187,7 +221,7 @@ class Client:
 
     # -- batches ----------------------------------------------------------------------------------------
 
-    def _messages(self, method: Any, req: Any, timeout: Optional[float]) -> Iterator[Any]:
+    def _messages(self, method: Any, req: Any, timeout: Optional[float]) -> Generator[Any, None, None]:
         """The reply messages of a server-streaming call; errors become VServeError; closing cancels."""
         call = method(req, metadata=self._metadata, timeout=timeout)
         try:
@@ -212,13 +246,16 @@ class Client:
         std: Optional[Sequence[float]] = None,
         layout: str = "THWC",
         rotate: bool = True,
+        height: Optional[int] = None,
+        width: Optional[int] = None,
     ) -> Batch:
-        """Decodes explicit clips into one array ``[clips, T, H, W, 3]`` (or ``[clips, T, 3, H, W]``).
+        """Decodes explicit clips into one array ``[clips, T, H, W, 3]`` (THWC; or TCHW, CTHW).
 
         ``clips``: ``(video, [frame indices])`` or ``(video, {"times": [seconds]})`` items (a dict may add
-        ``"stream": N``). ``size=(width, height)`` or ``short_side=N`` resizes (bilinear), ``crop=(width,
-        height)`` centre-crops after it, ``flip`` mirrors, ``dtype`` "uint8" | "float16" | "float32" (floats
-        are ``(x/255 - mean) / std`` per channel), ``rotate=False`` keeps the stored orientation.
+        ``"stream": N``). ``size=(height, width)`` (or ``height=``/``width=``) or ``short_side=N`` resizes
+        (bilinear), ``crop=(height, width)`` centre-crops after it, ``flip`` mirrors, ``dtype`` "uint8" |
+        "float16" | "float32" | "bfloat16" (floats are ``(x/255 - mean) / std`` per channel), ``layout``
+        "THWC" | "TCHW" | "CTHW", ``rotate=False`` keeps the stored orientation.
         """
         req = rq.get_clips_request(
             dataset,
@@ -232,53 +269,90 @@ class Client:
             std=std,
             layout=layout,
             rotate=rotate,
+            height=height,
+            width=width,
         )
+        finish = rq.finish_of(dtype, layout)
         self._transport.prepare(req)
         messages = self._messages(self._stub.GetClips, req, self._timeout)
         try:
-            return self._transport.one(messages)
+            batch = self._transport.one(messages)
         finally:
             messages.close()
+        return batch._finish(finish) if finish.needed else batch
 
     def stream(self, dataset: str, **kwargs: Any) -> BatchStream:
         """One rank's share of one epoch, as batches sampled, shuffled and transformed by the daemon.
 
-        Keyword arguments (defaults in brackets):
-        - sampler ["random-indices"] | "regular-indices" | "random-timestamps" | "regular-timestamps";
-          clips_per_video [1], frames_per_clip [1], frame_stride [1], seconds_between_frames,
-          seconds_between_clip_starts, range_start, range_end, short_video ["repeat_last"] | "wrap" | "skip";
+        Keyword arguments (defaults in brackets), TorchCodec's sampler names and torchvision's transforms:
+        - sampler ["random-indices"] | "regular-indices" | "random-timestamps" | "regular-timestamps"
+          (TorchCodec's ``clips_at_*``); num_clips [1], num_frames_per_clip [1],
+          num_indices_between_frames [1], seconds_between_frames, seconds_between_clip_starts,
+          sampling_range_start, sampling_range_end, policy ["repeat_last"] | "wrap" | "error" | "skip"
+          ("error": raise OutOfRange at the batch holding a clip that runs past its video's end; "skip":
+          replace that sample and report it);
         - the transform of :meth:`get_clips` (size, short_side, crop, flip, dtype, mean, std, layout,
-          rotate), plus per-clip augmentation: random_crop=(w, h), random_resized_crop=(w, h) or
-          {"size": (w, h), "scale": (lo, hi), "ratio": (lo, hi)}, random_hflip [False];
+          rotate, height, width), plus per-clip augmentation: random_crop=(h, w), random_resized_crop=(h, w)
+          or {"size": (h, w), "scale": (lo, hi), "ratio": (lo, hi)}, random_hflip [False];
         - batch_size (required), drop_last [False], seed [0], epoch [0], rank [0], world_size [1],
-          start_batch [0] (resume: the next batch after the last one consumed), prefetch [2], shuffle [True],
-          shard_remainder ["uneven"] | "pad" | "drop", on_error ["skip"] | "fail".
+          start_batch [0] (resume: the next batch after the last one consumed), start_sample [0] (resume
+          after a change of world size: samples of the epoch's order already consumed by all ranks),
+          prefetch [2], shuffle [True], shard_remainder ["uneven"] | "pad" | "drop", on_error ["skip"] | "fail".
+
+        vserve 0.1's sampler names (clips_per_video, frames_per_clip, frame_stride, range_start,
+        range_end, short_video) still work, with a DeprecationWarning.
 
         Also ``worker=(w, n)``: only the batches of data-loader worker w of n (see :mod:`vserve_client.workers`).
         """
         worker = kwargs.pop("worker", None)
+        kwargs = rq.rename_deprecated(kwargs)
         req = rq.stream_request(dataset, **kwargs)
-        if worker is None:
-            return self._open_stream(req)
-        w, n = worker
-        if n < 1 or not 0 <= w < n:
-            raise InvalidArgument(f"worker={worker!r}: expected (w, n) with 0 <= w < n")
-        req.worker = int(w)
-        req.num_workers = int(n)
-        return self._open_stream(req)
+        finish = rq.finish_of(kwargs.get("dtype", "uint8"), kwargs.get("layout", "THWC"))
+        policy_error = rq.policy_of(kwargs) == "error"
+        if worker is not None:
+            w, n = worker
+            if n < 1 or not 0 <= w < n:
+                raise InvalidArgument(f"worker={worker!r}: expected (w, n) with 0 <= w < n")
+            req.worker = int(w)
+            req.num_workers = int(n)
+        return self._open_stream(req, finish, policy_error)
 
     # help(Client.stream) and IDEs that read signatures show every keyword stream_request takes.
     stream.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [
             inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
             inspect.Parameter("dataset", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str),
-            *list(inspect.signature(rq.stream_request).parameters.values())[1:],
+            *[
+                p
+                for p in list(inspect.signature(rq.stream_request).parameters.values())[1:]
+                if p.kind is not inspect.Parameter.VAR_KEYWORD
+            ],
             inspect.Parameter("worker", inspect.Parameter.KEYWORD_ONLY, default=None),
         ],
         return_annotation=BatchStream,
     )
 
-    def _open_stream(self, req: "pb.StreamBatchesRequest") -> BatchStream:
+    def _open_stream(
+        self, req: "pb.StreamBatchesRequest", finish: Optional[rq.Finish] = None, policy_error: bool = False
+    ) -> BatchStream:
         self._transport.prepare(req)
         messages = self._messages(self._stub.StreamBatches, req, None)
-        return BatchStream(self._transport.batches(messages), messages.close)
+        batches = self._transport.batches(messages)
+        if (finish is not None and finish.needed) or policy_error:
+            batches = _finished(batches, finish, policy_error)
+        return BatchStream(batches, messages.close)
+
+
+def _finished(batches: Iterator[Batch], finish: Optional[rq.Finish], policy_error: bool) -> Iterator[Batch]:
+    """A stream's batches with the client-side finish applied, and policy "error" enforced: the batch
+    that reports a too-short sample raises instead of being yielded."""
+    for batch in batches:
+        if policy_error:
+            short = [s for s in batch.skipped if s["code"] == "TOO_SHORT"]
+            if short:
+                batch.release()
+                s = short[0]
+                raise OutOfRange(
+                    f"policy='error': sample {s['sample']} ({s['video']!r}) is too short: {s['message']}"
+                )
+        yield batch._finish(finish) if finish is not None and finish.needed else batch

@@ -9,7 +9,7 @@ bugs -> INTERNAL. The client turns each status back into the matching class here
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Optional, Tuple, Type
 
 import grpc
 
@@ -25,7 +25,7 @@ class VServeError(Exception):
         self.message = message
         super().__init__(f"{self.code}: {message}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, ...]:
         # Pickles (e.g. from a DataLoader worker) as the same class with the same code and message.
         return (type(self), (self.message, self.code))
 

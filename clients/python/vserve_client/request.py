@@ -1,38 +1,61 @@
 """Python arguments -> request messages. Pure (no I/O), so every mapping is unit-tested without a daemon.
 
-Sizes are ``(width, height)`` (the proto's order, and the CLI's ``WxH``), a single int for a square, or a
-dict with ``width`` and ``height``. Argument errors raise :class:`~vserve_client.errors.InvalidArgument`
+Sizes are ``(height, width)``, as in torchvision, TorchCodec and NumPy's shapes (arrays come back
+``[..., H, W, 3]``), a single int for a square, or a mapping ``{"height": h, "width": w}``. The wire
+(:class:`Size`) and the CLI (``WxH``, as ffmpeg) name width first; this module is the one place that
+turns one order into the other. Argument errors raise :class:`~vserve_client.errors.InvalidArgument`
 naming the argument and the bad value, before anything is sent.
+
+Sampler arguments carry TorchCodec's names (``num_clips``, ``num_frames_per_clip``,
+``num_indices_between_frames``, ``sampling_range_start``/``sampling_range_end``, ``policy``); the names of
+vserve 0.1 (``clips_per_video``, ``frames_per_clip``, ``frame_stride``, ``range_start``/``range_end``,
+``short_video``) still work with a :class:`DeprecationWarning` (:data:`DEPRECATED_NAMES`).
+
+Some outputs are finished on the client, exactly, from what the daemon sends (:class:`Finish`):
+``dtype="bfloat16"`` is float32 on the wire rounded to nearest-even here; ``layout="CTHW"`` is THWC on
+the wire permuted per clip (a view, no copy).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ._proto import vserve_pb2 as pb
 from .errors import InvalidArgument
 
+#: A size: ``(height, width)``, an int for a square, or ``{"height": h, "width": w}``.
 SizeArg = Union[int, Sequence[int], Mapping[str, int]]
 
+#: Wire dtypes by name. ``bfloat16`` travels as float32 and is rounded here (see :class:`Finish`).
 DTYPES = {
     "uint8": pb.DTYPE_UINT8,
     "float16": pb.DTYPE_FLOAT16,
     "float32": pb.DTYPE_FLOAT32,
+    "bfloat16": pb.DTYPE_FLOAT32,
 }
-LAYOUTS = {"THWC": pb.LAYOUT_THWC, "TCHW": pb.LAYOUT_TCHW}
+#: Layouts by name: per clip, the axes of ``batch.array[i]``. ``CTHW`` travels as THWC and is a permuted
+#: view here.
+LAYOUTS = {"THWC": pb.LAYOUT_THWC, "TCHW": pb.LAYOUT_TCHW, "CTHW": pb.LAYOUT_THWC}
 SAMPLERS = {
     "random-indices": pb.SAMPLER_RANDOM_INDICES,
     "regular-indices": pb.SAMPLER_REGULAR_INDICES,
     "random-timestamps": pb.SAMPLER_RANDOM_TIMESTAMPS,
     "regular-timestamps": pb.SAMPLER_REGULAR_TIMESTAMPS,
 }
-SHORT_VIDEO = {
+#: TorchCodec's ``policy`` values, plus vserve's ``skip`` (replace the sample, as an unreadable one).
+#: ``error`` is ``skip`` on the wire: the client raises :class:`~vserve_client.errors.OutOfRange` at the
+#: batch that reports the too-short sample, instead of yielding it.
+POLICIES = {
     "repeat_last": pb.SHORT_VIDEO_REPEAT_LAST,
     "wrap": pb.SHORT_VIDEO_WRAP,
     "skip": pb.SHORT_VIDEO_SKIP,
+    "error": pb.SHORT_VIDEO_SKIP,
 }
+SHORT_VIDEO = POLICIES  # the 0.1 name of this table
 SHARD_REMAINDER = {
     "uneven": pb.SHARD_REMAINDER_UNEVEN,
     "pad": pb.SHARD_REMAINDER_PAD,
@@ -40,8 +63,36 @@ SHARD_REMAINDER = {
 }
 ON_ERROR = {"skip": pb.ON_ERROR_SKIP, "fail": pb.ON_ERROR_FAIL}
 
+#: Sampler arguments of vserve 0.1 -> TorchCodec's names, which replace them.
+DEPRECATED_NAMES: Dict[str, str] = {
+    "clips_per_video": "num_clips",
+    "frames_per_clip": "num_frames_per_clip",
+    "frame_stride": "num_indices_between_frames",
+    "range_start": "sampling_range_start",
+    "range_end": "sampling_range_end",
+    "short_video": "policy",
+}
 
-def _choice(arg: str, value: Any, table: Mapping[str, int]) -> int:
+
+def rename_deprecated(kwargs: Dict[str, Any], stacklevel: int = 3) -> Dict[str, Any]:
+    """``kwargs`` with vserve 0.1's sampler names replaced by TorchCodec's, warning once per old name
+    (:class:`DeprecationWarning`). Giving both names of one argument is an error."""
+    out = dict(kwargs)
+    for old, new in DEPRECATED_NAMES.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise InvalidArgument(f"{old}={out[old]!r} and {new}={out[new]!r}: {old} is the old name of {new}; give {new}")
+        warnings.warn(
+            f"vserve_client: {old}= is deprecated, use TorchCodec's name {new}=",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+        out[new] = out.pop(old)
+    return out
+
+
+def _choice(arg: str, value: Any, table: Mapping[str, Any]) -> Any:
     key = value
     if isinstance(value, str):
         # Accept either spelling of word separators: "random_indices", "repeat-last".
@@ -52,34 +103,87 @@ def _choice(arg: str, value: Any, table: Mapping[str, int]) -> int:
     raise InvalidArgument(f"{arg}={value!r}: expected one of {', '.join(repr(k) for k in table)}")
 
 
-def dtype_code(dtype: Any) -> int:
-    """``"uint8" | "float16" | "float32"`` (or the numpy dtype) -> the wire enum."""
-    name = dtype
-    if not isinstance(dtype, str):
+def _canonical(arg: str, value: Any, table: Mapping[str, Any]) -> str:
+    """The table's spelling of a choice (``"repeat-last"`` -> ``"repeat_last"``)."""
+    _choice(arg, value, table)
+    key = value.strip()
+    for cand in (key, key.replace("_", "-"), key.replace("-", "_")):
+        if cand in table:
+            return cand
+    raise AssertionError("unreachable: _choice accepted it")
+
+
+def dtype_name(dtype: Any) -> str:
+    """``"uint8" | "float16" | "float32" | "bfloat16"`` from a name, a numpy dtype or a torch dtype."""
+    if isinstance(dtype, str):
+        name = dtype.strip()
+    else:
+        name = str(dtype)
+        if name.startswith("torch."):  # torch.bfloat16 and friends, without importing torch
+            name = name[len("torch.") :]
+        else:
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                name = str(dtype)
+    if name not in DTYPES:
+        raise InvalidArgument(f"dtype={dtype!r}: expected one of {', '.join(repr(k) for k in DTYPES)}")
+    return name
+
+
+def dtype_code(dtype: Any) -> Any:
+    """The wire enum for a dtype (bfloat16 travels as float32)."""
+    return DTYPES[dtype_name(dtype)]
+
+
+def layout_name(layout: Any) -> str:
+    name = layout.strip().upper() if isinstance(layout, str) else layout
+    if name not in LAYOUTS:
+        raise InvalidArgument(f"layout={layout!r}: expected one of {', '.join(repr(k) for k in LAYOUTS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class Finish:
+    """What the client does to a batch after receiving it: nothing for the daemon's own dtypes and
+    layouts; round float32 to bfloat16 (nearest-even) and/or permute THWC to CTHW."""
+
+    dtype: str = "uint8"
+    layout: str = "THWC"
+
+    @property
+    def needed(self) -> bool:
+        return self.dtype == "bfloat16" or self.layout == "CTHW"
+
+
+def finish_of(dtype: Any = "uint8", layout: Any = "THWC") -> Finish:
+    return Finish(dtype_name(dtype), layout_name(layout))
+
+
+def size_hw(arg: str, value: SizeArg) -> Tuple[int, int]:
+    """``(height, width)`` of a size argument."""
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"height", "width"}
+        if unknown or len(value) != 2:
+            raise InvalidArgument(f"{arg}={value!r}: expected keys 'height' and 'width'")
+        h, w = value["height"], value["width"]
+    elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        h = w = int(value)
+    else:
         try:
-            name = np.dtype(dtype).name
-        except TypeError:
-            name = dtype
-    return _choice("dtype", name, DTYPES)
+            h, w = value  # type: ignore[misc]
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"{arg}={value!r}: expected (height, width) or an int") from None
+    for v in (h, w):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise InvalidArgument(f"{arg}={value!r}: height and width must be positive ints")
+    return int(h), int(w)
 
 
 def size_msg(arg: str, value: SizeArg) -> "pb.Size":
-    if isinstance(value, Mapping):
-        try:
-            w, h = value["width"], value["height"]
-        except KeyError:
-            raise InvalidArgument(f"{arg}={value!r}: expected keys 'width' and 'height'") from None
-    elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        w = h = int(value)
-    else:
-        try:
-            w, h = value  # type: ignore[misc]
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"{arg}={value!r}: expected (width, height) or an int") from None
-    for v in (w, h):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise InvalidArgument(f"{arg}={value!r}: width and height must be positive ints")
-    return pb.Size(width=int(w), height=int(h))
+    """The wire's Size (width first) of a ``(height, width)`` argument."""
+    h, w = size_hw(arg, value)
+    return pb.Size(width=w, height=h)
 
 
 def _channels(arg: str, value: Optional[Sequence[float]]) -> Sequence[float]:
@@ -102,9 +206,20 @@ def transform_msg(
     std: Optional[Sequence[float]] = None,
     layout: str = "THWC",
     rotate: bool = True,
+    height: Optional[int] = None,
+    width: Optional[int] = None,
 ) -> "pb.Transform":
-    """The Transform both RPCs take: rotate, resize, centre crop, flip, dtype, layout (in that order)."""
+    """The Transform both RPCs take: rotate, resize, centre crop, flip, dtype, layout (in that order).
+
+    ``size=(height, width)`` (or ``height=``, ``width=`` together) resizes to exactly that;
+    ``crop=(height, width)`` centre-crops after the resize."""
     t = pb.Transform()
+    if height is not None or width is not None:
+        if height is None or width is None:
+            raise InvalidArgument(f"height={height!r} width={width!r}: give both (or size=(height, width))")
+        if size is not None:
+            raise InvalidArgument(f"size={size!r} and height/width: give one of them")
+        size = (height, width)
     if size is not None and short_side is not None:
         raise InvalidArgument(f"size={size!r} and short_side={short_side!r}: give one of them")
     if size is not None:
@@ -119,7 +234,7 @@ def transform_msg(
     t.dtype = dtype_code(dtype)
     t.mean.extend(_channels("mean", mean))
     t.std.extend(_channels("std", std))
-    t.layout = _choice("layout", layout.upper() if isinstance(layout, str) else layout, LAYOUTS)
+    t.layout = LAYOUTS[layout_name(layout)]
     t.no_rotate = not rotate
     return t
 
@@ -172,7 +287,8 @@ def get_clips_request(dataset: str, clips: Iterable[Any], **transform: Any) -> "
 
 
 def _random_resized_crop(value: Any) -> "pb.RandomResizedCrop":
-    """``size`` or ``{"size": ..., "scale": (min, max), "ratio": (min, max)}`` (torchvision's names)."""
+    """``size`` or ``{"size": ..., "scale": (min, max), "ratio": (min, max)}`` (torchvision's names; the
+    size is ``(height, width)`` and the ratio width / height, as torchvision's)."""
     rrc = pb.RandomResizedCrop()
     if isinstance(value, Mapping) and "size" in value:
         unknown = set(value) - {"size", "scale", "ratio"}
@@ -203,14 +319,14 @@ def stream_request(
     *,
     batch_size: int,
     sampler: str = "random-indices",
-    clips_per_video: int = 1,
-    frames_per_clip: int = 1,
-    frame_stride: int = 1,
+    num_clips: int = 1,
+    num_frames_per_clip: int = 1,
+    num_indices_between_frames: int = 1,
     seconds_between_frames: Optional[float] = None,
     seconds_between_clip_starts: Optional[float] = None,
-    range_start: Optional[float] = None,
-    range_end: Optional[float] = None,
-    short_video: str = "repeat_last",
+    sampling_range_start: Optional[float] = None,
+    sampling_range_end: Optional[float] = None,
+    policy: str = "repeat_last",
     size: Optional[SizeArg] = None,
     short_side: Optional[int] = None,
     crop: Optional[SizeArg] = None,
@@ -220,6 +336,8 @@ def stream_request(
     std: Optional[Sequence[float]] = None,
     layout: str = "THWC",
     rotate: bool = True,
+    height: Optional[int] = None,
+    width: Optional[int] = None,
     random_crop: Optional[SizeArg] = None,
     random_resized_crop: Any = None,
     random_hflip: bool = False,
@@ -229,12 +347,50 @@ def stream_request(
     rank: int = 0,
     world_size: int = 1,
     start_batch: int = 0,
+    start_sample: int = 0,
     prefetch: int = 2,
     shuffle: bool = True,
     shard_remainder: str = "uneven",
     on_error: str = "skip",
+    **deprecated: Any,
 ) -> "pb.StreamBatchesRequest":
-    """A StreamBatchesRequest; argument names follow TorchCodec's samplers and torchvision's transforms."""
+    """A StreamBatchesRequest. Sampler arguments are TorchCodec's (``clips_at_random_indices`` and
+    friends: same names, meanings and defaults), transforms torchvision's (sizes ``(height, width)``).
+
+    ``start_sample``: leave out the first ``start_sample`` samples of the epoch's order (all ranks
+    together) and shard the rest over ``world_size``: a resume after the world size changed. The old
+    sampler names are accepted with a DeprecationWarning (see :data:`DEPRECATED_NAMES`).
+    """
+    if deprecated:
+        unknown = set(deprecated) - set(DEPRECATED_NAMES)
+        if unknown:
+            raise TypeError(f"stream_request() got unexpected keyword arguments {sorted(unknown)}")
+        renamed = rename_deprecated(deprecated)
+        given = dict(
+            num_clips=num_clips,
+            num_frames_per_clip=num_frames_per_clip,
+            num_indices_between_frames=num_indices_between_frames,
+            sampling_range_start=sampling_range_start,
+            sampling_range_end=sampling_range_end,
+            policy=policy,
+        )
+        defaults = dict(
+            num_clips=1,
+            num_frames_per_clip=1,
+            num_indices_between_frames=1,
+            sampling_range_start=None,
+            sampling_range_end=None,
+            policy="repeat_last",
+        )
+        for new, value in renamed.items():
+            if given[new] != defaults[new]:
+                raise InvalidArgument(f"{new}={given[new]!r} given with its old name too: give {new} only")
+        num_clips = renamed.get("num_clips", num_clips)
+        num_frames_per_clip = renamed.get("num_frames_per_clip", num_frames_per_clip)
+        num_indices_between_frames = renamed.get("num_indices_between_frames", num_indices_between_frames)
+        sampling_range_start = renamed.get("sampling_range_start", sampling_range_start)
+        sampling_range_end = renamed.get("sampling_range_end", sampling_range_end)
+        policy = renamed.get("policy", policy)
     batch_size = _uint("batch_size", batch_size, 1)
     world_size = _uint("world_size", world_size, 1)
     rank = _uint("rank", rank)
@@ -244,25 +400,25 @@ def stream_request(
         raise InvalidArgument("random_crop and random_resized_crop: give one of them")
     s = pb.ClipSampler(
         kind=_choice("sampler", sampler, SAMPLERS),
-        num_clips=_uint("clips_per_video", clips_per_video, 1),
-        frames_per_clip=_uint("frames_per_clip", frames_per_clip, 1),
-        frame_stride=_uint("frame_stride", frame_stride, 1),
-        short_video=_choice("short_video", short_video, SHORT_VIDEO),
+        num_clips=_uint("num_clips", num_clips, 1),
+        frames_per_clip=_uint("num_frames_per_clip", num_frames_per_clip, 1),
+        frame_stride=_uint("num_indices_between_frames", num_indices_between_frames, 1),
+        short_video=_choice("policy", policy, POLICIES),
     )
     if seconds_between_frames is not None:
         s.seconds_between_frames = float(seconds_between_frames)
     if seconds_between_clip_starts is not None:
         s.seconds_between_clip_starts = float(seconds_between_clip_starts)
-    if range_start is not None:
-        s.range_start = float(range_start)
-    if range_end is not None:
-        s.range_end = float(range_end)
+    if sampling_range_start is not None:
+        s.range_start = float(sampling_range_start)
+    if sampling_range_end is not None:
+        s.range_end = float(sampling_range_end)
     aug = pb.Augment(random_hflip=bool(random_hflip))
     if random_crop is not None:
         aug.random_crop.CopyFrom(size_msg("random_crop", random_crop))
     if random_resized_crop is not None:
         aug.random_resized_crop.CopyFrom(_random_resized_crop(random_resized_crop))
-    return pb.StreamBatchesRequest(
+    req = pb.StreamBatchesRequest(
         dataset=dataset,
         sampler=s,
         transform=transform_msg(
@@ -275,6 +431,8 @@ def stream_request(
             std=std,
             layout=layout,
             rotate=rotate,
+            height=height,
+            width=width,
         ),
         augment=aug,
         batch_size=batch_size,
@@ -289,18 +447,36 @@ def stream_request(
         shard_remainder=_choice("shard_remainder", shard_remainder, SHARD_REMAINDER),
         on_error=_choice("on_error", on_error, ON_ERROR),
     )
+    start_sample = _uint("start_sample", start_sample)
+    if start_sample:
+        req.start_sample = start_sample
+    return req
 
 
 def stream_kwargs_names() -> Tuple[str, ...]:
-    """The keyword arguments :func:`stream_request` accepts (the torch dataset validates against them)."""
+    """The keyword arguments :func:`stream_request` accepts, old names included (the torch dataset
+    validates against them)."""
     code = stream_request.__code__
-    return code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
+    return code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount] + tuple(DEPRECATED_NAMES)
+
+
+def policy_of(kwargs: Mapping[str, Any]) -> str:
+    """The short-video policy a set of stream arguments asks for (old or new name), canonically spelled."""
+    value = kwargs.get("policy", kwargs.get("short_video", "repeat_last"))
+    return _canonical("policy", value, POLICIES)
 
 
 __all__ = [
+    "DEPRECATED_NAMES",
+    "Finish",
     "clip_msg",
     "dtype_code",
+    "dtype_name",
+    "finish_of",
     "get_clips_request",
+    "layout_name",
+    "rename_deprecated",
+    "size_hw",
     "size_msg",
     "stream_request",
     "transform_msg",

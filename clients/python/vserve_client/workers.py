@@ -51,3 +51,52 @@ def resolve_rank(
     if n < 1 or not 0 <= r < n:
         raise ValueError(f"rank {r} of world size {n}: need 0 <= rank < world_size")
     return r, n
+
+
+def shard_size(samples: int, rank: int, world_size: int, shard_remainder: str = "uneven") -> int:
+    """How many samples rank ``rank`` of ``world_size`` reads from an epoch of ``samples`` (the daemon's
+    sharding: rank r takes positions r, r + W, ... of the epoch's order; "pad" repeats the order's first
+    samples so every rank gets ceil(N / W), "drop" leaves out the last N mod W)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} of world size {world_size}: need 0 <= rank < world_size")
+    n = max(int(samples), 0)
+    if shard_remainder == "uneven":
+        return len(range(rank, n, world_size))
+    if shard_remainder == "pad":
+        return -(-n // world_size) if n else 0
+    if shard_remainder == "drop":
+        return n // world_size
+    raise ValueError(f"shard_remainder={shard_remainder!r}: expected 'uneven', 'pad' or 'drop'")
+
+
+def batches_in_epoch(
+    samples: int,
+    *,
+    batch_size: int,
+    num_clips: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
+    shard_remainder: str = "uneven",
+    drop_last: bool = False,
+    start_sample: int = 0,
+) -> int:
+    """The number of batches of one rank's epoch, as the daemon numbers them (``batches_total``): the
+    rank's samples times ``num_clips`` clips, cut into batches of ``batch_size`` (the last one partial
+    unless ``drop_last``). ``start_sample`` samples of the epoch's order are left out first. Samplers
+    with a fixed clip count only (not regular timestamps)."""
+    clips = shard_size(max(samples - start_sample, 0), rank, world_size, shard_remainder) * num_clips
+    return clips // batch_size if drop_last else -(-clips // batch_size)
+
+
+def global_offset(
+    next_batch: int, *, batch_size: int, num_clips: int = 1, world_size: int = 1, start_sample: int = 0
+) -> int:
+    """The samples of the epoch's order that every rank has consumed when each has taken its batches
+    ``0 .. next_batch - 1`` (ranks step together, as in data-parallel training): a resume point that does
+    not depend on the world size (StreamBatches' ``start_sample``).
+
+    Rank r's k-th sample is the epoch order's position ``start_sample + r + k·W``, so after m whole samples
+    per rank the first ``start_sample + m·W`` positions are consumed. m counts whole samples: when
+    ``next_batch · batch_size`` is not a multiple of ``num_clips`` the sample a batch boundary cut in two
+    is read again in full after the resume."""
+    return start_sample + (next_batch * batch_size // num_clips) * world_size

@@ -237,6 +237,7 @@ pub fn build_index(
             pts,
             duration: dur,
             key: f.key,
+            stated_duration: f.duration.max(0),
         });
     }
     // Durations run until the next frame where the next frame is known.

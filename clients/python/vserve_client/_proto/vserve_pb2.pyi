@@ -87,7 +87,7 @@ class ProbeRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., video: _Optional[str] = ..., include_pts: _Optional[bool] = ..., stream: _Optional[int] = ...) -> None: ...
 
 class ProbeResponse(_message.Message):
-    __slots__ = ("codec", "width", "height", "rotation", "avg_fps", "time_base", "duration_seconds", "frame_count", "keyframes", "pts", "stream", "pixel_format", "declared_frames", "display_width", "display_height")
+    __slots__ = ("codec", "width", "height", "rotation", "avg_fps", "time_base", "duration_seconds", "frame_count", "keyframes", "pts", "stream", "pixel_format", "declared_frames", "display_width", "display_height", "durations")
     CODEC_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class ProbeResponse(_message.Message):
     DECLARED_FRAMES_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_WIDTH_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DURATIONS_FIELD_NUMBER: _ClassVar[int]
     codec: str
     width: int
     height: int
@@ -118,7 +119,8 @@ class ProbeResponse(_message.Message):
     declared_frames: int
     display_width: int
     display_height: int
-    def __init__(self, codec: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., rotation: _Optional[int] = ..., avg_fps: _Optional[float] = ..., time_base: _Optional[_Union[Rational, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., frame_count: _Optional[int] = ..., keyframes: _Optional[_Iterable[int]] = ..., pts: _Optional[_Iterable[int]] = ..., stream: _Optional[int] = ..., pixel_format: _Optional[str] = ..., declared_frames: _Optional[int] = ..., display_width: _Optional[int] = ..., display_height: _Optional[int] = ...) -> None: ...
+    durations: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, codec: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., rotation: _Optional[int] = ..., avg_fps: _Optional[float] = ..., time_base: _Optional[_Union[Rational, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., frame_count: _Optional[int] = ..., keyframes: _Optional[_Iterable[int]] = ..., pts: _Optional[_Iterable[int]] = ..., stream: _Optional[int] = ..., pixel_format: _Optional[str] = ..., declared_frames: _Optional[int] = ..., display_width: _Optional[int] = ..., display_height: _Optional[int] = ..., durations: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FrameIndices(_message.Message):
     __slots__ = ("indices",)
@@ -189,7 +191,7 @@ class GetClipsRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[ClipSpec, _Mapping]]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., reuse_arena: _Optional[bool] = ...) -> None: ...
 
 class ClipInfo(_message.Message):
-    __slots__ = ("video", "frame_indices", "pts", "pts_seconds", "label", "label_index", "sample", "clip", "replaced_by", "crop", "flipped")
+    __slots__ = ("video", "frame_indices", "pts", "pts_seconds", "label", "label_index", "sample", "clip", "replaced_by", "crop", "flipped", "duration_seconds")
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     FRAME_INDICES_FIELD_NUMBER: _ClassVar[int]
     PTS_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +203,7 @@ class ClipInfo(_message.Message):
     REPLACED_BY_FIELD_NUMBER: _ClassVar[int]
     CROP_FIELD_NUMBER: _ClassVar[int]
     FLIPPED_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     video: str
     frame_indices: _containers.RepeatedScalarFieldContainer[int]
     pts: _containers.RepeatedScalarFieldContainer[int]
@@ -212,7 +215,8 @@ class ClipInfo(_message.Message):
     replaced_by: int
     crop: CropBox
     flipped: bool
-    def __init__(self, video: _Optional[str] = ..., frame_indices: _Optional[_Iterable[int]] = ..., pts: _Optional[_Iterable[int]] = ..., pts_seconds: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ..., label_index: _Optional[int] = ..., sample: _Optional[int] = ..., clip: _Optional[int] = ..., replaced_by: _Optional[int] = ..., crop: _Optional[_Union[CropBox, _Mapping]] = ..., flipped: _Optional[bool] = ...) -> None: ...
+    duration_seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, video: _Optional[str] = ..., frame_indices: _Optional[_Iterable[int]] = ..., pts: _Optional[_Iterable[int]] = ..., pts_seconds: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ..., label_index: _Optional[int] = ..., sample: _Optional[int] = ..., clip: _Optional[int] = ..., replaced_by: _Optional[int] = ..., crop: _Optional[_Union[CropBox, _Mapping]] = ..., flipped: _Optional[bool] = ..., duration_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class CropBox(_message.Message):
     __slots__ = ("x", "y", "width", "height")
@@ -319,14 +323,25 @@ class ListDatasetsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "root", "video_count")
+    __slots__ = ("name", "root", "video_count", "samples", "class_to_idx")
+    class ClassToIdxEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
     VIDEO_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CLASS_TO_IDX_FIELD_NUMBER: _ClassVar[int]
     name: str
     root: str
     video_count: int
-    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., video_count: _Optional[int] = ...) -> None: ...
+    samples: int
+    class_to_idx: _containers.ScalarMap[str, int]
+    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., video_count: _Optional[int] = ..., samples: _Optional[int] = ..., class_to_idx: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListDatasetsResponse(_message.Message):
     __slots__ = ("datasets",)
@@ -421,7 +436,7 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, size: _Optional[_Union[Size, _Mapping]] = ..., scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "sampler", "transform", "augment", "batch_size", "drop_last", "seed", "epoch", "rank", "world_size", "start_batch", "prefetch", "no_shuffle", "shard_remainder", "on_error", "transport", "worker", "num_workers")
+    __slots__ = ("dataset", "sampler", "transform", "augment", "batch_size", "drop_last", "seed", "epoch", "rank", "world_size", "start_batch", "prefetch", "no_shuffle", "shard_remainder", "on_error", "transport", "worker", "num_workers", "start_sample")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
@@ -440,6 +455,7 @@ class StreamBatchesRequest(_message.Message):
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    START_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     sampler: ClipSampler
     transform: Transform
@@ -458,7 +474,8 @@ class StreamBatchesRequest(_message.Message):
     transport: Transport
     worker: int
     num_workers: int
-    def __init__(self, dataset: _Optional[str] = ..., sampler: _Optional[_Union[ClipSampler, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., augment: _Optional[_Union[Augment, _Mapping]] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., prefetch: _Optional[int] = ..., no_shuffle: _Optional[bool] = ..., shard_remainder: _Optional[_Union[ShardRemainder, str]] = ..., on_error: _Optional[_Union[OnError, str]] = ..., transport: _Optional[_Union[Transport, str]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ...) -> None: ...
+    start_sample: int
+    def __init__(self, dataset: _Optional[str] = ..., sampler: _Optional[_Union[ClipSampler, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., augment: _Optional[_Union[Augment, _Mapping]] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., prefetch: _Optional[int] = ..., no_shuffle: _Optional[bool] = ..., shard_remainder: _Optional[_Union[ShardRemainder, str]] = ..., on_error: _Optional[_Union[OnError, str]] = ..., transport: _Optional[_Union[Transport, str]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesResponse(_message.Message):
     __slots__ = ("header", "offset", "data")

@@ -1,0 +1,374 @@
+"""TorchCodec's ``VideoDecoder`` API over a vserve daemon: one video of a dataset, decoded frame-exactly
+by the daemon (and its shared cache) instead of in this process.
+
+    from vserve_client import Client, VideoDecoder
+    decoder = VideoDecoder(Client("unix:/run/vserve/vserve.sock"), "kin", "a/b.mp4")
+    decoder.metadata.num_frames, decoder.metadata.average_fps
+    frame = decoder[0]                                   # [3, H, W] uint8
+    batch = decoder.get_frames_at([0, 10, 20])           # FrameBatch: data [3, 3, H, W], pts_seconds, duration_seconds
+    batch = decoder.get_frames_played_at([0.5, 1.25])    # the frames displayed at those times
+
+Semantics are TorchCodec's (exact seek mode): frame i is the i-th frame FFmpeg's decoder outputs in
+presentation order; the frame played at t is the last frame whose pts <= t, for begin_stream_seconds <= t
+< end_stream_seconds; ``get_frames_played_in_range(a, b)`` gives the frames played during [a, b): from the
+one played at a to the last one whose pts is before b. A frame's ``duration_seconds`` is the duration
+the stream states for it (FFmpeg's frame duration, as TorchCodec and ffprobe report it; 0 when none).
+
+Outputs: ``data`` is ``[N, 3, H, W]`` (``dimension_order="NCHW"``, the default) or ``[N, H, W, 3]``
+("NHWC"), uint8; ``pts_seconds`` and ``duration_seconds`` are float64 ``[N]``. They are torch tensors when
+torch is installed (``tensors=None``, the default), numpy arrays otherwise or with ``tensors=False``.
+Frames arrive through the client's transport: with shared memory, ``data`` views the daemon's reply slot,
+which stays valid while referenced (no copy).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+
+from .errors import InvalidArgument, OutOfRange
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+ArrayLike = Any  # numpy.ndarray or torch.Tensor
+
+
+def _seconds(ticks: Any, num: int, den: int) -> np.ndarray:
+    """Time-base ticks in seconds, computed as the daemon does (f64(ticks) * f64(num) / f64(den)), so the
+    values compare equal to the daemon's ``pts_seconds``."""
+    return np.asarray(ticks, dtype=np.int64).astype(np.float64) * float(num) / float(den)
+
+
+@dataclass(frozen=True)
+class VideoStreamMetadata:
+    """A video stream's facts, named as TorchCodec's ``VideoStreamMetadata`` (exact seek mode, where
+    the values come from the frame table: ``*_from_content``).
+
+    Attributes:
+        num_frames: frames FFmpeg's decoder outputs (``len(decoder)``).
+        begin_stream_seconds: the smallest pts; end_stream_seconds: the largest pts plus that frame's
+            stated duration (TorchCodec's ``*_from_content``); duration_seconds: end minus begin.
+        average_fps: num_frames / duration_seconds (TorchCodec's definition); average_fps_from_header:
+            the container's average frame rate.
+        width, height: of the decoded frames (after display rotation, as returned); coded_width,
+            coded_height: as stored. rotation: degrees clockwise applied for display.
+        codec, pixel_format, stream_index, time_base (num, den).
+        pts_seconds, duration_seconds_per_frame: float64 [num_frames], each frame's pts and stated
+            duration (:meth:`Client.probe`'s ``pts`` and ``durations`` in seconds).
+    """
+
+    num_frames: int
+    begin_stream_seconds: float
+    end_stream_seconds: float
+    duration_seconds: float
+    average_fps: float
+    average_fps_from_header: float
+    width: int
+    height: int
+    coded_width: int
+    coded_height: int
+    rotation: int
+    codec: str
+    pixel_format: str
+    stream_index: int
+    time_base: tuple
+    pts_seconds: np.ndarray
+    duration_seconds_per_frame: np.ndarray
+
+    # TorchCodec's names for the same values (its exact mode reads them from the content).
+    @property
+    def num_frames_from_content(self) -> int:
+        return self.num_frames
+
+    @property
+    def begin_stream_seconds_from_content(self) -> float:
+        return self.begin_stream_seconds
+
+    @property
+    def end_stream_seconds_from_content(self) -> float:
+        return self.end_stream_seconds
+
+    @classmethod
+    def from_probe(cls, p: Dict[str, Any]) -> "VideoStreamMetadata":
+        """From :meth:`Client.probe` with ``include_pts=True``."""
+        num, den = p["time_base"]["num"], p["time_base"]["den"]
+        pts = np.asarray(p["pts"], dtype=np.int64)
+        durations = np.asarray(p.get("durations") or [], dtype=np.int64)
+        n = int(p["frame_count"])
+        if len(pts) != n:
+            raise InvalidArgument("metadata needs the frame table: probe with include_pts=True")
+        if len(durations) != n:
+            raise InvalidArgument(
+                "the daemon's Probe has no per-frame durations (ProbeResponse.durations): it predates this client"
+            )
+        pts_s = _seconds(pts, num, den)
+        dur_s = _seconds(durations, num, den)
+        if n:
+            # As TorchCodec's scan: the smallest pts, and the largest pts + stated duration.
+            begin = float(_seconds([pts.min()], num, den)[0])
+            end = float(_seconds([(pts + durations).max()], num, den)[0])
+        else:
+            begin = end = 0.0
+        duration = end - begin
+        return cls(
+            num_frames=n,
+            begin_stream_seconds=begin,
+            end_stream_seconds=end,
+            duration_seconds=duration,
+            average_fps=n / duration if duration > 0 else float(p["avg_fps"]),
+            average_fps_from_header=float(p["avg_fps"]),
+            width=int(p["display_width"]),
+            height=int(p["display_height"]),
+            coded_width=int(p["width"]),
+            coded_height=int(p["height"]),
+            rotation=int(p["rotation"]),
+            codec=p["codec"],
+            pixel_format=p["pixel_format"],
+            stream_index=int(p["stream"]),
+            time_base=(num, den),
+            pts_seconds=pts_s,
+            duration_seconds_per_frame=dur_s,
+        )
+
+
+@dataclass
+class Frame:
+    """One frame: ``data`` [3, H, W] (NCHW order) or [H, W, 3], its pts and duration in seconds."""
+
+    data: ArrayLike
+    pts_seconds: float
+    duration_seconds: float
+
+    def __iter__(self) -> Iterator[Any]:
+        # TorchCodec's Frame unpacks as (data, pts_seconds, duration_seconds).
+        return iter((self.data, self.pts_seconds, self.duration_seconds))
+
+
+@dataclass
+class FrameBatch:
+    """Frames: ``data`` [N, 3, H, W] (or [N, H, W, 3]), ``pts_seconds`` and ``duration_seconds`` [N]."""
+
+    data: ArrayLike
+    pts_seconds: ArrayLike
+    duration_seconds: ArrayLike
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: Any) -> Union[Frame, "FrameBatch"]:
+        if isinstance(key, numbers.Integral):
+            return Frame(self.data[key], float(self.pts_seconds[key]), float(self.duration_seconds[key]))
+        return FrameBatch(self.data[key], self.pts_seconds[key], self.duration_seconds[key])
+
+    def __iter__(self) -> Iterator[Frame]:
+        for i in range(len(self)):
+            yield self[i]  # type: ignore[misc]
+
+
+def _torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class VideoDecoder:
+    """TorchCodec's ``VideoDecoder`` for one video of a dataset served by a vserve daemon.
+
+    Args:
+        client: a :class:`~vserve_client.Client`, or the daemon's address (a client is then opened).
+        dataset, video: which video (path relative to the dataset root).
+        stream_index: container stream index (None: FFmpeg's best video stream, as TorchCodec's default).
+        dimension_order: "NCHW" (default) or "NHWC".
+        size, short_side, height, width, rotate: the daemon's resize (bilinear; ``size=(height, width)``)
+            and display rotation (on by default), as :meth:`Client.get_clips`. ``metadata`` describes the
+            video itself, before any resize.
+        tensors: torch tensors (True), numpy arrays (False), or torch when installed (None).
+    """
+
+    def __init__(
+        self,
+        client: Union["Client", str],
+        dataset: str,
+        video: str,
+        *,
+        stream_index: Optional[int] = None,
+        dimension_order: str = "NCHW",
+        size: Any = None,
+        short_side: Optional[int] = None,
+        height: Optional[int] = None,
+        width: Optional[int] = None,
+        rotate: bool = True,
+        tensors: Optional[bool] = None,
+    ):
+        if dimension_order not in ("NCHW", "NHWC"):
+            raise InvalidArgument(f"dimension_order={dimension_order!r}: expected 'NCHW' or 'NHWC'")
+        if isinstance(client, str):
+            from .client import Client
+
+            client = Client(client)
+            self._own_client = True
+        else:
+            self._own_client = False
+        self._client = client
+        self.dataset = dataset
+        self.video = video
+        self.stream_index = stream_index
+        self.dimension_order = dimension_order
+        self._transform = dict(size=size, short_side=short_side, height=height, width=width, rotate=rotate)
+        # Validate the transform now rather than at the first read.
+        from .request import transform_msg
+
+        transform_msg(**self._transform)
+        self._tensors = _torch_available() if tensors is None else bool(tensors)
+        self.metadata = client.metadata(dataset, video, stream=stream_index)
+
+    def close(self) -> None:
+        """Closes the client if this decoder opened it."""
+        if self._own_client:
+            self._client.close()
+
+    def __enter__(self) -> "VideoDecoder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.metadata.num_frames
+
+    # -- indices -------------------------------------------------------------------------------------
+
+    def _index(self, i: Any) -> int:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise InvalidArgument(f"frame index {i!r}: expected an int")
+        n = len(self)
+        k = int(i) + n if i < 0 else int(i)
+        if not 0 <= k < n:
+            raise OutOfRange(f"frame index {int(i)} is out of bounds: the video has {n} frames")
+        return k
+
+    def __getitem__(self, key: Any) -> ArrayLike:
+        """``decoder[i]``: one frame's data [3, H, W]; ``decoder[a:b:c]``: [N, 3, H, W] (TorchCodec: data
+        only; use :meth:`get_frames_at` for pts and durations)."""
+        if isinstance(key, slice):
+            return self._frames(list(range(*key.indices(len(self))))).data
+        if isinstance(key, numbers.Integral) and not isinstance(key, bool):
+            return self._frames([self._index(key)]).data[0]
+        raise InvalidArgument(f"decoder[{key!r}]: expected an int or a slice")
+
+    def get_frame_at(self, index: int) -> Frame:
+        return self.get_frames_at([index])[0]  # type: ignore[return-value]
+
+    def get_frames_at(self, indices: Sequence[int]) -> FrameBatch:
+        """The frames at these indices (negative ones count from the end), in the order given."""
+        return self._frames([self._index(i) for i in np.asarray(indices).reshape(-1).tolist()])
+
+    def get_frames_in_range(self, start: int, stop: int, step: int = 1) -> FrameBatch:
+        """Frames ``start, start + step, ...`` before ``stop`` (TorchCodec: 0 <= start < num_frames,
+        stop <= num_frames, step > 0)."""
+        n = len(self)
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step <= 0:
+            raise InvalidArgument(f"step={step!r}: must be a positive int")
+        if not 0 <= start < n:
+            raise OutOfRange(f"start={start} is out of bounds: the video has {n} frames")
+        if not start <= stop <= n:
+            raise OutOfRange(f"stop={stop}: must be in [start={start}, {n}]")
+        return self._frames(list(range(int(start), int(stop), int(step))))
+
+    # -- times ---------------------------------------------------------------------------------------
+
+    def _check_time(self, t: float, what: str = "seconds") -> None:
+        m = self.metadata
+        if not m.begin_stream_seconds <= t < m.end_stream_seconds:
+            raise OutOfRange(
+                f"{what}={t} is outside the stream's [{m.begin_stream_seconds}, {m.end_stream_seconds}) seconds"
+            )
+
+    def get_frame_played_at(self, seconds: float) -> Frame:
+        return self.get_frames_played_at([seconds])[0]  # type: ignore[return-value]
+
+    def get_frames_played_at(self, seconds: Sequence[float]) -> FrameBatch:
+        """The frames displayed at these times: for each t, the last frame whose pts <= t (the daemon
+        resolves them; t must lie in [begin_stream_seconds, end_stream_seconds))."""
+        times = [float(t) for t in np.asarray(seconds, dtype=np.float64).reshape(-1)]
+        for t in times:
+            self._check_time(t)
+        if not times:
+            return self._frames([])
+        return self._fetch({"times": times})
+
+    def get_frames_played_in_range(self, start_seconds: float, stop_seconds: float) -> FrameBatch:
+        """The frames played during [start_seconds, stop_seconds): from the frame played at start_seconds
+        to the last frame whose pts is before stop_seconds (empty when they are equal)."""
+        m = self.metadata
+        a, b = float(start_seconds), float(stop_seconds)
+        if a > b:
+            raise InvalidArgument(f"start_seconds={a} is after stop_seconds={b}")
+        self._check_time(a, "start_seconds")
+        if b > m.end_stream_seconds:
+            raise OutOfRange(f"stop_seconds={b} is after the stream's end at {m.end_stream_seconds} seconds")
+        if a == b:
+            return self._frames([])
+        first = int(np.searchsorted(m.pts_seconds, a, side="right")) - 1
+        stop = int(np.searchsorted(m.pts_seconds, b, side="left"))
+        return self._frames(list(range(max(first, 0), stop)))
+
+    # -- fetching ------------------------------------------------------------------------------------
+
+    def _frames(self, indices: List[int]) -> FrameBatch:
+        if not indices:
+            return self._empty()
+        return self._fetch({"frames": indices})
+
+    def _fetch(self, where: Dict[str, Any]) -> FrameBatch:
+        if self.stream_index is not None:
+            where = dict(where, stream=self.stream_index)
+        layout = "TCHW" if self.dimension_order == "NCHW" else "THWC"
+        batch = self._client.get_clips(self.dataset, [(self.video, where)], layout=layout, **self._transform)
+        return self._wrap(batch.array[0], batch.pts_seconds[0], batch.duration_seconds[0])
+
+    def _empty(self) -> FrameBatch:
+        h, w = self._output_size()
+        shape = (0, 3, h, w) if self.dimension_order == "NCHW" else (0, h, w, 3)
+        return self._wrap(np.empty(shape, np.uint8), np.empty(0, np.float64), np.empty(0, np.float64))
+
+    def _output_size(self) -> tuple:
+        from .request import size_hw
+
+        t = self._transform
+        m = self.metadata
+        h, w = (m.height, m.width) if t["rotate"] else (m.coded_height, m.coded_width)
+        if t["height"] is not None:
+            return int(t["height"]), int(t["width"])
+        if t["size"] is not None:
+            return size_hw("size", t["size"])
+        if t["short_side"] is not None:
+            s = int(t["short_side"])
+            # The daemon rounds the long side to the nearest pixel.
+            return (s, int(w * s / h + 0.5)) if h <= w else (int(h * s / w + 0.5), s)
+        return h, w
+
+    def _wrap(self, data: np.ndarray, pts: Any, dur: Any) -> FrameBatch:
+        pts = np.asarray(pts, dtype=np.float64)
+        dur = np.asarray(dur, dtype=np.float64)
+        if self._tensors:
+            import torch
+
+            return FrameBatch(torch.from_numpy(data), torch.from_numpy(pts), torch.from_numpy(dur))
+        return FrameBatch(data, pts, dur)
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return (
+            f"VideoDecoder({self.dataset!r}, {self.video!r}, frames={m.num_frames}, {m.width}x{m.height}, "
+            f"{m.average_fps:.3f} fps, dimension_order={self.dimension_order!r})"
+        )
+
+
+__all__ = ["Frame", "FrameBatch", "VideoDecoder", "VideoStreamMetadata"]
