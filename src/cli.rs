@@ -38,7 +38,7 @@ pub enum Command {
     /// Print the effective configuration as TOML and exit.
     Config(ServeArgs),
     /// Print what this host decodes with: FFmpeg, decoders, hwaccels, CUDA driver, GPUs, --gpus choice.
-    Doctor(crate::commands::doctor::DoctorArgs),
+    Doctor(DoctorArgs),
     /// Print a video's stream facts as JSON.
     Probe(ProbeArgs),
     /// Fetch frames of one video and write them as a uint8 [T,H,W,3] .npy file.
@@ -53,6 +53,17 @@ pub enum Command {
     Ingest(IngestArgs),
     /// Check a GulpIO directory (GulpIO's sanity checks plus JPEG validity); exit 1 on any problem.
     GulpCheck(GulpCheckArgs),
+}
+
+/// `vserve doctor`: what this host decodes with.
+#[derive(Args, Debug, Clone)]
+pub struct DoctorArgs {
+    /// Also say what this --gpus value would choose (auto is always shown).
+    #[arg(long, value_name = "LIST")]
+    pub gpus: Option<String>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug, Clone)]

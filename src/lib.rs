@@ -1,27 +1,29 @@
 //! vserve: a per-host daemon that decodes video clips once for every trainer rank on the host and serves
 //! frame-exact batches over gRPC.
 //!
-//! Modules in pipeline order, one stage each (dependencies point downstream):
+//! Modules in pipeline order (upstream first; a module names only modules above it, checked by
+//! `tests/layering.rs`):
 //!
 //! ```text
-//! client ──gRPC──► api ──► engine ──► dataset (resolve a path inside a root)
-//!                            │    ──► index   (frame table per video, one packet scan)
-//!                            │    ──► cache   (decoded frames, byte-bounded)
-//!                            │    ──► plan    (wanted frames → GOP runs)
-//!                            │    ──► decode  (fleet of named threads; ffmpeg backend; fake backend)
-//!                            └──► batch  (crop, flip, dtype, layout → one array)
-//! client ◄──chunks── api ◄───────┘
+//! client ──gRPC──► api ──► handle::{probe, clips, stream} ──► catalog ──► dataset, manifest, gulp
+//!                                │                               └──► index (table) ◄── decode::ffmpeg::scan
+//!                                ├──► request (types, validation, geometry)
+//!                                ├──► frames ──► cache, plan (GOP runs) ──► decode::fleet ──► backends
+//!                                └──► batch (crop, flip, dtype, layout) ──► transport (inline | shm)
+//! client ◄──chunks / shm slot── api ◄──┘
 //! ```
 //!
-//! - [`cli`] and [`config`]: flags, env and TOML into a validated [`config::Config`]; [`doctor`]: what
-//!   this host decodes with (FFmpeg, CUDA driver, GPUs, the `--gpus` choice).
-//! - [`server`]: listeners (Unix socket, TCP), `run(config, shutdown)`; [`shutdown`]: signals.
-//! - [`error`]: the crate's error kinds; [`api`] maps them to gRPC statuses, once, at the edge.
-//! - Operating: [`metrics`] (one registry), [`rpc`] (per-call metrics and `--max-streams` admission via
-//!   [`limits`]), [`auth`] (bearer token on TCP), [`admin`] (`/metrics`, `/livez`, `/readyz`).
-//! - [`gulp`]: GulpIO datasets (chunked JPEG frames): reader, writer, `vserve ingest`, `vserve gulp-check`.
-//!   A dataset whose root holds chunks is served by id through the same stages; its frames are decoded by
-//!   [`decode::gulp`].
+//! - Pure stages: [`config`], [`dataset`], [`manifest`], [`sample`] (what to read), [`index`] (frame
+//!   tables), [`plan`] (how: GOP runs), [`gulp`] (the GulpIO format), [`decode`] (backends and the fleet of
+//!   named threads), [`cache`], [`batch`], [`transport`].
+//! - [`error`]: one `Error` and the one [`error::Code`] table (gRPC statuses, skipped-sample reports).
+//! - [`request`]: domain request types, validation, geometry. [`catalog`]: datasets, frame tables, failure
+//!   memory. [`frames`]: cache + single flight + fleet. [`engine`]: wires them. [`handle`]: one module per
+//!   RPC's logic. [`api`]: proto ↔ domain, statuses at the edge.
+//! - Operating: [`metrics`] (one registry), [`limits`] (`--max-streams` admission), [`rpc`] (per-call
+//!   metrics), [`auth`] (bearer token on TCP), [`admin`] (`/metrics`, `/livez`, `/readyz`), [`server`]
+//!   (listeners, `run(config, shutdown)`, drain), [`shutdown`] (signals).
+//! - [`cli`] (flags) and [`commands`] (client subcommands, `doctor`, `ingest`, `gulp-check`).
 
 pub mod admin;
 pub mod api;

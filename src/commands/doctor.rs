@@ -6,28 +6,17 @@
 //! choose. `--json` prints the same as one JSON object. Exit 0, or 69 when the given `--gpus` cannot be
 //! satisfied (as `vserve serve` would exit).
 
-use clap::Args;
 use serde_json::{json, Value};
 
 use crate::config::{parse_gpus, GpuSpec};
 use crate::decode::ffmpeg;
 use crate::decode::gpus::{resolve, Driver};
 
-#[derive(Args, Debug, Clone)]
-pub struct DoctorArgs {
-    /// Also say what this --gpus value would choose (auto is always shown).
-    #[arg(long, value_name = "LIST")]
-    pub gpus: Option<String>,
-    /// One JSON object instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// The codecs the doctor reports decoders for (FFmpeg's names).
 const CODECS: [&str; 4] = ["h264", "hevc", "vp9", "av1"];
 
 /// Runs `vserve doctor`.
-pub fn run(args: &DoctorArgs) -> std::process::ExitCode {
+pub fn run(args: &crate::cli::DoctorArgs) -> std::process::ExitCode {
     let spec = match args.gpus.as_deref().map(parse_gpus).transpose() {
         Ok(s) => s,
         Err(e) => {
