@@ -160,6 +160,11 @@ pub struct ServeArgs {
     /// Directory for shared-memory batch arenas (a tmpfs).
     #[arg(long, env = "VSERVE_SHM_DIR", value_name = "DIR")]
     pub shm_dir: Option<PathBuf>,
+    /// Directory for what the daemon remembers across restarts (frame tables, dataset health, the
+    /// poison-file journal), or `none`. Default: $STATE_DIRECTORY, else $XDG_STATE_HOME/vserve, else
+    /// /var/lib/vserve for root, else ~/.local/state/vserve.
+    #[arg(long, env = "VSERVE_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
     #[arg(long, env = "VSERVE_MAX_STREAMS", value_name = "N")]
     pub max_streams: Option<usize>,
@@ -397,6 +402,7 @@ struct FileConfig {
     max_prefetch: Option<usize>,
     shutdown_grace: Option<f64>,
     shm_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
     max_streams: Option<usize>,
     admin_listen: Option<String>,
     log_format: Option<String>,
@@ -561,8 +567,14 @@ impl ServeArgs {
                 "not a directory",
             ));
         }
+        let state_dir = match self.state_dir.clone().or(file.state_dir) {
+            Some(d) if d.as_os_str() == "none" => None,
+            Some(d) => Some(d),
+            None => crate::state::default_dir(),
+        };
         Ok(Config {
             shm_dir,
+            state_dir,
             shutdown_grace: std::time::Duration::from_secs_f64(grace),
             listen,
             datasets,
@@ -664,7 +676,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -686,6 +698,10 @@ pub fn config_to_toml(c: &Config) -> String {
         c.limits.max_prefetch,
         c.shutdown_grace.as_secs_f64(),
         c.shm_dir.display().to_string(),
+        c.state_dir
+            .as_ref()
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|| "none".into()),
     ) + &ops_to_toml(c)
 }
 

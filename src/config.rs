@@ -171,6 +171,8 @@ pub struct Config {
     pub shutdown_grace: std::time::Duration,
     /// Where shared-memory arenas are created (transport SHM).
     pub shm_dir: PathBuf,
+    /// What the daemon remembers across restarts ([`crate::state`]); `None` keeps nothing.
+    pub state_dir: Option<PathBuf>,
     /// Admin listener, logs and access control.
     pub ops: OpsConfig,
 }

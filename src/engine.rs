@@ -14,6 +14,7 @@ use crate::decode::fleet::BackendFactory;
 use crate::frames::Frames;
 use crate::metrics::{EngineMetrics, Scraped};
 use crate::request::DatasetSummary;
+use crate::state::StateDir;
 use crate::transport::shm::ShmRegistry;
 
 /// Counters since start-up.
@@ -50,6 +51,8 @@ pub struct Engine {
     frames: Frames,
     /// Shared-memory arenas (transport SHM).
     shm: ShmRegistry,
+    /// What is remembered across restarts; `None` when configured off or not writable.
+    state: Option<StateDir>,
     /// Probe and GetClips requests since start-up, and those in progress.
     requests: AtomicU64,
     inflight_calls: AtomicU64,
@@ -75,6 +78,16 @@ impl Engine {
         factory: BackendFactory,
     ) -> Result<Arc<Engine>, String> {
         let metrics = EngineMetrics::default();
+        let state = config
+            .state_dir
+            .as_deref()
+            .and_then(|dir| match StateDir::open(dir) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "state directory unusable; nothing will be remembered across restarts");
+                    None
+                }
+            });
         let catalog = Arc::new(Catalog::open(config, metrics.clone())?);
         let shm = ShmRegistry::new(
             config.shm_dir.clone(),
@@ -96,6 +109,7 @@ impl Engine {
             catalog,
             frames,
             shm,
+            state,
             requests: AtomicU64::new(0),
             inflight_calls: AtomicU64::new(0),
             streams: StreamCounters::default(),
@@ -115,6 +129,11 @@ impl Engine {
 
     pub fn shm(&self) -> &ShmRegistry {
         &self.shm
+    }
+
+    /// The state directory, when there is one.
+    pub fn state(&self) -> Option<&StateDir> {
+        self.state.as_ref()
     }
 
     pub fn limits(&self) -> &Limits {

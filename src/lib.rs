@@ -13,7 +13,7 @@
 //! client ◄──chunks / shm slot── api ◄──┘
 //! ```
 //!
-//! - Pure stages: [`config`], [`dataset`], [`manifest`], [`sample`] (what to read), [`index`] (frame
+//! - Pure stages: [`config`], [`state`] (the state directory), [`dataset`], [`manifest`], [`sample`] (what to read), [`index`] (frame
 //!   tables), [`plan`] (how: GOP runs), [`gulp`] (the GulpIO format), [`decode`] (backends and the fleet of
 //!   named threads), [`cache`], [`batch`], [`transport`].
 //! - [`error`]: one `Error` and the one [`error::Code`] table (gRPC statuses, skipped-sample reports).
@@ -51,4 +51,5 @@ pub mod rpc;
 pub mod sample;
 pub mod server;
 pub mod shutdown;
+pub mod state;
 pub mod transport;

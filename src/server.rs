@@ -17,10 +17,8 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use crate::admin::AdminState;
 use crate::api::{Api, VServeServer};
 use crate::auth::TokenCheck;
-use crate::config::{Config, DecodeConfig, GpuSpec, ListenAddr, OpsConfig};
-use crate::decode::ffmpeg::FfmpegBackend;
-use crate::decode::fleet::BackendFactory;
-use crate::decode::gpus::{resolve as resolve_gpus, Driver};
+use crate::config::{Config, ListenAddr, OpsConfig};
+use crate::decode::select::{select, Backends};
 use crate::engine::Engine;
 use crate::limits::Admission;
 use crate::metrics::Metrics;
@@ -39,130 +37,26 @@ pub enum ServerError {
     Serve { addr: String, reason: String },
 }
 
-/// The production backend factory: one FFmpeg CPU backend per decode thread.
-pub fn ffmpeg_backends(threads_per_decoder: usize) -> BackendFactory {
-    Arc::new(move |_slot| Box::new(FfmpegBackend::new(threads_per_decoder)))
-}
-
-/// How the fleet decodes: `cpu_threads` FFmpeg CPU threads, then `gpu_threads` NVDEC sessions.
-pub struct DecodePlan {
-    pub cpu_threads: usize,
-    pub gpu_threads: usize,
-    /// The GPUs in use (empty: CPU only).
-    pub gpus: Vec<u32>,
-    pub factory: BackendFactory,
-    /// Why these GPUs (one line for the log).
-    pub why: String,
-}
-
-/// What the CUDA driver reports here (nothing is loaded for builds without the `cuda` feature).
-pub fn gpu_driver() -> Driver {
-    #[cfg(feature = "cuda")]
-    {
-        crate::decode::cuda::driver()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Driver::NotBuilt
-    }
-}
-
-/// Resolves `--gpus` and builds the fleet's backends. An explicit `--gpus` that cannot be satisfied is
-/// [`ServerError::Unavailable`], naming the missing driver or device; `auto` falls back to the CPU.
-pub fn decode_plan(decode: &DecodeConfig) -> Result<DecodePlan, ServerError> {
-    let driver = match decode.gpus {
-        GpuSpec::None => Driver::NotBuilt,
-        _ => gpu_driver(),
-    };
-    let choice = resolve_gpus(&decode.gpus, &driver).map_err(ServerError::Unavailable)?;
-    let cpu = DecodePlan {
-        cpu_threads: decode.threads,
-        gpu_threads: 0,
-        gpus: Vec::new(),
-        factory: ffmpeg_backends(decode.threads_per_decoder),
-        why: choice.why.clone(),
-    };
-    if choice.gpus.is_empty() {
-        return Ok(cpu);
-    }
-    gpu_plan(decode, choice, cpu)
-}
-
-/// CPU decode threads when GPUs decode: none unless `--decode-threads` was set, since the NVDEC sessions
-/// take all the work (falling back to the CPU on their own threads) and the cores belong to the trainers.
-pub fn cpu_threads_beside_gpus(decode: &DecodeConfig) -> usize {
-    if decode.threads_explicit {
-        decode.threads
-    } else {
-        0
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn gpu_plan(
-    decode: &DecodeConfig,
-    choice: crate::decode::gpus::GpuChoice,
-    cpu: DecodePlan,
-) -> Result<DecodePlan, ServerError> {
-    let pool = match crate::decode::cuda::GpuPool::open(&choice.gpus, decode.threads_per_decoder) {
-        Ok(pool) => Arc::new(pool),
-        Err(e) if decode.gpus == GpuSpec::Auto => {
-            return Ok(DecodePlan {
-                why: format!("--gpus auto: {e}; decoding on the CPU"),
-                ..cpu
-            })
-        }
-        Err(e) => {
-            return Err(ServerError::Unavailable(format!(
-                "--gpus {}: {e}",
-                decode.gpus
-            )))
-        }
-    };
-    let cpu_threads = cpu_threads_beside_gpus(decode);
-    let tpd = decode.threads_per_decoder;
-    let factory: BackendFactory = Arc::new(move |slot| {
-        if slot < cpu_threads {
-            Box::new(FfmpegBackend::new(tpd))
-        } else {
-            Box::new(pool.backend(slot - cpu_threads))
-        }
-    });
-    Ok(DecodePlan {
-        cpu_threads,
-        gpu_threads: decode.nvdec_sessions * choice.gpus.len(),
-        gpus: choice.gpus,
-        factory,
-        why: choice.why,
-    })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn gpu_plan(
-    _decode: &DecodeConfig,
-    _choice: crate::decode::gpus::GpuChoice,
-    cpu: DecodePlan,
-) -> Result<DecodePlan, ServerError> {
-    // resolve() never chooses GPUs for Driver::NotBuilt.
-    Ok(cpu)
-}
-
 /// The serialized descriptors of `proto/` (written by build.rs), for server reflection.
 const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("vserve_descriptor");
 
 /// Serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-    let plan = decode_plan(&config.decode)?;
+    let backends: Backends = select(&config.decode).map_err(ServerError::Unavailable)?;
     tracing::info!(
-        gpus = ?plan.gpus,
-        cpu_threads = plan.cpu_threads,
-        nvdec_sessions = plan.gpu_threads,
+        gpus = ?backends.gpus,
+        cpu_threads = backends.cpu_threads,
+        nvdec_sessions = backends.gpu_threads,
         "{}",
-        plan.why
+        backends.why
     );
-    let engine = Engine::with_threads(&config, plan.cpu_threads + plan.gpu_threads, plan.factory)
-        .map_err(ServerError::Setup)?;
-    serve_engine(engine, &config, plan.cpu_threads, shutdown).await
+    let engine = Engine::with_threads(
+        &config,
+        backends.cpu_threads + backends.gpu_threads,
+        backends.factory,
+    )
+    .map_err(ServerError::Setup)?;
+    serve_engine(engine, &config, backends.cpu_threads, shutdown).await
 }
 
 /// What TCP listeners add: a bearer-token check and TLS, each when configured.
@@ -418,25 +312,4 @@ fn bind_unix_file(path: &Path) -> Result<tokio::net::UnixListener, String> {
         std::fs::remove_file(path).map_err(|e| format!("cannot remove stale socket: {e}"))?;
     }
     tokio::net::UnixListener::bind(path).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gpus_leave_the_cores_alone_unless_cpu_threads_are_asked_for() {
-        let mut decode = DecodeConfig {
-            threads: 16,
-            threads_explicit: false,
-            queue: 64,
-            threads_per_decoder: 1,
-            gpus: GpuSpec::Auto,
-            nvdec_sessions: 4,
-        };
-        assert_eq!(cpu_threads_beside_gpus(&decode), 0);
-        decode.threads = 2;
-        decode.threads_explicit = true;
-        assert_eq!(cpu_threads_beside_gpus(&decode), 2);
-    }
 }

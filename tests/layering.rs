@@ -8,6 +8,7 @@ use std::path::Path;
 const PIPELINE: &[&str] = &[
     "shutdown",
     "config",
+    "state",
     "metrics",
     "dataset",
     "manifest",

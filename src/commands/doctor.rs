@@ -42,7 +42,7 @@ pub fn run(args: &crate::cli::DoctorArgs) -> std::process::ExitCode {
 
 /// Everything the doctor knows, as JSON.
 pub fn report(spec: Option<&GpuSpec>) -> Value {
-    let driver = crate::server::gpu_driver();
+    let driver = crate::decode::select::gpu_driver();
     let devices = match &driver {
         Driver::Present { devices, .. } => gpu_entries(*devices),
         _ => Vec::new(),

@@ -246,7 +246,6 @@ fn worker(
     factory: BackendFactory,
 ) {
     let mut backend = factory(slot);
-    let mut stored = super::gulp::GulpBackend::default();
     while let Some(job) = rx.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         let Job {
@@ -275,11 +274,7 @@ fn worker(
             continue;
         }
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            if source.gulp.is_some() {
-                stored.decode_run(&source, &run, geometry)
-            } else {
-                backend.decode_run(&source, &run, geometry)
-            }
+            backend.decode_run(&source, &run, geometry)
         }));
         let result = match outcome {
             Ok(r) => r,

@@ -11,7 +11,8 @@
 //! Backends live one per module behind [`Backend`]: [`ffmpeg`] (CPU, libavcodec), `cuda` (NVDEC through
 //! FFmpeg's CUDA hwaccel, with CPU fallback; the `cuda` Cargo feature; [`gpus`] resolves `--gpus`) and [`fake`] (deterministic
 //! synthetic frames for tests that need no media); [`gulp`] decodes the stored JPEG frames of GulpIO
-//! datasets and is chosen per job (by [`VideoSource::gulp`]) whatever the fleet's backend. [`fleet`] runs a backend on named OS threads.
+//! datasets; [`select`] picks each slot's backend from `--gpus` and wraps it in [`select::Routed`], which
+//! sends GulpIO videos (by [`VideoSource::gulp`]) to [`gulp`]. [`fleet`] runs a backend on named OS threads.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -21,6 +22,7 @@ pub mod fleet;
 pub mod gpus;
 pub mod gulp;
 pub mod resize;
+pub mod select;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -219,6 +219,7 @@ mod tests {
             limits: Limits::default(),
             shutdown_grace: std::time::Duration::from_secs(1),
             shm_dir: std::env::temp_dir(),
+            state_dir: None,
             ops: Default::default(),
         };
         let factory: BackendFactory = Arc::new(move |_slot| {

@@ -111,6 +111,10 @@ impl Daemon {
         if !extra.iter().any(|a| a.starts_with("--admin-listen")) {
             cmd.arg("--admin-listen").arg("127.0.0.1:0");
         }
+        // Each daemon remembers into its own directory unless the test names one (restarts).
+        if !extra.iter().any(|a| a.starts_with("--state-dir")) {
+            cmd.arg("--state-dir").arg(dir.path().join("state"));
+        }
         cmd.args(extra)
             .envs(env.iter().copied())
             .stdin(Stdio::null())

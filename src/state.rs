@@ -1,0 +1,135 @@
+//! The daemon's state directory: what the daemon learned and must not forget across restarts (frame
+//! tables, dataset health, the poison-file journal). Never next to the user's videos.
+//!
+//! Input: the configured directory (`--state-dir`), or the default from [`default_dir`]. Output: a
+//! [`StateDir`] handing out paths inside it and writing files atomically (temp file, fsync, rename), so a
+//! crash leaves the old content or the new one, never a torn file. Everything in it is a cache of facts
+//! about files: deleting the directory loses time, not data; a reader that finds a file it cannot trust
+//! (wrong magic, version, size) ignores it with a warning.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The default state directory: `$STATE_DIRECTORY` (set by systemd's `StateDirectory=`), else
+/// `$XDG_STATE_HOME/vserve`, else `/var/lib/vserve` for root, else `$HOME/.local/state/vserve`.
+pub fn default_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = env("STATE_DIRECTORY") {
+        // systemd may pass several, separated by ':'; the first is ours.
+        let first = d.to_string_lossy().split(':').next().map(PathBuf::from);
+        return first;
+    }
+    if let Some(d) = env("XDG_STATE_HOME") {
+        return Some(d.join("vserve"));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return Some(PathBuf::from("/var/lib/vserve"));
+    }
+    env("HOME").map(|h| h.join(".local/state/vserve"))
+}
+
+/// An opened state directory (created 0700 if missing).
+#[derive(Clone, Debug)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    pub fn open(root: &Path) -> std::io::Result<StateDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)?;
+        if !root.is_dir() {
+            return Err(std::io::Error::other(format!(
+                "{} is not a directory",
+                root.display()
+            )));
+        }
+        Ok(StateDir {
+            root: root.to_path_buf(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The path of `name` inside the directory (`name` is one of the daemon's own, never user input).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Replaces `name` with `bytes` atomically: a reader sees the old file or the new one, whole.
+    pub fn write_atomic(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        let dest = self.path(name);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let tmp = dest.with_file_name(format!(
+            ".{}.tmp-{}",
+            dest.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            std::process::id()
+        ));
+        let result = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &dest)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// The bytes of `name`, or `None` when it does not exist.
+    pub fn read(&self, name: &str) -> std::io::Result<Option<Vec<u8>>> {
+        match std::fs::read(self.path(name)) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_replace_whole_files_and_missing_reads_are_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(&dir.path().join("a/b")).unwrap();
+        assert_eq!(state.read("x").unwrap(), None);
+        state.write_atomic("x", b"first").unwrap();
+        state.write_atomic("x", b"second, longer").unwrap();
+        assert_eq!(state.read("x").unwrap().unwrap(), b"second, longer");
+        state.write_atomic("sub/y", b"1").unwrap();
+        assert_eq!(state.read("sub/y").unwrap().unwrap(), b"1");
+        // No temp files left behind.
+        let names: Vec<_> = std::fs::read_dir(state.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(names.iter().all(|n| !n.contains(".tmp-")), "{names:?}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(state.root())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+}
