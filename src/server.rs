@@ -15,12 +15,12 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Identity, ServerTlsConfig};
 
 use crate::admin::AdminState;
+use crate::admission::{Admission, ClassLimits};
 use crate::api::{Api, VServeServer};
 use crate::auth::TokenCheck;
 use crate::config::{Config, ListenAddr, OpsConfig};
 use crate::decode::select::{select, Backends};
 use crate::engine::Engine;
-use crate::limits::Admission;
 use crate::metrics::Metrics;
 use crate::rpc::RpcLayer;
 
@@ -107,7 +107,16 @@ pub async fn serve_engine(
     let metrics = Arc::new(metrics);
     let layer = RpcLayer::new(
         metrics.rpc.clone(),
-        Admission::new(config.limits.max_streams),
+        Admission::new(
+            ClassLimits {
+                total: config.limits.max_streams,
+                per_client: config.tenancy.client_streams(config.limits.max_streams),
+            },
+            ClassLimits {
+                total: config.tenancy.max_unary,
+                per_client: config.tenancy.client_unary.min(config.tenancy.max_unary),
+            },
+        ),
     );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<VServeServer<Api>>().await;
