@@ -703,6 +703,13 @@ fn operating_settings_print_and_bad_values_exit_64_naming_the_key() {
             "xml",
         ),
         (vec!["--max-streams", "0"], vec![], "max-streams", "0"),
+        // An open port on the network with no token is refused unless asked for.
+        (
+            vec!["--listen", "0.0.0.0:7070"],
+            vec![],
+            "auth-token-file",
+            "0.0.0.0:7070",
+        ),
         (
             vec![],
             vec![("VSERVE_MAX_STREAMS", "many")],
