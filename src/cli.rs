@@ -165,6 +165,10 @@ pub struct ServeArgs {
     /// /var/lib/vserve for root, else ~/.local/state/vserve.
     #[arg(long, env = "VSERVE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Seconds between listings of directory datasets (new and removed files); 0: at start and on
+    /// SIGHUP only (default 60).
+    #[arg(long, env = "VSERVE_RESCAN_INTERVAL", value_name = "SECONDS")]
+    pub rescan_interval: Option<f64>,
     /// Streaming calls one client (a process on the Unix socket, an address on TCP) may hold at once
     /// (default: half of --max-streams).
     #[arg(long, env = "VSERVE_CLIENT_STREAMS", value_name = "N")]
@@ -426,6 +430,7 @@ struct FileConfig {
     shutdown_grace: Option<f64>,
     shm_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
+    rescan_interval: Option<f64>,
     client_streams: Option<usize>,
     max_unary: Option<usize>,
     client_unary: Option<usize>,
@@ -618,7 +623,19 @@ impl ServeArgs {
             Some(d) => Some(d),
             None => crate::state::default_dir(),
         };
+        let rescan = self
+            .rescan_interval
+            .or(file.rescan_interval)
+            .unwrap_or(60.0);
+        if !rescan.is_finite() || !(0.0..=86_400.0).contains(&rescan) {
+            return Err(ConfigError::new(
+                "rescan-interval",
+                rescan.to_string(),
+                "must be 0..=86400 seconds",
+            ));
+        }
         Ok(Config {
+            rescan_interval: std::time::Duration::from_secs_f64(rescan),
             shm_dir,
             state_dir,
             tenancy,
@@ -808,7 +825,8 @@ fn ops_to_toml(c: &Config) -> String {
         None => format!("# {key} = (not set)\n"),
     };
     let t = &c.tenancy;
-    let mut out = match t.client_streams {
+    let mut out = format!("rescan-interval = {}\n", c.rescan_interval.as_secs_f64());
+    out += &match t.client_streams {
         Some(n) => format!("client-streams = {n}\n"),
         None => "# client-streams = (half of max-streams)\n".to_owned(),
     };

@@ -213,6 +213,8 @@ pub struct Config {
     pub shutdown_grace: std::time::Duration,
     /// Where shared-memory arenas are created (transport SHM).
     pub shm_dir: PathBuf,
+    /// How often directory datasets are listed again (zero: at start and on SIGHUP only).
+    pub rescan_interval: std::time::Duration,
     /// What the daemon remembers across restarts ([`crate::state`]); `None` keeps nothing.
     pub state_dir: Option<PathBuf>,
     /// Admin listener, logs and access control.

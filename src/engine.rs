@@ -89,6 +89,7 @@ impl Engine {
                 }
             });
         let catalog = Arc::new(Catalog::open(config, metrics.clone())?);
+        Catalog::start_rescans(&catalog, config.rescan_interval);
         let fs_bytes = crate::transport::shm::filesystem_bytes(&config.shm_dir).unwrap_or(1 << 30);
         let total = config.tenancy.shm_bytes.unwrap_or(fs_bytes / 4 * 3).max(1) as usize;
         let budget = ShmBudget {

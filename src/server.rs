@@ -126,6 +126,16 @@ pub async fn serve_engine(
         .map_err(|e| ServerError::Setup(format!("reflection: {e}")))?;
     let access = tcp_access(&config.ops)?;
     let admin_state = Arc::new(AdminState::new(metrics.clone()));
+    // SIGHUP: list the directory datasets again now (new and removed videos), without a restart.
+    let rescan_task = crate::shutdown::on_hangup({
+        let weak = Arc::downgrade(&engine);
+        move || {
+            if let Some(e) = weak.upgrade() {
+                let changed = e.catalog().rescan();
+                tracing::info!(changed = ?changed, "SIGHUP: datasets listed again");
+            }
+        }
+    });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
@@ -281,6 +291,9 @@ pub async fn serve_engine(
     let _ = admin_stop_tx.send(true);
     if let Some(task) = admin_task {
         let _ = task.await;
+    }
+    if let Some(t) = rescan_task {
+        t.abort();
     }
     tracing::info!("stopped");
     result

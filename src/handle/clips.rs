@@ -229,6 +229,7 @@ mod tests {
             shutdown_grace: std::time::Duration::from_secs(1),
             shm_dir: std::env::temp_dir(),
             state_dir: None,
+            rescan_interval: std::time::Duration::ZERO,
             tenancy: Default::default(),
             ops: Default::default(),
         };
