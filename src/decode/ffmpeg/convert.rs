@@ -1,6 +1,10 @@
 //! Decoded frame → packed RGB24 through swscale (the frame's colour matrix and range, BILINEAR for
 //! resizes, bicubic at native size), with display rotation applied to the planes first where the CLI's
 //! autorotation puts it.
+//!
+//! Native size is the video's, which is its first frame's: frames of another size (streams that change
+//! size) are scaled to it with BICUBIC, as the CLI's automatically inserted scale filter does (its
+//! `-sws_flags` default), in the same swscale call as the conversion to RGB.
 
 use ffmpeg_next as ff;
 
@@ -8,7 +12,7 @@ use crate::decode::{rotate_rgb, Frame, Geometry};
 
 /// A cached swscale context for one (input format, size, colour) → (RGB24, size) conversion.
 pub(super) struct Converter {
-    key: (i32, u32, u32, i32, i32, u32, u32),
+    key: (i32, u32, u32, i32, i32, u32, u32, bool),
     ctx: ff::software::scaling::Context,
     out: ff::frame::Video,
 }
@@ -19,17 +23,29 @@ impl Converter {
         frame: &ff::frame::Video,
         width: u32,
         height: u32,
+        native: bool,
     ) -> Result<Frame, String> {
         // SAFETY: `frame` holds a decoded frame; colorspace/color_range/format are plain fields.
         let (fmt, cs, range) = unsafe {
             let f = &*frame.as_ptr();
             (f.format, f.colorspace as i32, f.color_range as i32)
         };
-        let key = (fmt, frame.width(), frame.height(), cs, range, width, height);
+        let bicubic = native || (width, height) == (frame.width(), frame.height());
+        let key = (
+            fmt,
+            frame.width(),
+            frame.height(),
+            cs,
+            range,
+            width,
+            height,
+            bicubic,
+        );
         if slot.as_ref().map(|c| c.key) != Some(key) {
             // The FFmpeg CLI's own conversion (`-pix_fmt rgb24`) uses swscale's default, BICUBIC; at native
-            // size that matters only for formats without a dedicated converter (10-bit). Resizes use BILINEAR.
-            let flags = if (width, height) == (frame.width(), frame.height()) {
+            // size that matters only for formats without a dedicated converter (10-bit), and for frames of
+            // another size than the first, which the CLI scales to it. Resizes use BILINEAR.
+            let flags = if bicubic {
                 ff::software::scaling::Flags::BICUBIC
             } else {
                 ff::software::scaling::Flags::BILINEAR
@@ -93,7 +109,8 @@ impl Converter {
     }
 }
 
-/// Converts a decoded frame to RGB24 at the geometry's size and orientation.
+/// Converts a decoded frame to RGB24 at the geometry's size and orientation. `native`: the geometry is
+/// the video's native size (no resize asked), so a frame of another size is scaled as the CLI does.
 ///
 /// Rotation happens where the FFmpeg CLI's autorotation puts it: on the decoded planes, before the
 /// conversion (and any scaling), as its `transpose`/`hflip,vflip` filters do. swscale's chroma filtering is
@@ -105,6 +122,7 @@ pub(super) fn convert_frame(
     converter: &mut Option<Converter>,
     frame: &ff::frame::Video,
     geometry: Geometry,
+    native: bool,
 ) -> Result<Frame, String> {
     if geometry.rotation != 0 {
         let widened;
@@ -126,7 +144,7 @@ pub(super) fn convert_frame(
             } else {
                 (geometry.scaled_height, geometry.scaled_width)
             };
-            return Converter::convert(converter, &rotated, w, h);
+            return Converter::convert(converter, &rotated, w, h, native);
         }
     }
     let converted = Converter::convert(
@@ -134,6 +152,7 @@ pub(super) fn convert_frame(
         frame,
         geometry.scaled_width,
         geometry.scaled_height,
+        native,
     )?;
     Ok(rotate_rgb(converted, geometry.rotation))
 }
