@@ -270,9 +270,9 @@ fn decode_in(
     if !continue_here {
         reposition(video, index, run.keyframe, 0).map_err(backend_err)?;
     }
-    // Frames at the index's size are the video's native output: frames of another size (the stream
-    // changed size) are scaled to it as the CLI scales them.
-    let native = (geometry.scaled_width, geometry.scaled_height) == (index.width, index.height);
+    // The index's size is the video's native output size: frames of another size (the stream changed
+    // size) are scaled as the CLI scales them.
+    let native = (index.width, index.height);
     let mut out = RunOutput::default();
     let mut emitted = vec![false; run.wanted.len()];
     let mut frame = ff::frame::Video::empty();
