@@ -9,7 +9,8 @@
 //!   keyframe) and `head -c` (ending mid-frame);
 //! - VP8/VP9 streams whose frame size changes (the CLI outputs every frame at the first frame's size),
 //!   one whose container declares yet another size;
-//! - an MP4 with audio cut at half its bytes (the audio that ends early is written at the end).
+//! - MP4s that lost the second half of their bytes: cut off (with audio whose last packets lie at the
+//!   end), or read back as zeros.
 //!
 //! Each file is checked whole against the CLI ([`served_exactly`]): Probe's count, size and pts, every
 //! frame in one request, and each keyframe and the frame before it in requests of their own, latest first,
@@ -294,9 +295,11 @@ fn make_size_changes(dir: &Path) -> Vec<String> {
     names
 }
 
-/// Six seconds of bikes.mp4 with half a second of chaplin.mp4's audio (the audio encoder's last packets
-/// come after the interleaving window and are written at the end of the file), moov first, cut at half
-/// its bytes.
+/// MP4s (moov first) that lost the second half of their bytes: `cut.mp4`, six seconds of bikes.mp4 with
+/// half a second of chaplin.mp4's audio (the audio encoder's last packets come after the interleaving
+/// window and are written at the end of the file), cut at half its bytes; `zeroed.mp4`, four seconds
+/// of MPEG-4 Part 2 whose second half reads back as zeros (a tail never written before a crash, a
+/// preallocated download).
 fn make_truncated_mp4(dir: &Path) -> Vec<String> {
     ffmpeg(
         dir,
@@ -333,7 +336,33 @@ fn make_truncated_mp4(dir: &Path) -> Vec<String> {
     let whole = std::fs::read(dir.join("whole.mp4.part")).unwrap();
     std::fs::remove_file(dir.join("whole.mp4.part")).unwrap();
     std::fs::write(dir.join("cut.mp4"), &whole[..whole.len() / 2]).unwrap();
-    vec!["cut.mp4".into()]
+    ffmpeg(
+        dir,
+        &[
+            "-i",
+            media_path(BIKES).to_str().unwrap(),
+            "-t",
+            "4",
+            "-an",
+            "-vf",
+            "scale=320:136",
+            "-c:v",
+            "mpeg4",
+            "-q:v",
+            "3",
+            "-movflags",
+            "+faststart",
+            "-f",
+            "mp4",
+            "whole.mp4.part",
+        ],
+    );
+    let mut whole = std::fs::read(dir.join("whole.mp4.part")).unwrap();
+    std::fs::remove_file(dir.join("whole.mp4.part")).unwrap();
+    let half = whole.len() / 2;
+    whole[half..].fill(0);
+    std::fs::write(dir.join("zeroed.mp4"), &whole).unwrap();
+    vec!["cut.mp4".into(), "zeroed.mp4".into()]
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -514,39 +543,41 @@ async fn streams_that_change_size_are_served_at_the_first_frames_size() {
 }
 
 #[tokio::test]
-async fn a_truncated_mp4_counts_what_decodes_on_the_first_probe() {
+async fn truncated_mp4s_count_what_decodes_on_the_first_probe() {
     let dir = tempfile::tempdir().unwrap();
     let names = make_truncated_mp4(dir.path());
-    let name = &names[0];
-    let declared: u64 = ffprobe(
-        &dir.path().join(name),
-        &[
-            "-select_streams",
-            "v:0",
-            "-show_entries",
-            "stream=nb_frames",
-            "-of",
-            "csv=p=0",
-        ],
-    )
-    .trim()
-    .parse()
-    .expect("nb_frames");
-    assert_eq!(declared, 150, "the MP4's sample table");
     let d = serving(dir.path()).await;
     let mut c = d.client().await;
-    let n = served_exactly(&mut c, dir.path(), name).await as u64;
-    // The user knows the rest is lost: declared, and DATA_LOSS when asked for.
-    let p = probe(&mut c, probe_req(MADE, name, None, false)).await;
-    assert_eq!(p.declared_frames, declared);
-    let lost = c
-        .get_clips(clips_req(MADE, vec![frames_clip(name, &[n], None)], None))
-        .await;
-    expect_code(
-        lost,
-        &["DATA_LOSS"],
-        &format!("{name} frame {n} of {declared}"),
-    );
+    for (name, declared) in names.iter().zip([150u64, 100]) {
+        let nb_frames = ffprobe(
+            &dir.path().join(name),
+            &[
+                "-select_streams",
+                "v:0",
+                "-show_entries",
+                "stream=nb_frames",
+                "-of",
+                "csv=p=0",
+            ],
+        );
+        assert_eq!(
+            nb_frames.trim(),
+            declared.to_string(),
+            "{name}: sample table"
+        );
+        let n = served_exactly(&mut c, dir.path(), name).await as u64;
+        // The user knows the rest is lost: declared, and DATA_LOSS when asked for.
+        let p = probe(&mut c, probe_req(MADE, name, None, false)).await;
+        assert_eq!(p.declared_frames, declared, "{name}: declared frames");
+        let lost = c
+            .get_clips(clips_req(MADE, vec![frames_clip(name, &[n], None)], None))
+            .await;
+        expect_code(
+            lost,
+            &["DATA_LOSS"],
+            &format!("{name} frame {n} of {declared}"),
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 //!
 //! Inputs: a [`VideoSource`], a [`GopRun`], a [`Geometry`]. Outputs: the run's wanted frames as packed
 //! RGB24. Frame k is found as the index defines it: by pts after a seek to the run's keyframe
-//! ([`SeekMode::ByPts`]), or by counting from the start of the file ([`SeekMode::FromStart`]).
+//! ([`SeekMode::ByPts`]), or by counting from the start of the file ([`SeekMode::FromStart`]). After a
+//! seek, packets are dropped until the keyframe's own packet arrives; a seek that lands past it (demuxers
+//! that seek by dts, MPEG-PS and -TS) is aimed earlier, and at last the file is read from the start. Only
+//! the video's stream is read, as the CLI reads it.
 //!
 //! Colour: swscale is given the frame's colour matrix and range (`sws_setColorspaceDetails`, destination
 //! full range), as FFmpeg's scale filter does, so native-size output equals `ffmpeg -pix_fmt rgb24` bit

@@ -290,6 +290,15 @@ pub fn build_index(
                 irregular.get_or_insert_with(|| "packet data past the end of the file".into());
             }
         }
+        // Bytes that were lost and read back as zeros (a file whose tail was never written: a crash, a
+        // preallocated download); no codec's packet is all zeros, and they decode to nothing.
+        if packet
+            .data()
+            .is_some_and(|d| !d.is_empty() && d.iter().all(|&b| b == 0))
+        {
+            truncated = true;
+            irregular.get_or_insert_with(|| "packet data all zero bytes".into());
+        }
         // SAFETY: `packet` wraps a valid AVPacket; reading its flags field has no side effects.
         let discard = unsafe { (*packet.as_ptr()).flags & ff::ffi::AV_PKT_FLAG_DISCARD } != 0;
         if discard {
