@@ -21,6 +21,7 @@ const PIPELINE: &[&str] = &[
     "batch",
     "transport",
     "error",
+    "budget",
     "request",
     "catalog",
     "frames",

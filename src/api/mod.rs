@@ -15,7 +15,7 @@ use crate::handle;
 use crate::handle::stream::{OnError, StreamBatch, StreamRequest};
 use crate::request::{ClipRequest, ClipsRequest, Positions, Resize, Transform};
 use crate::sample::{AugmentSpec, CropSpec, Remainder, SamplerKind, SamplerSpec, ShortVideo};
-use crate::transport::shm::ShmRef;
+use crate::transport::shm::{ShmError, ShmRef};
 use crate::transport::Transport;
 
 /// Generated protobuf and gRPC server types.
@@ -467,6 +467,8 @@ impl pb::v_serve_server::VServe for Api {
             ..Default::default()
         };
         let data = reply.data;
+        // The reply's bytes stay reserved until its last message has been taken by the transport.
+        let reservation = reply.reservation;
         if reply.shm.is_some() {
             // Inline bytes are counted as they are sent (rpc.rs).
             self.engine
@@ -483,7 +485,11 @@ impl pb::v_serve_server::VServe for Api {
                 })
             })
             .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(messages))))
+        let messages = tokio_stream::iter(messages).map(move |m| {
+            let _held = &reservation;
+            m
+        });
+        Ok(Response::new(Box::pin(messages)))
     }
 
     type StreamBatchesStream =
@@ -516,7 +522,13 @@ impl pb::v_serve_server::VServe for Api {
         self.engine
             .shm()
             .release(&req.arena, &req.slots)
-            .map_err(|e| fail("ReleaseSlots", Error::NotFound(e.to_string())))?;
+            .map_err(|e| {
+                let e = match e {
+                    ShmError::BadSlot { .. } => Error::InvalidArgument(e.to_string()),
+                    _ => Error::NotFound(e.to_string()),
+                };
+                fail("ReleaseSlots", e)
+            })?;
         Ok(Response::new(pb::ReleaseSlotsResponse {}))
     }
 

@@ -205,18 +205,19 @@ impl Arena {
         }
     }
 
-    /// Marks slots free again.
+    /// Marks slots free again, all or none: every slot is checked before any is freed, so a list with
+    /// a bad slot changes nothing (and a good one never leaves a waiter unwoken).
     fn release(&self, slots: &[u32]) -> Result<(), ShmError> {
         {
             let mut free = self.free.lock();
+            if let Some(&bad) = slots.iter().find(|&&s| s as usize >= free.len()) {
+                return Err(ShmError::BadSlot {
+                    arena: self.name.clone(),
+                    slot: bad,
+                });
+            }
             for &s in slots {
-                let Some(f) = free.get_mut(s as usize) else {
-                    return Err(ShmError::BadSlot {
-                        arena: self.name.clone(),
-                        slot: s,
-                    });
-                };
-                *f = true;
+                free[s as usize] = true;
             }
         }
         self.released.notify_waiters();
@@ -507,6 +508,35 @@ mod tests {
             reg.release(&r.arena, &[0]),
             Err(ShmError::UnknownArena(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_release_with_a_bad_slot_frees_nothing_and_a_good_one_wakes_the_waiter() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = ShmRegistry::new(dir.path().into(), 0o600, Duration::from_secs(60));
+        let arena = reg.stream_arena(4, 1).unwrap();
+        let slot = arena.acquire().await;
+        let waiter = {
+            let arena = arena.clone();
+            tokio::spawn(async move { arena.acquire().await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let e = reg.release(arena.name(), &[slot, 7]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("arena {:?} has no slot 7", arena.name())
+        );
+        // Nothing was freed: the waiter still waits, and the slot is still taken.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        assert_eq!(arena.try_acquire(), None);
+        // The good slot alone: freed, and the waiter wakes with it.
+        reg.release(arena.name(), &[slot]).unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter woke")
+            .unwrap();
+        assert_eq!(got, slot);
     }
 
     #[test]

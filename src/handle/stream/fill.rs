@@ -4,14 +4,16 @@
 //! a slot of the stream's arena (waiting for the client to release one).
 //!
 //! Input: the batch number, its [`Slots`] and what [`super::slots::fill_slots`] made ready. Output: the
-//! [`StreamBatch`] (its `batches_total` is set by the producer). Invariant: clip i of the array is slot
-//! i of the batch, and its metadata (video, frames, pts, crop, flip) is what was assembled.
+//! [`StreamBatch`] (its `batches_total` is set by the producer). Invariants: clip i of the array is slot
+//! i of the batch, and its metadata (video, frames, pts, crop, flip) is what was assembled; the array
+//! is allocated (or an arena slot sized) only after its bytes passed `--max-output-bytes` and fit the
+//! stream's window in the in-flight budget.
 
 use std::sync::Arc;
 
 use crate::batch;
 use crate::error::{blocking, Error};
-use crate::request::{display_dims, ClipMeta, Transform};
+use crate::request::{check_output_bytes, display_dims, ClipMeta, Transform};
 use crate::sample::{self, ClipAug, CropBox, Purpose, Rng};
 use crate::transport::Transport;
 
@@ -30,6 +32,7 @@ pub(super) async fn assemble(
         frames,
         skipped,
         stats,
+        frames_held,
     } = filled;
     // Assemble in slot order.
     let mut clip_frames = Vec::with_capacity(slots.len());
@@ -85,10 +88,15 @@ pub(super) async fn assemble(
         augs.push(aug);
     }
     let spec = ctx.req.transform.batch.clone();
+    // The batch's size is known now (at native size it depends on the videos): checked against the
+    // per-batch limit and the stream's window before anything of that size exists.
+    let shape = batch::augmented_shape(&clip_frames, &augs, &spec)?;
+    let nbytes = check_output_bytes("a batch", &shape, spec.dtype, ctx.engine.limits())?;
+    ctx.ensure_window(nbytes).await?;
+    let nbytes = usize::try_from(nbytes)
+        .map_err(|_| Error::InvalidArgument(format!("a batch of {nbytes} bytes")))?;
     let (shape, data, shm) = if ctx.req.transport == Transport::Shm {
         // Assembled in place, in a slot of the stream's arena (waiting for the client to free one).
-        let nbytes =
-            batch::shape_bytes(&batch::augmented_shape(&clip_frames, &augs, &spec)?, &spec);
         let arena = ctx.arena_for(nbytes, clip_frames.len())?;
         let slot = arena.acquire().await;
         let (shape, r) = blocking(move || {
@@ -111,6 +119,8 @@ pub(super) async fn assemble(
             blocking(move || Ok(batch::assemble_augmented(&clip_frames, &augs, &spec)?)).await?;
         (shape, data, None)
     };
+    // Assembled: the decoded frames are no longer held by this batch.
+    drop(frames_held);
     Ok(StreamBatch {
         batch: b,
         batches_total: None,

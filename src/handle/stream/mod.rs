@@ -19,7 +19,11 @@
 //! - Drain: when the server starts shutting down, a stream sends the batch it has ready and ends with
 //!   UNAVAILABLE; the client resumes at the next batch.
 //! - Bounded: at most `prefetch` batches are being prepared and one waits in the channel; a slow reader
-//!   holds only that. When the reader goes away the channel closes, the producer stops, and queued
+//!   holds only that. Memory is admitted before it is used: a batch's bytes against
+//!   `--max-output-bytes`, the stream's window of `prefetch + 3` batch outputs and each batch's decoded
+//!   frames against the in-flight budget ([`crate::budget`]); what does not fit ends the request or the
+//!   stream with RESOURCE_EXHAUSTED (the numbers in the message), never an allocation failure.
+//! - A panic in the producer ends the stream with INTERNAL, never a clean-looking end. When the reader goes away the channel closes, the producer stops, and queued
 //!   decode runs nobody waits for are skipped.
 //!
 //! Here: the entry ([`start`], validation), the producer and the [`Schedule`] (which clip slots each
@@ -31,15 +35,17 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
+use crate::budget::Reservation;
+use crate::config::Limits;
 use crate::engine::Engine;
-use crate::error::Error;
+use crate::error::{blocking, Error};
 use crate::frames::Tenant;
 use crate::manifest::Samples;
-use crate::request::{ClipMeta, RequestStats, Transform};
+use crate::request::{check_output_bytes, ClipMeta, RequestStats, Resize, Transform};
 use crate::sample::{self, AugmentSpec, CropBox, Remainder, SamplerSpec};
 use crate::transport::shm::{Arena, ShmRef};
 use crate::transport::Transport;
@@ -133,6 +139,10 @@ struct Context {
     /// another size at native size, moves the stream to a new one). Dropped with the stream when the
     /// client goes away; handed to the registry at a normal end, for the client to release.
     arenas: Mutex<Vec<Arc<Arena>>>,
+    footprint: StreamFootprint,
+    /// The stream's window of batch outputs against the in-flight budget: reserved at the start when
+    /// the batch size is known, else (and when a batch is larger than reserved for) grown at a batch.
+    window: Mutex<Option<Reservation>>,
 }
 
 /// Which clips a batch holds: (shard position, clip number) per slot.
@@ -147,17 +157,58 @@ impl Drop for ActiveGuard {
     }
 }
 
-/// Starts a stream: validates the request, lists the samples and spawns the producer. Errors in the
-/// request come back here; errors while streaming come through the channel.
+/// What a valid stream request will hold, as far as the request alone says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamFootprint {
+    /// Bytes of one full batch, when the output size does not depend on the videos (an exact size, a
+    /// crop or a random crop); otherwise known at the first batch.
+    pub batch_bytes: Option<u64>,
+    /// Batches whose outputs may exist at once: `prefetch` in preparation, one in the channel, one
+    /// waiting to enter it, one on the wire (a shared-memory stream's arena has as many slots).
+    pub batches_held: u64,
+}
+
+impl StreamFootprint {
+    /// Output bytes the stream holds at most (its window), when known from the request.
+    pub fn window_bytes(&self) -> Option<u64> {
+        self.batch_bytes
+            .map(|b| b.saturating_mul(self.batches_held))
+    }
+}
+
+/// Starts a stream: validates the request, admits its window of batches against the in-flight budget,
+/// lists the samples and spawns the producer. Errors in the request come back here; errors while
+/// streaming come through the channel.
 pub async fn start(
     engine: &Arc<Engine>,
     req: StreamRequest,
 ) -> Result<mpsc::Receiver<Result<StreamBatch, Error>>, Error> {
-    validate(engine, &req)?;
+    engine.catalog().dataset(&req.dataset)?;
+    let footprint = validate_request(&req, engine.limits())?;
+    // Admitted before any work when the batch size is known; otherwise at the first batch.
+    let window = match footprint.window_bytes() {
+        Some(bytes) => Some(
+            engine
+                .budget()
+                .try_reserve(bytes, window_who(&req, &footprint, bytes))
+                .await?,
+        ),
+        None => None,
+    };
     let samples = engine.catalog().samples(&req.dataset).await?;
-    let order = sample::epoch_order(samples.len(), req.seed, req.epoch, req.shuffle);
-    let left = usize::try_from(req.start_sample).map_or(order.len(), |s| s.min(order.len()));
-    let shard = sample::shard(&order[left..], req.rank, req.world_size, req.remainder);
+    // The order and the shard are as long as the dataset: made on a blocking thread.
+    let (n, r) = (samples.len(), req.clone());
+    let shard = blocking(move || {
+        let order = sample::epoch_order(n, r.seed, r.epoch, r.shuffle);
+        let left = usize::try_from(r.start_sample).map_or(order.len(), |s| s.min(order.len()));
+        Ok(sample::shard(
+            &order[left..],
+            r.rank,
+            r.world_size,
+            r.remainder,
+        ))
+    })
+    .await?;
     let prefetch = req.prefetch;
     let ctx = Arc::new(Context {
         engine: engine.clone(),
@@ -167,15 +218,19 @@ pub async fn start(
         shard,
         bad: Mutex::new(HashMap::new()),
         arenas: Mutex::new(Vec::new()),
+        footprint,
+        window: Mutex::new(window),
     });
     let (tx, rx) = mpsc::channel(1);
     engine.streams().active.fetch_add(1, Ordering::Relaxed);
     let guard = ActiveGuard(engine.clone());
+    let dataset = ctx.req.dataset.clone();
     tokio::spawn(async move {
         let _guard = guard;
         let closed = tx.clone();
+        let work = produce(ctx, tx.clone(), prefetch);
         tokio::select! {
-            _ = produce(ctx, tx, prefetch) => {}
+            _ = guarded(work, tx, &dataset) => {}
             // The reader went away: dropping `produce` drops its batches in preparation, and with
             // them every wait on a decode run, so runs nobody else wants are skipped.
             _ = closed.closed() => {}
@@ -184,10 +239,46 @@ pub async fn start(
     Ok(rx)
 }
 
-fn validate(engine: &Engine, req: &StreamRequest) -> Result<(), Error> {
-    let limits = engine.limits();
-    let invalid = |m: String| Err(Error::InvalidArgument(m));
-    engine.catalog().dataset(&req.dataset)?;
+/// What a stream's window reservation is for, in refusals.
+fn window_who(req: &StreamRequest, f: &StreamFootprint, bytes: u64) -> String {
+    format!(
+        "StreamBatches of {:?} ({} batches of {} bytes: prefetch {} + 3; {bytes} bytes)",
+        req.dataset,
+        f.batches_held,
+        f.batch_bytes.unwrap_or(0),
+        req.prefetch
+    )
+}
+
+/// Runs a stream's producer; a panic in it ends the stream with INTERNAL (and an error log line)
+/// instead of looking like a clean end of stream.
+async fn guarded(
+    work: impl std::future::Future<Output = ()>,
+    tx: mpsc::Sender<Result<StreamBatch, Error>>,
+    dataset: &str,
+) {
+    if let Err(panic) = std::panic::AssertUnwindSafe(work).catch_unwind().await {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-text panic".into());
+        tracing::error!(dataset, panic = %what, "stream producer panicked; ending the stream with INTERNAL");
+        let _ = tx
+            .send(Err(Error::Internal(format!(
+                "the stream's producer failed ({what}); the stream cannot go on"
+            ))))
+            .await;
+    }
+}
+
+/// Checks everything a stream request says by itself, before any work: sampler, batch, ranks and
+/// workers, crops, transform, and the batch's bytes when its size is known. Pure (no engine), so it is
+/// fuzzed on its own.
+pub fn validate_request(req: &StreamRequest, limits: &Limits) -> Result<StreamFootprint, Error> {
+    fn invalid<T>(m: String) -> Result<T, Error> {
+        Err(Error::InvalidArgument(m))
+    }
     req.sampler
         .validate()
         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
@@ -221,7 +312,7 @@ fn validate(engine: &Engine, req: &StreamRequest) -> Result<(), Error> {
             req.prefetch, limits.max_prefetch
         ));
     }
-    if req.workers > 1 && req.worker >= req.workers {
+    if req.worker >= req.workers.max(1) {
         return invalid(format!(
             "worker {} is not in 0..{} (num_workers)",
             req.worker, req.workers
@@ -266,7 +357,41 @@ fn validate(engine: &Engine, req: &StreamRequest) -> Result<(), Error> {
         }
     }
     req.transform.validate(limits)?;
-    Ok(())
+    let batch_bytes = match static_output_size(req) {
+        Some((w, h)) => {
+            let shape = [
+                req.batch_size as u64,
+                req.sampler.frames_per_clip as u64,
+                h as u64,
+                w as u64,
+                3,
+            ];
+            Some(check_output_bytes(
+                "a batch",
+                &shape,
+                req.transform.batch.dtype,
+                limits,
+            )?)
+        }
+        None => None,
+    };
+    Ok(StreamFootprint {
+        batch_bytes,
+        batches_held: req.prefetch as u64 + 3,
+    })
+}
+
+/// The clips' output size (width, height) when the request fixes it: a random crop's or random
+/// resized crop's size, else the centre crop's, else an exact resize.
+fn static_output_size(req: &StreamRequest) -> Option<(u32, u32)> {
+    match req.augment.crop {
+        Some(sample::CropSpec::Random { width, height })
+        | Some(sample::CropSpec::RandomResized { width, height, .. }) => Some((width, height)),
+        None => req.transform.batch.crop.or(match req.transform.resize {
+            Resize::Exact { width, height } => Some((width, height)),
+            Resize::Native | Resize::ShortSide(_) => None,
+        }),
+    }
 }
 
 async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>, prefetch: usize) {
@@ -318,7 +443,7 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
 
 /// Fills every slot of a batch (replacing unreadable samples), decodes, augments and assembles it.
 async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatch, Error> {
-    let filled = slots::fill_slots(ctx, slots).await?;
+    let filled = slots::fill_slots(ctx, b, slots).await?;
     fill::assemble(ctx, b, slots, filled).await
 }
 

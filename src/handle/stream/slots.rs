@@ -19,12 +19,13 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::budget::Reservation;
 use crate::cache::VideoId;
 use crate::decode::{Frame, Geometry, VideoSource};
 use crate::error::{Code, Error};
 use crate::index::VideoIndex;
 use crate::manifest::Sample;
-use crate::request::{resolve_positions, Positions, RequestStats};
+use crate::request::{frame_bytes, resolve_positions, Positions, RequestStats};
 use crate::sample::{self, ClipPositions, Purpose, Rng, SampleError, VideoFacts};
 use crate::transport::shm::Arena;
 
@@ -40,6 +41,9 @@ pub(super) struct Failure {
     /// The clip does not fit the video under the `skip` policy: reported as TOO_SHORT, and under
     /// `on_error = fail` not an error (the sample is replaced).
     pub(super) too_short: bool,
+    /// The request is at fault whatever the sample (its sampler gives a video more clips than may be
+    /// planned): ends the stream.
+    request: bool,
 }
 
 impl Failure {
@@ -48,6 +52,17 @@ impl Failure {
             error: e.clone(),
             whole_file,
             too_short: false,
+            request: false,
+        }
+    }
+
+    /// The request's own fault, found at a sample: INVALID_ARGUMENT ending the stream.
+    fn request(message: String) -> Failure {
+        Failure {
+            error: Error::InvalidArgument(message),
+            whole_file: true,
+            too_short: false,
+            request: true,
         }
     }
 
@@ -56,6 +71,7 @@ impl Failure {
             error: Error::OutOfRange(message),
             whole_file: true,
             too_short: true,
+            request: false,
         }
     }
 
@@ -72,12 +88,14 @@ impl Failure {
         self.error
     }
 
-    /// Failures that are about this server, not the file: they end the stream whatever the policy.
+    /// Failures that are about this server or the request, not the file: they end the stream whatever
+    /// the policy.
     pub(super) fn is_fatal(&self) -> bool {
-        matches!(
-            self.error.code(),
-            Code::Unavailable | Code::Internal | Code::ResourceExhausted
-        )
+        self.request
+            || matches!(
+                self.error.code(),
+                Code::Unavailable | Code::Internal | Code::ResourceExhausted
+            )
     }
 }
 
@@ -90,8 +108,8 @@ pub(super) struct Ready {
     pub(super) index: Arc<VideoIndex>,
     pub(super) source: VideoSource,
     pub(super) geometry: Geometry,
-    /// Frame numbers of each of the sample's clips.
-    pub(super) clips: Vec<Vec<usize>>,
+    /// Frame numbers of each of the sample's clips (shared by the batches that use them).
+    pub(super) clips: Arc<Vec<Vec<usize>>>,
 }
 
 impl Context {
@@ -177,35 +195,54 @@ async fn ready_uncached(
         .resolve(&ctx.req.dataset, &s.video, None)
         .await
         .map_err(|e| Failure::from_error(&e, true))?;
-    let facts = facts_of(&index, s.start, s.end)?;
-    let mut rng = Rng::keyed(Purpose::Clips, &key);
-    let clips = sample::clips_for(&ctx.req.sampler, &facts, &mut rng).map_err(|e| match e {
-        SampleError::TooShort(m) => Failure::too_short(m),
-        SampleError::Invalid(m) => Failure::from_error(&Error::InvalidArgument(m), true),
-    })?;
-    let geometry = ctx
-        .req
-        .transform
-        .geometry(&index, &s.video, ctx.engine.limits())
-        .map_err(|e| Failure::from_error(&e, true))?;
-    let mut frames = Vec::with_capacity(clips.len());
-    for c in clips {
-        let positions = match c {
-            ClipPositions::Frames(v) => Positions::Frames(v),
-            ClipPositions::Times(v) => Positions::Times(v),
-        };
-        frames.push(
-            resolve_positions(&s.video, &index, &positions)
-                .map_err(|e| Failure::from_error(&e, true))?,
-        );
-    }
+    // Placing clips is as large as the sampler makes it (bounded by sample::MAX_SAMPLE_POSITIONS):
+    // done on a blocking thread.
+    let (spec, transform, limits) = (
+        ctx.req.sampler.clone(),
+        ctx.req.transform.clone(),
+        ctx.engine.limits().clone(),
+    );
+    let (s, idx) = (s.clone(), index.clone());
+    let placed = tokio::task::spawn_blocking(move || -> Result<_, Failure> {
+        let facts = facts_of(&idx, s.start, s.end)?;
+        let mut rng = Rng::keyed(Purpose::Clips, &key);
+        let clips = sample::clips_for(&spec, &facts, &mut rng).map_err(|e| match e {
+            SampleError::TooShort(m) => Failure::too_short(m),
+            SampleError::Invalid(m) => Failure::from_error(&Error::InvalidArgument(m), true),
+            SampleError::TooMany(m) => {
+                Failure::request(format!("sample {sample} ({:?}): {m}", s.video))
+            }
+        })?;
+        let geometry = transform
+            .geometry(&idx, &s.video, &limits)
+            .map_err(|e| Failure::from_error(&e, true))?;
+        let mut frames = Vec::with_capacity(clips.len());
+        for c in clips {
+            let positions = match c {
+                ClipPositions::Frames(v) => Positions::Frames(v),
+                ClipPositions::Times(v) => Positions::Times(v),
+            };
+            frames.push(
+                resolve_positions(&s.video, &idx, &positions)
+                    .map_err(|e| Failure::from_error(&e, true))?,
+            );
+        }
+        Ok((geometry, frames))
+    })
+    .await;
+    let (geometry, frames) = placed.map_err(|e| {
+        Failure::from_error(
+            &Error::Internal(format!("placing clips failed: {e}")),
+            false,
+        )
+    })??;
     Ok(Ready {
         sample,
         id,
         index,
         source,
         geometry,
-        clips: frames,
+        clips: Arc::new(frames),
     })
 }
 
@@ -263,10 +300,13 @@ pub(super) struct Filled {
     /// The positions' own samples that could not be used, in the order found.
     pub(super) skipped: Vec<Skipped>,
     pub(super) stats: RequestStats,
+    /// The decoded frames' bytes against the in-flight budget, until the batch is assembled.
+    pub(super) frames_held: Option<Reservation>,
 }
 
 /// Fills every slot of a batch with a readable sample and fetches the frames of its clips.
-pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Filled, Error> {
+pub(super) async fn fill_slots(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<Filled, Error> {
+    let mut frames_held: Option<Reservation> = None;
     let shard_len = ctx.shard.len();
     let mut skipped = Vec::new();
     let mut stats = RequestStats::default();
@@ -329,6 +369,20 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
         if wanted.is_empty() {
             break;
         }
+        // The decoded frames are held until the batch is assembled: reserved before they exist.
+        let bytes = wanted
+            .values()
+            .map(|(r, set)| (set.len() as u64).saturating_mul(frame_bytes(r.geometry)))
+            .fold(0, u64::saturating_add);
+        let who = format!(
+            "batch {b} of StreamBatches of {:?} (decoded frames)",
+            ctx.req.dataset
+        );
+        let more = ctx.engine.budget().try_reserve(bytes, who).await?;
+        match &mut frames_held {
+            Some(held) => held.absorb(more),
+            None => frames_held = Some(more),
+        }
         let keys: Vec<(usize, usize)> = wanted.keys().copied().collect();
         let fetches = keys.iter().map(|k| {
             let (r, set) = &wanted[k];
@@ -377,7 +431,33 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
         frames,
         skipped,
         stats,
+        frames_held,
     })
+}
+
+impl Context {
+    /// Makes the stream's window hold `batches_held` batches of `batch_bytes` (reserving the
+    /// difference, waiting at most the budget's wait); RESOURCE_EXHAUSTED when it does not fit.
+    pub(super) async fn ensure_window(&self, batch_bytes: u64) -> Result<(), Error> {
+        let need = batch_bytes.saturating_mul(self.footprint.batches_held);
+        let have = self.window.lock().as_ref().map_or(0, |w| w.bytes());
+        if have >= need {
+            return Ok(());
+        }
+        let who = format!(
+            "StreamBatches of {:?} ({} batches of {batch_bytes} bytes: prefetch {} + 3)",
+            self.req.dataset, self.footprint.batches_held, self.req.prefetch
+        );
+        let more = self.engine.budget().try_reserve(need - have, who).await?;
+        let mut window = self.window.lock();
+        match window.as_mut() {
+            // Another batch grew it meanwhile: `more` goes back unless still needed.
+            Some(w) if w.bytes() >= need => {}
+            Some(w) => w.absorb(more),
+            None => *window = Some(more),
+        }
+        Ok(())
+    }
 }
 
 /// A stream sent everything: its arenas go to the registry, kept until the client releases the slots

@@ -20,6 +20,10 @@ const FRAME_BYTES: usize = 8 * 4 * 3;
 /// An engine serving `demo` (a scan of the demo clips) and `gappy` (a manifest of chaplin.mp4, a
 /// missing file and nasa_13013.mp4), decoding with the fake backend; shared-memory arenas in `dir`.
 fn engine(dir: &std::path::Path) -> Arc<Engine> {
+    engine_with(dir, Limits::default())
+}
+
+fn engine_with(dir: &std::path::Path, limits: Limits) -> Arc<Engine> {
     let manifest = dir.join("gappy.csv");
     std::fs::write(
         &manifest,
@@ -52,7 +56,7 @@ fn engine(dir: &std::path::Path) -> Arc<Engine> {
             gpus: crate::config::GpuSpec::None,
             nvdec_sessions: 1,
         },
-        limits: Limits::default(),
+        limits,
         shutdown_grace: std::time::Duration::from_secs(1),
         shm_dir: dir.to_path_buf(),
         state_dir: None,
@@ -346,4 +350,227 @@ async fn shared_memory_batches_go_to_arena_slots_freed_by_release() {
         vec![0, 1, 2, 3, 4, 5]
     );
     assert!(seen.iter().all(|s| s.1 < 4), "{seen:?}");
+}
+
+/// The stream's first item: a batch, or the error that ended it.
+async fn first(e: &Arc<Engine>, req: StreamRequest) -> Result<StreamBatch, Error> {
+    let mut rx = start(e, req).await?;
+    rx.recv()
+        .await
+        .expect("the stream sends a batch or an error")
+}
+
+fn message(r: Result<StreamBatch, Error>) -> (crate::error::Code, String) {
+    match r {
+        Ok(b) => panic!("expected an error, got batch {}", b.batch),
+        Err(e) => (e.code(), e.to_string()),
+    }
+}
+
+#[test]
+fn a_worker_outside_num_workers_is_refused() {
+    let limits = Limits::default();
+    for (worker, workers) in [(3, 1), (2, 2), (1, 0)] {
+        let req = StreamRequest {
+            worker,
+            workers,
+            ..request("demo", 1)
+        };
+        match validate_request(&req, &limits) {
+            Err(Error::InvalidArgument(m)) => {
+                assert!(m.contains(&format!("worker {worker} is not in 0..")), "{m}")
+            }
+            other => panic!("worker {worker} of {workers}: {other:?}"),
+        }
+    }
+    let ok = StreamRequest {
+        worker: 1,
+        workers: 2,
+        ..request("demo", 1)
+    };
+    assert!(validate_request(&ok, &limits).is_ok());
+}
+
+#[tokio::test]
+async fn a_panicking_producer_ends_the_stream_with_internal() {
+    let (tx, mut rx) = mpsc::channel(1);
+    let work = async {
+        panic!("slot table out of step");
+    };
+    guarded(work, tx, "demo").await;
+    match rx.recv().await {
+        Some(Err(Error::Internal(m))) => assert!(m.contains("slot table out of step"), "{m}"),
+        other => panic!("expected INTERNAL, got {other:?}"),
+    }
+    assert!(rx.recv().await.is_none());
+    // A producer that ends normally adds nothing.
+    let (tx, mut rx) = mpsc::channel(1);
+    guarded(async {}, tx, "demo").await;
+    assert!(rx.recv().await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_beyond_max_output_bytes_is_refused_before_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    // Issue 13: 16384 frames of 8192x8192 float32 in one clip: 13 TB.
+    let mut req = request("demo", 1);
+    req.sampler.num_clips = 1;
+    req.sampler.frames_per_clip = 16_384;
+    req.transform.resize = Resize::Exact {
+        width: 8192,
+        height: 8192,
+    };
+    req.transform.batch.dtype = crate::batch::DType::F32;
+    for transport in [Transport::Inline, Transport::Shm] {
+        let r = first(
+            &e,
+            StreamRequest {
+                transport,
+                ..req.clone()
+            },
+        )
+        .await;
+        let (code, m) = message(r);
+        assert_eq!(code, crate::error::Code::InvalidArgument);
+        assert_eq!(
+            m,
+            "a batch of 13194139533312 bytes (shape [1, 16384, 8192, 8192, 3], float32) exceeds the limit of 4294967296 bytes (max-output-bytes)"
+        );
+    }
+    assert_eq!(e.stats().frames_decoded, 0);
+    assert_eq!(e.budget().in_use(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_size_batch_is_checked_when_its_size_is_known() {
+    let dir = tempfile::tempdir().unwrap();
+    // Native size: 8x4 frames are fine, the demo clips' own size is not (nasa: 960x540 and up).
+    let limits = Limits {
+        max_output_bytes: 100_000,
+        ..Limits::default()
+    };
+    let e = engine_with(dir.path(), limits);
+    let mut req = request("demo", 1);
+    req.transform.resize = Resize::Native;
+    let (code, m) = message(first(&e, req).await);
+    assert_eq!(code, crate::error::Code::InvalidArgument);
+    assert!(
+        m.starts_with("a batch of ") && m.contains("(max-output-bytes)"),
+        "{m}"
+    );
+    assert_eq!(e.stats().batches_sent, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_hold_their_window_and_are_refused_past_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    // Batches of 1 clip of 2 frames of 8x4: 192 bytes; prefetch 2 + 3 = 5 of them: 960 bytes.
+    let limits = Limits {
+        max_inflight_bytes: 2_000,
+        ..Limits::default()
+    };
+    let e = engine_with(dir.path(), limits);
+    let mut rx = start(&e, request("demo", 1)).await.unwrap();
+    let b = rx.recv().await.unwrap().unwrap();
+    assert_eq!(b.data.len(), 192);
+    assert!(e.budget().in_use() >= 960, "{}", e.budget().in_use());
+    // A second such stream fits (1920 of 2000), a third does not: refused at the start, by name.
+    let second = start(&e, request("demo", 1)).await.unwrap();
+    let t = std::time::Instant::now();
+    let third = start(&e, request("demo", 1)).await;
+    match third {
+        Err(Error::Overloaded(m)) => assert!(
+            m.starts_with("StreamBatches of \"demo\" (5 batches of 192 bytes: prefetch 2 + 3; 960 bytes) needs 960 bytes"),
+            "{m}"
+        ),
+        other => panic!("expected RESOURCE_EXHAUSTED, got {:?}", other.map(|_| ())),
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    // Streams that end give their window back.
+    drop((rx, second));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while e.budget().in_use() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} bytes still held",
+            e.budget().in_use()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(collect(&e, request("demo", 1)).await.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampler_sizes_are_refused_without_being_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    // Issue 13: four billion clips per video.
+    let mut req = request("demo", 1);
+    req.sampler.kind = SamplerKind::RandomIndices;
+    req.sampler.num_clips = 4_000_000_000;
+    let t = std::time::Instant::now();
+    let (code, m) = message(first(&e, req).await);
+    assert_eq!(code, crate::error::Code::InvalidArgument);
+    assert_eq!(
+        m,
+        "num_clips 4000000000 × frames_per_clip 2 = 8000000000 positions per sample exceed the limit of 1048576"
+    );
+    // Regular timestamps a picosecond apart: the count is computed, the clips never made; the first
+    // sample's count ends the stream.
+    let mut req = request("demo", 1);
+    req.sampler.kind = SamplerKind::RegularTimestamps;
+    req.sampler.num_clips = 0;
+    req.sampler.seconds_between_clip_starts = Some(1e-12);
+    let (code, m) = message(first(&e, req).await);
+    assert_eq!(code, crate::error::Code::InvalidArgument);
+    assert!(
+        m.starts_with(
+            "sample 0 (\"chaplin.mp4\"): regular timestamps every 0.000000000001 s give "
+        ) && m.contains("clips of 2 frames per sample, more than the limit of 1048576 positions"),
+        "{m}"
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(e.stats().frames_decoded, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_size_window_is_admitted_at_the_first_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, index, _) = engine(dir.path())
+        .catalog()
+        .resolve("demo", VIDEOS[0], None)
+        .await
+        .unwrap();
+    let (w, h) = index.display_size();
+    let frame = w as u64 * h as u64 * 3;
+    // A batch holds 2 decoded frames while it is made (they fit), and outputs 2 frames; the window of
+    // 5 such outputs does not fit in 4 frames' worth.
+    let e = engine_with(
+        dir.path(),
+        Limits {
+            max_inflight_bytes: 4 * frame,
+            ..Limits::default()
+        },
+    );
+    let mut req = request("demo", 1);
+    req.transform.resize = Resize::Native;
+    let (code, m) = message(first(&e, req).await);
+    assert_eq!(code, crate::error::Code::ResourceExhausted);
+    let batch = 2 * frame;
+    assert!(
+        m.starts_with(&format!(
+            "StreamBatches of \"demo\" (5 batches of {batch} bytes: prefetch 2 + 3) needs {} bytes",
+            5 * batch
+        )),
+        "{m}"
+    );
+    assert!(
+        m.ends_with(&format!("of {} in use (max-inflight-bytes)", 4 * frame)),
+        "{m}"
+    );
 }
