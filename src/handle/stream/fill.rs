@@ -32,7 +32,6 @@ pub(super) async fn assemble(
         frames,
         skipped,
         stats,
-        frames_held,
     } = filled;
     // Assemble in slot order.
     let mut clip_frames = Vec::with_capacity(slots.len());
@@ -92,7 +91,7 @@ pub(super) async fn assemble(
     // per-batch limit and the stream's window before anything of that size exists.
     let shape = batch::augmented_shape(&clip_frames, &augs, &spec)?;
     let nbytes = check_output_bytes("a batch", &shape, spec.dtype, ctx.engine.limits())?;
-    ctx.ensure_window(nbytes).await?;
+    ctx.ensure_window(nbytes, 0).await?;
     let nbytes = usize::try_from(nbytes)
         .map_err(|_| Error::InvalidArgument(format!("a batch of {nbytes} bytes")))?;
     let (shape, data, shm) = if ctx.req.transport == Transport::Shm {
@@ -119,8 +118,6 @@ pub(super) async fn assemble(
             blocking(move || Ok(batch::assemble_augmented(&clip_frames, &augs, &spec)?)).await?;
         (shape, data, None)
     };
-    // Assembled: the decoded frames are no longer held by this batch.
-    drop(frames_held);
     Ok(StreamBatch {
         batch: b,
         batches_total: None,

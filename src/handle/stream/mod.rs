@@ -20,9 +20,11 @@
 //!   UNAVAILABLE; the client resumes at the next batch.
 //! - Bounded: at most `prefetch` batches are being prepared and one waits in the channel; a slow reader
 //!   holds only that. Memory is admitted before it is used: a batch's bytes against
-//!   `--max-output-bytes`, the stream's window of `prefetch + 3` batch outputs and each batch's decoded
-//!   frames against the in-flight budget ([`crate::budget`]); what does not fit ends the request or the
-//!   stream with RESOURCE_EXHAUSTED (the numbers in the message), never an allocation failure.
+//!   `--max-output-bytes`, and the stream's window in the in-flight budget ([`crate::budget`]):
+//!   `prefetch + 3` batch outputs and `prefetch` batches' decoded frames, reserved at the start when the
+//!   request fixes the batch size and grown (never shrunk) at a batch that needs more. What does not fit
+//!   ends the request or the stream with RESOURCE_EXHAUSTED (the numbers in the message), never an
+//!   allocation failure; a stream once admitted is not starved by later ones.
 //! - A panic in the producer ends the stream with INTERNAL, never a clean-looking end. When the reader goes away the channel closes, the producer stops, and queued
 //!   decode runs nobody waits for are skipped.
 //!
@@ -39,7 +41,6 @@ use futures::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use crate::budget::Reservation;
 use crate::config::Limits;
 use crate::engine::Engine;
 use crate::error::{blocking, Error};
@@ -50,7 +51,7 @@ use crate::sample::{self, AugmentSpec, CropBox, Remainder, SamplerSpec};
 use crate::transport::shm::{Arena, ShmRef};
 use crate::transport::Transport;
 
-use slots::{count_clips, fail_error, skip_record, Failure};
+use slots::{count_clips, fail_error, skip_record, Failure, Window};
 
 mod fill;
 mod slots;
@@ -140,9 +141,11 @@ struct Context {
     /// client goes away; handed to the registry at a normal end, for the client to release.
     arenas: Mutex<Vec<Arc<Arena>>>,
     footprint: StreamFootprint,
-    /// The stream's window of batch outputs against the in-flight budget: reserved at the start when
-    /// the batch size is known, else (and when a batch is larger than reserved for) grown at a batch.
-    window: Mutex<Option<Reservation>>,
+    /// The stream's reservation against the in-flight budget: its batch outputs (reserved at the start
+    /// when the batch size is known) and decoded frames, grown at a batch that needs more.
+    window: Mutex<Window>,
+    /// Held while the window grows (across the budget's wait).
+    growing: tokio::sync::Mutex<()>,
 }
 
 /// Which clips a batch holds: (shard position, clip number) per slot.
@@ -190,7 +193,10 @@ pub async fn start(
         Some(bytes) => Some(
             engine
                 .budget()
-                .try_reserve(bytes, window_who(&req, &footprint, bytes))
+                .try_reserve(
+                    bytes,
+                    window_who(&req, footprint.batch_bytes.unwrap_or(0), 0),
+                )
                 .await?,
         ),
         None => None,
@@ -219,7 +225,12 @@ pub async fn start(
         bad: Mutex::new(HashMap::new()),
         arenas: Mutex::new(Vec::new()),
         footprint,
-        window: Mutex::new(window),
+        window: Mutex::new(Window {
+            reservation: window,
+            batch_bytes: footprint.batch_bytes.unwrap_or(0),
+            frame_bytes: 0,
+        }),
+        growing: tokio::sync::Mutex::new(()),
     });
     let (tx, rx) = mpsc::channel(1);
     engine.streams().active.fetch_add(1, Ordering::Relaxed);
@@ -240,12 +251,19 @@ pub async fn start(
 }
 
 /// What a stream's window reservation is for, in refusals.
-fn window_who(req: &StreamRequest, f: &StreamFootprint, bytes: u64) -> String {
+fn window_who(req: &StreamRequest, batch_bytes: u64, frame_bytes: u64) -> String {
+    let frames = if frame_bytes > 0 {
+        format!(
+            ", and {} batches' decoded frames of {frame_bytes} bytes",
+            req.prefetch
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "StreamBatches of {:?} ({} batches of {} bytes: prefetch {} + 3; {bytes} bytes)",
+        "StreamBatches of {:?} ({} batches of {batch_bytes} bytes: prefetch {} + 3{frames})",
         req.dataset,
-        f.batches_held,
-        f.batch_bytes.unwrap_or(0),
+        req.prefetch as u64 + 3,
         req.prefetch
     )
 }
@@ -443,7 +461,7 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
 
 /// Fills every slot of a batch (replacing unreadable samples), decodes, augments and assembles it.
 async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatch, Error> {
-    let filled = slots::fill_slots(ctx, b, slots).await?;
+    let filled = slots::fill_slots(ctx, slots).await?;
     fill::assemble(ctx, b, slots, filled).await
 }
 

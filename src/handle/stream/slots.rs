@@ -13,6 +13,7 @@
 //!   under [`OnError::Fail`] so does a sample's own failure (but not TOO_SHORT: that sample is replaced).
 //! - A video found damaged while decoding is marked and tried once more (its next index comes from a
 //!   decode) before it counts as failed.
+//! - A batch's decoded frames are covered by the stream's window ([`Window`]) before they are fetched.
 //! - Arenas: a stream's current arena is the last; a batch larger than its slots moves the stream to a
 //!   new one. At a normal end every arena is handed to the registry until the client releases its slots.
 
@@ -300,13 +301,12 @@ pub(super) struct Filled {
     /// The positions' own samples that could not be used, in the order found.
     pub(super) skipped: Vec<Skipped>,
     pub(super) stats: RequestStats,
-    /// The decoded frames' bytes against the in-flight budget, until the batch is assembled.
-    pub(super) frames_held: Option<Reservation>,
 }
 
 /// Fills every slot of a batch with a readable sample and fetches the frames of its clips.
-pub(super) async fn fill_slots(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<Filled, Error> {
-    let mut frames_held: Option<Reservation> = None;
+pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Filled, Error> {
+    // Bytes of the decoded frames this batch holds until it is assembled (all rounds).
+    let mut frames_held: u64 = 0;
     let shard_len = ctx.shard.len();
     let mut skipped = Vec::new();
     let mut stats = RequestStats::default();
@@ -369,20 +369,14 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Res
         if wanted.is_empty() {
             break;
         }
-        // The decoded frames are held until the batch is assembled: reserved before they exist.
+        // The decoded frames are held until the batch is assembled: the stream's window covers them
+        // before they exist.
         let bytes = wanted
             .values()
             .map(|(r, set)| (set.len() as u64).saturating_mul(frame_bytes(r.geometry)))
             .fold(0, u64::saturating_add);
-        let who = format!(
-            "batch {b} of StreamBatches of {:?} (decoded frames)",
-            ctx.req.dataset
-        );
-        let more = ctx.engine.budget().try_reserve(bytes, who).await?;
-        match &mut frames_held {
-            Some(held) => held.absorb(more),
-            None => frames_held = Some(more),
-        }
+        frames_held = frames_held.saturating_add(bytes);
+        ctx.ensure_window(0, frames_held).await?;
         let keys: Vec<(usize, usize)> = wanted.keys().copied().collect();
         let fetches = keys.iter().map(|k| {
             let (r, set) = &wanted[k];
@@ -431,30 +425,71 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Res
         frames,
         skipped,
         stats,
-        frames_held,
     })
 }
 
+/// A stream's reservation against the in-flight budget, and what it covers: `batches_held` outputs
+/// of the largest batch seen and `prefetch` batches' decoded frames of the most seen. It only grows, so
+/// a stream admitted once is never starved by streams admitted after it.
+#[derive(Debug, Default)]
+pub(super) struct Window {
+    pub(super) reservation: Option<Reservation>,
+    pub(super) batch_bytes: u64,
+    pub(super) frame_bytes: u64,
+}
+
+impl Window {
+    fn bytes(&self) -> u64 {
+        self.reservation.as_ref().map_or(0, Reservation::bytes)
+    }
+}
+
 impl Context {
-    /// Makes the stream's window hold `batches_held` batches of `batch_bytes` (reserving the
-    /// difference, waiting at most the budget's wait); RESOURCE_EXHAUSTED when it does not fit.
-    pub(super) async fn ensure_window(&self, batch_bytes: u64) -> Result<(), Error> {
-        let need = batch_bytes.saturating_mul(self.footprint.batches_held);
-        let have = self.window.lock().as_ref().map_or(0, |w| w.bytes());
-        if have >= need {
+    /// The window's bytes for batches of `batch_bytes` whose decoded frames are `frame_bytes`.
+    fn window_need(&self, batch_bytes: u64, frame_bytes: u64) -> u64 {
+        batch_bytes
+            .saturating_mul(self.footprint.batches_held)
+            .saturating_add(frame_bytes.saturating_mul(self.req.prefetch as u64))
+    }
+
+    /// Makes the stream's window cover batches of `batch_bytes` output and `frame_bytes` decoded
+    /// frames (each at least the largest seen), reserving the difference and waiting at most the
+    /// budget's wait; RESOURCE_EXHAUSTED when it does not fit.
+    pub(super) async fn ensure_window(
+        &self,
+        batch_bytes: u64,
+        frame_bytes: u64,
+    ) -> Result<(), Error> {
+        let enough = |w: &Window| {
+            w.bytes()
+                >= self.window_need(
+                    w.batch_bytes.max(batch_bytes),
+                    w.frame_bytes.max(frame_bytes),
+                )
+        };
+        if enough(&self.window.lock()) {
             return Ok(());
         }
-        let who = format!(
-            "StreamBatches of {:?} ({} batches of {batch_bytes} bytes: prefetch {} + 3)",
-            self.req.dataset, self.footprint.batches_held, self.req.prefetch
-        );
-        let more = self.engine.budget().try_reserve(need - have, who).await?;
-        let mut window = self.window.lock();
-        match window.as_mut() {
-            // Another batch grew it meanwhile: `more` goes back unless still needed.
-            Some(w) if w.bytes() >= need => {}
-            Some(w) => w.absorb(more),
-            None => *window = Some(more),
+        // One growth at a time: batches prepared together must not each reserve the same growth.
+        let _growing = self.growing.lock().await;
+        let (need, have, b, f) = {
+            let w = self.window.lock();
+            let (b, f) = (
+                w.batch_bytes.max(batch_bytes),
+                w.frame_bytes.max(frame_bytes),
+            );
+            (self.window_need(b, f), w.bytes(), b, f)
+        };
+        if need > have {
+            let who = super::window_who(&self.req, b, f);
+            let more = self.engine.budget().try_reserve(need - have, who).await?;
+            let mut w = self.window.lock();
+            match w.reservation.as_mut() {
+                Some(r) => r.absorb(more),
+                None => w.reservation = Some(more),
+            }
+            w.batch_bytes = b;
+            w.frame_bytes = f;
         }
         Ok(())
     }
