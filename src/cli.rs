@@ -151,9 +151,14 @@ pub struct ServeArgs {
     /// Largest output side in pixels.
     #[arg(long, env = "VSERVE_MAX_SIDE", value_name = "PIXELS")]
     pub max_side: Option<u32>,
-    /// Largest array one request may return (e.g. 4GiB).
+    /// Largest array one request may return, and one stream batch (e.g. 4GiB).
     #[arg(long, env = "VSERVE_MAX_OUTPUT_BYTES", value_name = "SIZE")]
     pub max_output_bytes: Option<String>,
+    /// Memory all requests and streams together may hold in decoded frames, outputs and prepared
+    /// batches (e.g. 16GiB); beyond it they get RESOURCE_EXHAUSTED. Default: half of the machine's (or
+    /// cgroup's) memory left after the caches.
+    #[arg(long, env = "VSERVE_MAX_INFLIGHT_BYTES", value_name = "SIZE")]
+    pub max_inflight_bytes: Option<String>,
     /// Seconds calls in flight may take to finish after SIGTERM/SIGINT (a second signal stops at once).
     #[arg(long, env = "VSERVE_SHUTDOWN_GRACE", value_name = "SECONDS")]
     pub shutdown_grace: Option<f64>,
@@ -426,6 +431,7 @@ struct FileConfig {
     max_frames: Option<usize>,
     max_side: Option<u32>,
     max_output_bytes: Option<toml::Value>,
+    max_inflight_bytes: Option<toml::Value>,
     max_prefetch: Option<usize>,
     shutdown_grace: Option<f64>,
     shm_dir: Option<PathBuf>,
@@ -544,6 +550,19 @@ impl ServeArgs {
             (None, Some(v)) => size_value("max-output-bytes", v)?,
             (None, None) => defaults.max_output_bytes,
         };
+        let index_bytes = 256 << 20;
+        let max_inflight_bytes = match (&self.max_inflight_bytes, &file.max_inflight_bytes) {
+            (Some(s), _) => parse_bytes("max-inflight-bytes", s)?,
+            (None, Some(v)) => size_value("max-inflight-bytes", v)?,
+            (None, None) => crate::config::default_inflight_bytes(cache_bytes, index_bytes),
+        };
+        if max_inflight_bytes == 0 {
+            return Err(ConfigError::new(
+                "max-inflight-bytes",
+                "0",
+                "must be at least 1 byte",
+            ));
+        }
         let limits = Limits {
             max_frames: self
                 .max_frames
@@ -560,6 +579,7 @@ impl ServeArgs {
                 .max_streams
                 .or(file.max_streams)
                 .unwrap_or(defaults.max_streams),
+            max_inflight_bytes,
         };
         if limits.max_prefetch == 0 || limits.max_prefetch > 64 {
             return Err(ConfigError::new(
@@ -644,7 +664,7 @@ impl ServeArgs {
             datasets,
             cache: CacheConfig {
                 bytes: cache_bytes,
-                index_bytes: 256 << 20,
+                index_bytes,
             },
             decode: DecodeConfig {
                 threads,
@@ -788,7 +808,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-inflight-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -807,6 +827,7 @@ pub fn config_to_toml(c: &Config) -> String {
         c.limits.max_frames,
         c.limits.max_side,
         c.limits.max_output_bytes,
+        c.limits.max_inflight_bytes,
         c.limits.max_prefetch,
         c.shutdown_grace.as_secs_f64(),
         c.shm_dir.display().to_string(),

@@ -145,6 +145,9 @@ pub struct Limits {
     pub max_prefetch: usize,
     /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
     pub max_streams: usize,
+    /// The in-flight memory budget ([`crate::budget`]): bytes all requests and streams together may hold
+    /// in decoded frames waiting for assembly, output arrays and prepared stream batches.
+    pub max_inflight_bytes: u64,
 }
 
 impl Default for Limits {
@@ -156,6 +159,7 @@ impl Default for Limits {
             max_output_bytes: 4 << 30,
             max_prefetch: 8,
             max_streams: 64,
+            max_inflight_bytes: 4 << 30,
         }
     }
 }
@@ -199,6 +203,58 @@ impl Tenancy {
             .unwrap_or((max_streams / 2).max(1))
             .clamp(1, max_streams.max(1))
     }
+}
+
+/// `--max-inflight-bytes` when not given: half of what the machine (or the cgroup, if smaller) leaves
+/// after the frame cache and the index cache, at least 256 MiB. Read from `/proc/meminfo` (MemTotal, which
+/// does not move while the daemon runs, so the effective configuration is stable) and the cgroup's
+/// `memory.max` (v2) or `memory.limit_in_bytes` (v1).
+pub fn default_inflight_bytes(cache_bytes: u64, index_bytes: u64) -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok());
+    inflight_from_memory(
+        mem_total(&meminfo),
+        cgroup.as_deref().and_then(cgroup_limit),
+        cache_bytes,
+        index_bytes,
+    )
+}
+
+/// The rule of [`default_inflight_bytes`] on given numbers (no machine: 8 GiB assumed).
+pub fn inflight_from_memory(
+    mem_total: Option<u64>,
+    cgroup_limit: Option<u64>,
+    cache_bytes: u64,
+    index_bytes: u64,
+) -> u64 {
+    let machine = match (mem_total, cgroup_limit) {
+        (Some(m), Some(c)) => m.min(c),
+        (Some(m), None) => m,
+        (None, Some(c)) => c,
+        (None, None) => 8 << 30,
+    };
+    let left = machine
+        .saturating_sub(cache_bytes)
+        .saturating_sub(index_bytes);
+    (left / 2).max(256 << 20)
+}
+
+/// MemTotal of a `/proc/meminfo` text, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// A cgroup memory limit file's value; None for `max` (v2) or v1's "unlimited" (a huge number).
+fn cgroup_limit(text: &str) -> Option<u64> {
+    let v: u64 = text.trim().parse().ok()?;
+    (v < 1 << 60).then_some(v)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -475,6 +531,30 @@ mod tests {
         assert_eq!(d.root, PathBuf::from("/data/k"));
         assert_eq!(d.manifest, Some(PathBuf::from("/data/train.csv")));
         assert!(parse_dataset("kin=/data/k:manifest=").is_err());
+    }
+
+    #[test]
+    fn the_inflight_default_follows_the_machine_and_the_cgroup() {
+        let gib = 1u64 << 30;
+        // 64 GiB machine, 8 GiB cache, 256 MiB index cache: half of the rest.
+        assert_eq!(
+            inflight_from_memory(Some(64 * gib), None, 8 * gib, 256 << 20),
+            (56 * gib - (256 << 20)) / 2
+        );
+        // A 12 GiB cgroup on that machine rules.
+        assert_eq!(
+            inflight_from_memory(Some(64 * gib), Some(12 * gib), 2 * gib, 0),
+            5 * gib
+        );
+        // A cache as large as the machine still leaves the floor.
+        assert_eq!(inflight_from_memory(Some(gib), None, 2 * gib, 0), 256 << 20);
+        assert_eq!(
+            mem_total("MemTotal:       16384 kB\nMemFree: 1 kB\n"),
+            Some(16 << 20)
+        );
+        assert_eq!(cgroup_limit("max\n"), None);
+        assert_eq!(cgroup_limit("9223372036854771712\n"), None);
+        assert_eq!(cgroup_limit("12884901888\n"), Some(12 * gib));
     }
 
     #[test]

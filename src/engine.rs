@@ -1,6 +1,6 @@
 //! The engine wires the stages a request goes through: the [`Catalog`] (datasets, frame tables), the
-//! [`Frames`] (cache, single flight, decode fleet) and the shared-memory registry, plus the counters
-//! and limits every handler reads. It holds no request logic: each RPC's is a module of
+//! [`Frames`] (cache, single flight, decode fleet) and the shared-memory registry, plus the counters,
+//! limits and in-flight memory [`Budget`] every handler reads. It holds no request logic: each RPC's is a module of
 //! [`crate::handle`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use crate::budget::Budget;
 use crate::catalog::Catalog;
 use crate::config::{Config, Limits};
 use crate::decode::fleet::BackendFactory;
@@ -58,6 +59,8 @@ pub struct Engine {
     inflight_calls: AtomicU64,
     streams: StreamCounters,
     limits: Limits,
+    /// What requests and streams hold in memory (`--max-inflight-bytes`).
+    budget: Budget,
     /// Set when the server starts draining: streams end after the batch they are preparing.
     draining: watch::Sender<bool>,
     /// Stage timings and decode outcomes for `/metrics` (registered by the server).
@@ -128,6 +131,10 @@ impl Engine {
             inflight_calls: AtomicU64::new(0),
             streams: StreamCounters::default(),
             limits: config.limits.clone(),
+            budget: Budget::new(
+                config.limits.max_inflight_bytes,
+                crate::budget::DEFAULT_WAIT,
+            ),
             draining: watch::channel(false).0,
             metrics,
         }))
@@ -152,6 +159,11 @@ impl Engine {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// The in-flight memory budget requests and streams reserve from.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     pub fn streams(&self) -> &StreamCounters {
@@ -259,6 +271,21 @@ impl Engine {
                 "stream_batches_sent",
                 "Stream batches sent.",
                 s.batches_sent,
+            ),
+            Scraped::counter(
+                "budget_refusals",
+                "Requests and streams refused because their bytes did not fit the in-flight budget.",
+                self.budget.refusals(),
+            ),
+            Scraped::gauge(
+                "budget_inflight_bytes",
+                "Bytes reserved by requests and streams in flight.",
+                self.budget.in_use(),
+            ),
+            Scraped::gauge(
+                "budget_capacity_bytes",
+                "The in-flight memory budget (max-inflight-bytes).",
+                self.budget.capacity(),
             ),
             Scraped::gauge(
                 "cache_size_bytes",

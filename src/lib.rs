@@ -17,6 +17,8 @@
 //!   tables), [`plan`] (how: GOP runs), [`gulp`] (the GulpIO format), [`decode`] (backends and the fleet of
 //!   named threads), [`cache`], [`batch`], [`transport`].
 //! - [`error`]: one `Error` and the one [`error::Code`] table (gRPC statuses, skipped-sample reports).
+//!   [`budget`]: the in-flight memory budget (`--max-inflight-bytes`) every request and stream reserves
+//!   its bytes from before any work.
 //! - [`request`]: domain request types, validation, geometry. [`catalog`]: datasets, frame tables, failure
 //!   memory. [`frames`]: cache + single flight + fleet. [`engine`]: wires them. [`handle`]: one module per
 //!   RPC's logic. [`api`]: proto ↔ domain, statuses at the edge.
@@ -30,6 +32,7 @@ pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod batch;
+pub mod budget;
 pub mod cache;
 pub mod catalog;
 pub mod cli;

@@ -1,9 +1,11 @@
 //! Requests in domain types (no protobuf): which clips, where in each video, and how to transform them;
 //! the checks that need no file ([`ClipsRequest::validate`], [`Transform::validate`]), and what needs a
 //! video's index: positions to frame numbers ([`resolve_positions`]) and the decoder's output geometry
-//! ([`Transform::geometry`]).
+//! ([`Transform::geometry`]); and the byte counts requests are admitted on ([`frame_bytes`],
+//! [`array_bytes`], [`check_output_bytes`]), computed without overflow.
 
-use crate::batch::{self, BatchSpec};
+use crate::batch::{self, BatchSpec, DType};
+use crate::budget::Reservation;
 use crate::config::Limits;
 use crate::decode::Geometry;
 use crate::error::Error;
@@ -114,6 +116,9 @@ pub struct ClipsReply {
     pub nbytes: u64,
     pub clips: Vec<ClipMeta>,
     pub stats: RequestStats,
+    /// The reply's bytes against the in-flight budget, held until the reply has been handed to the
+    /// transport.
+    pub reservation: Option<Reservation>,
 }
 
 #[derive(Clone, Debug)]
@@ -291,6 +296,41 @@ pub fn resolve_positions(
             .map(|&t| check(format!("time {t} s"), index.lookup_time(t)))
             .collect(),
     }
+}
+
+/// Bytes of one decoded frame of `g` (packed RGB24).
+pub fn frame_bytes(g: Geometry) -> u64 {
+    g.scaled_width as u64 * g.scaled_height as u64 * 3
+}
+
+/// Bytes of an array of `shape` in `dtype`, saturating at `u64::MAX` (never wrapping).
+pub fn array_bytes(shape: &[u64], dtype: DType) -> u64 {
+    let n = shape
+        .iter()
+        .try_fold(dtype.size() as u128, |acc, &d| acc.checked_mul(d as u128));
+    n.map_or(u64::MAX, |n| u64::try_from(n).unwrap_or(u64::MAX))
+}
+
+/// `what`'s output array against `--max-output-bytes`: its bytes, or INVALID_ARGUMENT naming the shape.
+pub fn check_output_bytes(
+    what: &str,
+    shape: &[u64],
+    dtype: DType,
+    limits: &Limits,
+) -> Result<u64, Error> {
+    let nbytes = array_bytes(shape, dtype);
+    if nbytes > limits.max_output_bytes {
+        return Err(Error::InvalidArgument(format!(
+            "{what} of {nbytes} bytes (shape {shape:?}, {}) exceeds the limit of {} bytes (max-output-bytes)",
+            match dtype {
+                DType::U8 => "uint8",
+                DType::F16 => "float16",
+                DType::F32 => "float32",
+            },
+            limits.max_output_bytes
+        )));
+    }
+    Ok(nbytes)
 }
 
 /// Output size in display orientation.

@@ -16,6 +16,10 @@
 //!   `clips_at_{random,regular}_timestamps` (TorchCodec 0.17: float64 arithmetic throughout; a time
 //!   picks the last frame whose pts <= t, compared exactly).
 //!
+//! - Sizes are bounded before anything is materialised: a sample plans at most
+//!   [`MAX_SAMPLE_POSITIONS`] positions (clips × frames per clip), checked from the parameters alone
+//!   ([`SamplerSpec::validate`]) or, for regular timestamps, from [`clip_count`] before any clip exists.
+//!
 //! Randomness comes from [`Rng`], SplitMix64 keyed by the tuple it serves, so the streams are stable
 //! across releases and platforms (no dependency on a crate's generator).
 
@@ -88,7 +92,18 @@ pub enum SampleError {
     /// The request's parameters are invalid whatever the video.
     #[error("{0}")]
     Invalid(String),
+    /// The parameters give this video more clip positions than a sample may plan
+    /// ([`MAX_SAMPLE_POSITIONS`]): the request's fault, not the video's.
+    #[error("{0}")]
+    TooMany(String),
 }
+
+/// Most clip positions (clips × frames per clip) one sample may plan: a sample's clip list is built
+/// whole (about 24 bytes a position: its time or frame, the frame number, a copy per batch).
+pub const MAX_SAMPLE_POSITIONS: u64 = 1 << 20;
+
+/// Bytes one planned position costs at most (see [`MAX_SAMPLE_POSITIONS`]).
+pub const POSITION_BYTES: u64 = 24;
 
 /// The epoch's order of samples 0..n: a Fisher-Yates shuffle keyed by (seed, epoch), or 0..n.
 pub fn epoch_order(n: usize, seed: u64, epoch: u64, shuffle: bool) -> Vec<usize> {
@@ -217,6 +232,14 @@ impl SamplerSpec {
                 }
             }
         }
+        // Regular timestamps: at least one clip; how many more fit is checked per video (clip_count).
+        let (n, f) = (self.num_clips.max(1) as u64, self.frames_per_clip as u64);
+        if n * f > MAX_SAMPLE_POSITIONS {
+            return invalid(format!(
+                "num_clips {n} × frames_per_clip {f} = {} positions per sample exceed the limit of {MAX_SAMPLE_POSITIONS}",
+                n * f
+            ));
+        }
         Ok(())
     }
 
@@ -315,15 +338,49 @@ pub fn torch_linspace_int(start: i64, end: i64, steps: usize) -> Vec<i64> {
 
 /// `torch.arange(start, end, step, dtype=torch.float64)` as TorchCodec uses it: `start + i * step` for
 /// `ceil((end - start) / step)` values, then only those below `end` (arange may overshoot by rounding).
+/// Its length is [`arange_count`]; callers bound that first.
 pub fn torch_arange_f64(start: f64, end: f64, step: f64) -> Vec<f64> {
+    (0..arange_count(start, end, step))
+        .map(|i| start + step * i as f64)
+        .collect()
+}
+
+/// How many values [`torch_arange_f64`] gives, without making them (saturating at `u64::MAX`).
+pub fn arange_count(start: f64, end: f64, step: f64) -> u64 {
     let n = ((end - start) / step).ceil();
     if n.is_nan() || n <= 0.0 {
-        return Vec::new();
+        return 0;
     }
-    (0..n as usize)
-        .map(|i| start + step * i as f64)
-        .filter(|&t| t < end)
-        .collect()
+    // `n as u64` saturates. The values are non-decreasing in i, so those below `end` are a prefix:
+    // binary search for its length.
+    let (mut lo, mut hi) = (0u64, n as u64);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if start + step * (mid as f64) < end {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+fn too_many(clips: u64, f: u64, step: f64) -> String {
+    format!(
+        "regular timestamps every {step} s give {clips} clips of {f} frames per sample, more than the limit of {MAX_SAMPLE_POSITIONS} positions"
+    )
+}
+
+/// How many clips [`clips_for`] gives a video (when it gives any), computed without making them.
+pub fn clip_count(spec: &SamplerSpec, facts: &VideoFacts) -> Result<u64, SampleError> {
+    match spec.kind {
+        SamplerKind::RegularTimestamps => {
+            let (start, range_end, _) = time_range(spec, facts)?;
+            let step = spec.seconds_between_clip_starts.unwrap_or(f64::INFINITY);
+            Ok(arange_count(start, range_end, step))
+        }
+        _ => Ok(spec.num_clips as u64),
+    }
 }
 
 /// The clips of one sample: `num_clips` (or, for regular timestamps, as many as fit) clips of
@@ -402,11 +459,9 @@ fn index_clips(
         .collect()
 }
 
-fn time_clips(
-    spec: &SamplerSpec,
-    facts: &VideoFacts,
-    rng: &mut Rng,
-) -> Result<Vec<ClipPositions>, SampleError> {
+/// A timestamp sampler's window on a video: (first clip start, end of clip starts, seconds between a
+/// clip's frames).
+fn time_range(spec: &SamplerSpec, facts: &VideoFacts) -> Result<(f64, f64, f64), SampleError> {
     let too_short = |m: String| SampleError::TooShort(m);
     let f = spec.frames_per_clip as usize;
     let between = match spec.seconds_between_frames {
@@ -442,7 +497,27 @@ fn time_clips(
             "no clip start in [{start}, {range_end}) s for a video of [{begin}, {end}) s"
         )));
     }
-    let range_end = range_end.min(end);
+    Ok((start, range_end.min(end), between))
+}
+
+fn time_clips(
+    spec: &SamplerSpec,
+    facts: &VideoFacts,
+    rng: &mut Rng,
+) -> Result<Vec<ClipPositions>, SampleError> {
+    let f = spec.frames_per_clip as usize;
+    let end = facts.end;
+    let (start, range_end, between) = time_range(spec, facts)?;
+    if spec.kind == SamplerKind::RegularTimestamps {
+        let n = clip_count(spec, facts)?;
+        if n.saturating_mul(f as u64) > MAX_SAMPLE_POSITIONS {
+            let step = spec.seconds_between_clip_starts.unwrap_or(f64::INFINITY);
+            return Err(SampleError::TooMany(format!(
+                "{} (from {start} s to {range_end} s)",
+                too_many(n, f as u64, step)
+            )));
+        }
+    }
     let starts: Vec<f64> = match spec.kind {
         SamplerKind::RandomTimestamps => (0..spec.num_clips)
             .map(|_| rng.unit() * (range_end - start) + start)
@@ -811,5 +886,56 @@ mod tests {
             assert_eq!(a.resize_to, Some((112, 112)));
         }
         assert!(draw_augment(&spec, 100, 100, &mut Rng::keyed(Purpose::Augment, &[0])).is_err());
+    }
+
+    #[test]
+    fn counts_are_computed_without_making_the_clips() {
+        // The count is the length of the old filter over ceil((end - start) / step) values.
+        for (a, b, step) in [
+            (0.0f64, 4.0 - 2.0 / 25.0, 1.0),
+            (0.1, 0.7, 0.1),
+            (3.0, 3.0, 1.0),
+            (0.0, 1.0, 0.3),
+        ] {
+            let n = ((b - a) / step).ceil().max(0.0) as usize;
+            let old = (0..n)
+                .map(|i| a + step * i as f64)
+                .filter(|&t| t < b)
+                .count() as u64;
+            assert_eq!(arange_count(a, b, step), old, "arange({a}, {b}, {step})");
+            assert_eq!(torch_arange_f64(a, b, step).len() as u64, old);
+        }
+        assert_eq!(
+            arange_count(0.0, 1e9, 1e-12),
+            u64::MAX,
+            "saturates, never wraps"
+        );
+        let mut s = spec(SamplerKind::RegularTimestamps, 0, 2, 1);
+        s.seconds_between_clip_starts = Some(1e-12);
+        s.validate().unwrap();
+        let f = facts(250, 25.0);
+        let n = clip_count(&s, &f).unwrap();
+        assert!(n > 9_000_000_000_000, "{n}");
+        let t = std::time::Instant::now();
+        assert!(matches!(
+            clips_for(&s, &f, &mut Rng::keyed(Purpose::Clips, &[0])),
+            Err(SampleError::TooMany(_))
+        ));
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        s.seconds_between_clip_starts = Some(1.0);
+        assert_eq!(clip_count(&s, &f).unwrap(), 10);
+        assert_eq!(
+            clip_count(&spec(SamplerKind::RandomIndices, 7, 3, 1), &f).unwrap(),
+            7
+        );
+        // Fixed counts are bounded by the parameters alone.
+        let huge = spec(SamplerKind::RandomIndices, 4_000_000_000, 1, 1);
+        assert!(matches!(huge.validate(), Err(SampleError::Invalid(_))));
+        assert!(spec(SamplerKind::RegularIndices, 1024, 1024, 1)
+            .validate()
+            .is_ok());
+        assert!(spec(SamplerKind::RegularIndices, 1025, 1024, 1)
+            .validate()
+            .is_err());
     }
 }

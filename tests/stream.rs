@@ -706,6 +706,24 @@ async fn bad_stream_requests_are_refused_by_name() {
             "INVALID_ARGUMENT",
             "regular timestamps without a step",
         ),
+        (
+            proto::StreamBatchesRequest {
+                worker: 3,
+                num_workers: 1,
+                ..request(MEDIA)
+            },
+            "INVALID_ARGUMENT",
+            "worker 3 of 1",
+        ),
+        (
+            proto::StreamBatchesRequest {
+                worker: 1,
+                num_workers: 0,
+                ..request(MEDIA)
+            },
+            "INVALID_ARGUMENT",
+            "worker 1 without workers",
+        ),
     ];
     for (req, code, what) in cases {
         let res = match c.stream_batches(req).await {

@@ -478,6 +478,8 @@ impl pb::v_serve_server::VServe for Api {
             ..Default::default()
         };
         let data = reply.data;
+        // The reply's bytes stay reserved until its last message has been taken by the transport.
+        let reservation = reply.reservation;
         if reply.shm.is_some() {
             // Inline bytes are counted as they are sent (rpc.rs).
             self.engine
@@ -494,7 +496,11 @@ impl pb::v_serve_server::VServe for Api {
                 })
             })
             .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(messages))))
+        let messages = tokio_stream::iter(messages).map(move |m| {
+            let _held = &reservation;
+            m
+        });
+        Ok(Response::new(Box::pin(messages)))
     }
 
     type StreamBatchesStream =

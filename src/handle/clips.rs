@@ -1,7 +1,9 @@
 //! GetClips: explicit clips of one dataset → one array.
 //!
 //! resolve and index every distinct video ([`crate::catalog`]) → positions to frame numbers → geometry
-//! and output shape (refused before any decode when too large) → frames per video ([`crate::frames`]:
+//! and output shape (refused before any decode when too large) → the bytes it will hold (decoded frames
+//! until assembly, the output until sent) reserved from the in-flight [`crate::budget`] (refused with
+//! RESOURCE_EXHAUSTED when they do not fit) → frames per video ([`crate::frames`]:
 //! cache, single flight, fleet) → [`batch`] assembly, into a reply buffer or straight into a
 //! shared-memory arena. A video found damaged mid-request is marked (its next index comes from a decode)
 //! and the whole request is resolved once more.
@@ -16,7 +18,8 @@ use crate::error::{blocking, Error};
 use crate::metrics::Timer;
 use crate::peer::Peer;
 use crate::request::{
-    display_dims, resolve_positions, ClipMeta, ClipsReply, ClipsRequest, RequestStats,
+    check_output_bytes, display_dims, frame_bytes, resolve_positions, ClipMeta, ClipsReply,
+    ClipsRequest, RequestStats,
 };
 
 /// Serves one GetClips request.
@@ -93,20 +96,27 @@ async fn get_clips_once(
         batch::output_shape(1, t, cw, ch, &req.transform.batch)?;
     }
     let shape = batch::output_shape(req.clips.len(), t, w, h, &req.transform.batch)?;
-    let nbytes = shape.iter().product::<u64>() * req.transform.batch.dtype.size() as u64;
-    if nbytes > limits.max_output_bytes {
-        return Err(Error::InvalidArgument(format!(
-            "output of {nbytes} bytes (shape {shape:?}) exceeds the limit of {} bytes",
-            limits.max_output_bytes
-        )));
-    }
+    let nbytes = check_output_bytes("output", &shape, req.transform.batch.dtype, limits)?;
 
     // Frames, per video.
-    // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.
     let mut wanted: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); videos.len()];
     for (frames, &vi) in clip_frames.iter().zip(&clip_video) {
         wanted[vi].extend(frames.iter().copied());
     }
+    // Every decoded frame is held at its decoded size until assembly (a resize to 4096x4096 then a
+    // 1x1 crop holds 48 MiB a frame), and the output until it is sent.
+    let held: u64 = wanted
+        .iter()
+        .zip(&geometries)
+        .map(|(set, &g)| (set.len() as u64).saturating_mul(frame_bytes(g)))
+        .fold(0, u64::saturating_add);
+    let who = format!("GetClips (decoded frames {held} bytes + output {nbytes} bytes)",);
+    let mut reservation = engine
+        .budget()
+        .try_reserve(held.saturating_add(nbytes), who)
+        .await?;
+
+    // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.
     let mut fetches = Vec::with_capacity(videos.len());
     for (i, ((id, _, source), wanted)) in videos.iter().zip(wanted).enumerate() {
         fetches.push(
@@ -160,6 +170,7 @@ async fn get_clips_once(
     let assembly_timer = Timer::start();
     let (to_shm, reuse, shared, owner) = (req.shm, req.shm_reuse, engine.clone(), peer.clone());
     let (shape, data, shm) = blocking(move || {
+        // The frames are dropped when this closure ends; only the output stays.
         if !to_shm {
             let (shape, data) = batch::assemble(&frames_by_clip, &spec)?;
             return Ok((shape, data, None));
@@ -179,7 +190,7 @@ async fn get_clips_once(
     })
     .await?;
     assembly_timer.observe(&engine.metrics().batch_assembly);
-    let nbytes = shape.iter().product::<u64>() * req.transform.batch.dtype.size() as u64;
+    reservation.shrink_to(nbytes);
     Ok(ClipsReply {
         shape,
         data,
@@ -187,6 +198,7 @@ async fn get_clips_once(
         nbytes,
         clips: metas,
         stats,
+        reservation: Some(reservation),
     })
 }
 #[cfg(test)]
@@ -206,6 +218,10 @@ mod tests {
     }
 
     fn engine_with(delay_ms: u64, threads: usize) -> Arc<Engine> {
+        engine_limited(delay_ms, threads, Limits::default())
+    }
+
+    fn engine_limited(delay_ms: u64, threads: usize, limits: Limits) -> Arc<Engine> {
         let config = Config {
             listen: vec![],
             datasets: vec![DatasetConfig {
@@ -225,7 +241,7 @@ mod tests {
                 gpus: crate::config::GpuSpec::None,
                 nvdec_sessions: 1,
             },
-            limits: Limits::default(),
+            limits,
             shutdown_grace: std::time::Duration::from_secs(1),
             shm_dir: std::env::temp_dir(),
             state_dir: None,
@@ -428,5 +444,48 @@ mod tests {
         ));
         assert_eq!(e.stats().frames_decoded, 0);
         assert!(get_clips(&e, request(&[1]), &Peer::local()).await.is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn decoded_frames_are_admitted_before_decoding() {
+        // Issue 13's shape, smaller: 10 frames resized to 4096x4096 (48 MiB each) to keep a 1x1 crop.
+        let e = engine_limited(
+            0,
+            2,
+            Limits {
+                max_inflight_bytes: 64 << 20,
+                ..Limits::default()
+            },
+        );
+        let mut req = request(&(0..10).collect::<Vec<u64>>());
+        req.transform.resize = Resize::Exact {
+            width: 4096,
+            height: 4096,
+        };
+        req.transform.batch.crop = Some((1, 1));
+        let t = std::time::Instant::now();
+        match get_clips(&e, req, &Peer::local()).await {
+            Err(Error::Overloaded(m)) => assert_eq!(
+                m,
+                "GetClips (decoded frames 503316480 bytes + output 30 bytes) needs 503316510 bytes (480.0 MiB), more than the whole budget, 0 of 67108864 in use (max-inflight-bytes)"
+            ),
+            other => panic!("expected RESOURCE_EXHAUSTED, got {:?}", other.map(|r| r.shape)),
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!(e.stats().frames_decoded, 0);
+        assert_eq!(e.budget().in_use(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reply_holds_its_bytes_until_it_is_dropped() {
+        let e = engine(0);
+        let reply = get_clips(&e, request(&[3, 9]), &Peer::local())
+            .await
+            .unwrap();
+        assert_eq!(reply.nbytes, 2 * 4 * 8 * 3);
+        // The decoded frames were given back after assembly; the output is held with the reply.
+        assert_eq!(e.budget().in_use(), reply.nbytes);
+        drop(reply);
+        assert_eq!(e.budget().in_use(), 0);
     }
 }

@@ -78,6 +78,16 @@ impl Daemon {
 
     /// [`Daemon::start_with`], with extra environment variables for the daemon process.
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::launch(extra, env, None).await
+    }
+
+    /// [`Daemon::start_with`] under an address-space limit (`RLIMIT_AS`, bytes): an allocation beyond it
+    /// fails (and aborts the daemon) instead of eating the test machine's memory.
+    pub async fn start_capped(extra: &[&str], address_space: u64) -> Daemon {
+        Daemon::launch(extra, &[], Some(address_space)).await
+    }
+
+    async fn launch(extra: &[&str], env: &[(&str, &str)], address_space: Option<u64>) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("vserve-test")
             .tempdir()
@@ -120,6 +130,23 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
+        if let Some(limit) = address_space {
+            use std::os::unix::process::CommandExt;
+            let lim = libc::rlimit {
+                rlim_cur: limit as libc::rlim_t,
+                rlim_max: limit as libc::rlim_t,
+            };
+            // SAFETY: runs in the forked child before exec; setrlimit is async-signal-safe and the
+            // closure touches only its own copy of `lim`.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = cmd.spawn().expect("spawn vserve");
         let mut daemon = Daemon {
             child,
@@ -173,6 +200,19 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The daemon's resident memory (`VmRSS` of /proc/PID/status), in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .unwrap_or_else(|e| panic!("/proc/{}/status: {e}", self.pid()));
+        let kib: u64 = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .expect("VmRSS in /proc/PID/status");
+        kib * 1024
     }
 
     /// Sends a signal (`TERM`, `INT`, `KILL`) to the daemon.

@@ -271,3 +271,32 @@ fn the_reaper_drops_what_exited_clients_left() {
     assert!(!stream_file.exists());
     assert_eq!(reg.bytes_in_use(), 0);
 }
+
+#[tokio::test]
+async fn a_release_with_a_bad_slot_frees_nothing_and_a_good_one_wakes_the_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let arena = reg.stream_arena(4, 1, &me()).unwrap();
+    let slot = arena.acquire().await;
+    let waiter = {
+        let arena = arena.clone();
+        tokio::spawn(async move { arena.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let e = reg.release(arena.name(), &[slot, 7], &me()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("arena {:?} has no slot 7", arena.name())
+    );
+    // Nothing was freed: the waiter still waits, and the slot is still taken.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!waiter.is_finished());
+    assert_eq!(arena.try_acquire(), None);
+    // The good slot alone: freed, and the waiter wakes with it.
+    reg.release(arena.name(), &[slot], &me()).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter woke")
+        .unwrap();
+    assert_eq!(got, slot);
+}

@@ -1,0 +1,593 @@
+//! Streams: one rank's share of one epoch, sampled, decoded, augmented and batched by the server.
+//!
+//! Input: a [`StreamRequest`]. Output: a channel of [`StreamBatch`]es in order, ending after the last
+//! batch (or with the error that ended the stream).
+//!
+//! sample list (manifest or scan) → epoch order (seed, epoch) → this rank's shard → clip slots in
+//! batches → per slot: index, clip positions, augmentation → frames through the engine's shared fetch
+//! (cache, single flight, fair fleet) → [`batch::assemble_augmented`].
+//!
+//! Invariants:
+//! - Batch b holds clip slots [b·B, (b+1)·B) of the rank's clip sequence (each shard sample's clips in
+//!   order). Everything in it is a function of (sample list, seed, epoch, rank, world size, request
+//!   parameters) and the files' contents, so resuming at `start_batch` sends exactly the tail of the
+//!   uninterrupted stream.
+//! - A sample that cannot be read (or is too short under the `skip` policy) is replaced by the next
+//!   readable sample of the shard (cyclically), with the clip positions and augmentation keyed by the
+//!   replaced slot; the batch reports it in `skipped`. With [`OnError::Fail`] an unreadable sample ends
+//!   the stream with its error instead.
+//! - Drain: when the server starts shutting down, a stream sends the batch it has ready and ends with
+//!   UNAVAILABLE; the client resumes at the next batch.
+//! - Bounded: at most `prefetch` batches are being prepared and one waits in the channel; a slow reader
+//!   holds only that. Memory is admitted before it is used: a batch's bytes against
+//!   `--max-output-bytes`, and the stream's window in the in-flight budget ([`crate::budget`]):
+//!   `prefetch + 3` batch outputs and `prefetch` batches' decoded frames, reserved at the start when the
+//!   request fixes the batch size and grown (never shrunk) at a batch that needs more. What does not fit
+//!   ends the request or the stream with RESOURCE_EXHAUSTED (the numbers in the message), never an
+//!   allocation failure; a stream once admitted is not starved by later ones.
+//! - A panic in the producer ends the stream with INTERNAL, never a clean-looking end. When the reader goes away the channel closes, the producer stops, and queued
+//!   decode runs nobody waits for are skipped.
+//!
+//! Here: the entry ([`start`], validation), the producer and the [`Schedule`] (which clip slots each
+//! batch holds). [`slots`]: filling a batch's slots with readable samples (replacements, skip reports)
+//! and their frames, and the shared-memory arenas batches go to. [`fill`]: assembling one batch from
+//! the decoded frames, inline or into an arena slot.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+use crate::config::Limits;
+use crate::engine::Engine;
+use crate::error::{blocking, Error};
+use crate::frames::Tenant;
+use crate::manifest::Samples;
+use crate::peer::Peer;
+use crate::request::{check_output_bytes, ClipMeta, RequestStats, Resize, Transform};
+use crate::sample::{self, AugmentSpec, CropBox, Remainder, SamplerSpec};
+use crate::transport::shm::{Arena, ShmRef};
+use crate::transport::Transport;
+
+use slots::{count_clips, fail_error, skip_record, Failure, Window};
+
+mod fill;
+mod slots;
+#[cfg(test)]
+mod tests;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnError {
+    Skip,
+    Fail,
+}
+
+#[derive(Clone, Debug)]
+pub struct StreamRequest {
+    pub dataset: String,
+    pub sampler: SamplerSpec,
+    pub transform: Transform,
+    pub augment: AugmentSpec,
+    pub batch_size: usize,
+    pub drop_last: bool,
+    pub seed: u64,
+    pub epoch: u64,
+    pub rank: usize,
+    pub world_size: usize,
+    pub start_batch: u64,
+    pub prefetch: usize,
+    pub shuffle: bool,
+    pub remainder: Remainder,
+    pub on_error: OnError,
+    pub transport: Transport,
+    /// Data-loader worker split: send only batches b with (b - start_batch) mod workers == worker.
+    pub worker: u64,
+    pub workers: u64,
+    /// Resume after a change of world size: the epoch's first `start_sample` samples are left out
+    /// before sharding.
+    pub start_sample: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct StreamClip {
+    pub meta: ClipMeta,
+    pub label: Option<String>,
+    pub label_index: i64,
+    /// The slot's own sample (position in the dataset's sample list) and clip number.
+    pub sample: u64,
+    pub clip: u32,
+    /// The sample whose video filled the slot, when the slot's own could not be read.
+    pub replaced_by: Option<u64>,
+    pub crop: Option<CropBox>,
+    pub flipped: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Skipped {
+    pub sample: u64,
+    pub video: String,
+    /// A status code name (DATA_LOSS, NOT_FOUND, ...) or TOO_SHORT.
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub struct StreamBatch {
+    pub batch: u64,
+    /// None when the count depends on the videos (regular timestamps).
+    pub batches_total: Option<u64>,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+    pub clips: Vec<StreamClip>,
+    pub skipped: Vec<Skipped>,
+    pub stats: RequestStats,
+    /// Transport SHM: where `data`'s bytes went (`data` is then empty).
+    pub shm: Option<ShmRef>,
+}
+
+/// What a stream keeps between batches.
+struct Context {
+    engine: Arc<Engine>,
+    /// The client the stream's arenas belong to.
+    peer: Peer,
+    req: StreamRequest,
+    samples: Arc<Samples>,
+    shard: Vec<usize>,
+    tenant: Tenant,
+    /// Samples that fail whatever is asked of them (cannot be indexed, too short): not tried again.
+    bad: Mutex<HashMap<usize, Failure>>,
+    /// Transport SHM: the stream's arenas, the current last (a batch larger than its slots, frames of
+    /// another size at native size, moves the stream to a new one). Dropped with the stream when the
+    /// client goes away; handed to the registry at a normal end, for the client to release.
+    arenas: Mutex<Vec<Arc<Arena>>>,
+    footprint: StreamFootprint,
+    /// The stream's reservation against the in-flight budget: its batch outputs (reserved at the start
+    /// when the batch size is known) and decoded frames, grown at a batch that needs more.
+    window: Mutex<Window>,
+    /// Held while the window grows (across the budget's wait).
+    growing: tokio::sync::Mutex<()>,
+}
+
+/// Which clips a batch holds: (shard position, clip number) per slot.
+type Slots = Vec<(usize, u32)>;
+
+/// Counts held while a stream runs (the engine's stats read them).
+struct ActiveGuard(Arc<Engine>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.streams().active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a valid stream request will hold, as far as the request alone says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamFootprint {
+    /// Bytes of one full batch, when the output size does not depend on the videos (an exact size, a
+    /// crop or a random crop); otherwise known at the first batch.
+    pub batch_bytes: Option<u64>,
+    /// Batches whose outputs may exist at once: `prefetch` in preparation, one in the channel, one
+    /// waiting to enter it, one on the wire (a shared-memory stream's arena has as many slots).
+    pub batches_held: u64,
+}
+
+impl StreamFootprint {
+    /// Output bytes the stream holds at most (its window), when known from the request.
+    pub fn window_bytes(&self) -> Option<u64> {
+        self.batch_bytes
+            .map(|b| b.saturating_mul(self.batches_held))
+    }
+}
+
+/// Starts a stream: validates the request, admits its window of batches against the in-flight budget,
+/// lists the samples and spawns the producer. Errors in the request come back here; errors while
+/// streaming come through the channel.
+pub async fn start(
+    engine: &Arc<Engine>,
+    req: StreamRequest,
+    peer: Peer,
+) -> Result<mpsc::Receiver<Result<StreamBatch, Error>>, Error> {
+    engine.catalog().dataset(&req.dataset)?;
+    let footprint = validate_request(&req, engine.limits())?;
+    // Admitted before any work when the batch size is known; otherwise at the first batch.
+    let window = match footprint.window_bytes() {
+        Some(bytes) => Some(
+            engine
+                .budget()
+                .try_reserve(
+                    bytes,
+                    window_who(&req, footprint.batch_bytes.unwrap_or(0), 0),
+                )
+                .await?,
+        ),
+        None => None,
+    };
+    let samples = engine.catalog().samples(&req.dataset).await?;
+    // The order and the shard are as long as the dataset: made on a blocking thread.
+    let (n, r) = (samples.len(), req.clone());
+    let shard = blocking(move || {
+        let order = sample::epoch_order(n, r.seed, r.epoch, r.shuffle);
+        let left = usize::try_from(r.start_sample).map_or(order.len(), |s| s.min(order.len()));
+        Ok(sample::shard(
+            &order[left..],
+            r.rank,
+            r.world_size,
+            r.remainder,
+        ))
+    })
+    .await?;
+    let prefetch = req.prefetch;
+    let ctx = Arc::new(Context {
+        engine: engine.clone(),
+        peer,
+        tenant: engine.frames().new_tenant(false),
+        req,
+        samples,
+        shard,
+        bad: Mutex::new(HashMap::new()),
+        arenas: Mutex::new(Vec::new()),
+        footprint,
+        window: Mutex::new(Window {
+            reservation: window,
+            batch_bytes: footprint.batch_bytes.unwrap_or(0),
+            frame_bytes: 0,
+        }),
+        growing: tokio::sync::Mutex::new(()),
+    });
+    let (tx, rx) = mpsc::channel(1);
+    engine.streams().active.fetch_add(1, Ordering::Relaxed);
+    let guard = ActiveGuard(engine.clone());
+    let dataset = ctx.req.dataset.clone();
+    tokio::spawn(async move {
+        let _guard = guard;
+        let closed = tx.clone();
+        let work = produce(ctx, tx.clone(), prefetch);
+        tokio::select! {
+            _ = guarded(work, tx, &dataset) => {}
+            // The reader went away: dropping `produce` drops its batches in preparation, and with
+            // them every wait on a decode run, so runs nobody else wants are skipped.
+            _ = closed.closed() => {}
+        }
+    });
+    Ok(rx)
+}
+
+/// What a stream's window reservation is for, in refusals.
+fn window_who(req: &StreamRequest, batch_bytes: u64, frame_bytes: u64) -> String {
+    let frames = if frame_bytes > 0 {
+        format!(
+            ", and {} batches' decoded frames of {frame_bytes} bytes",
+            req.prefetch
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "StreamBatches of {:?} ({} batches of {batch_bytes} bytes: prefetch {} + 3{frames})",
+        req.dataset,
+        req.prefetch as u64 + 3,
+        req.prefetch
+    )
+}
+
+/// Runs a stream's producer; a panic in it ends the stream with INTERNAL (and an error log line)
+/// instead of looking like a clean end of stream.
+async fn guarded(
+    work: impl std::future::Future<Output = ()>,
+    tx: mpsc::Sender<Result<StreamBatch, Error>>,
+    dataset: &str,
+) {
+    if let Err(panic) = std::panic::AssertUnwindSafe(work).catch_unwind().await {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-text panic".into());
+        tracing::error!(dataset, panic = %what, "stream producer panicked; ending the stream with INTERNAL");
+        let _ = tx
+            .send(Err(Error::Internal(format!(
+                "the stream's producer failed ({what}); the stream cannot go on"
+            ))))
+            .await;
+    }
+}
+
+/// Checks everything a stream request says by itself, before any work: sampler, batch, ranks and
+/// workers, crops, transform, and the batch's bytes when its size is known. Pure (no engine), so it is
+/// fuzzed on its own.
+pub fn validate_request(req: &StreamRequest, limits: &Limits) -> Result<StreamFootprint, Error> {
+    fn invalid<T>(m: String) -> Result<T, Error> {
+        Err(Error::InvalidArgument(m))
+    }
+    req.sampler
+        .validate()
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    if req.batch_size == 0 {
+        return invalid("batch_size must be at least 1".into());
+    }
+    if req.batch_size > limits.max_clips {
+        return invalid(format!(
+            "batch_size {} exceeds the limit of {} clips per batch",
+            req.batch_size, limits.max_clips
+        ));
+    }
+    let frames = req
+        .batch_size
+        .saturating_mul(req.sampler.frames_per_clip as usize);
+    if frames > limits.max_frames {
+        return invalid(format!(
+            "batch of {frames} frames exceeds the limit of {} per batch",
+            limits.max_frames
+        ));
+    }
+    if req.world_size == 0 || req.rank >= req.world_size {
+        return invalid(format!(
+            "rank {} is not in 0..{} (world_size)",
+            req.rank, req.world_size
+        ));
+    }
+    if req.prefetch == 0 || req.prefetch > limits.max_prefetch {
+        return invalid(format!(
+            "prefetch {} is outside 1..={}",
+            req.prefetch, limits.max_prefetch
+        ));
+    }
+    if req.worker >= req.workers.max(1) {
+        return invalid(format!(
+            "worker {} is not in 0..{} (num_workers)",
+            req.worker, req.workers
+        ));
+    }
+    if req.augment.crop.is_some() && req.transform.batch.crop.is_some() {
+        return invalid("give either a centre crop or a random crop, not both".into());
+    }
+    let side = |what: &str, v: u32| {
+        if v == 0 || v > limits.max_side {
+            invalid(format!("{what} {v} is outside 1..={}", limits.max_side))
+        } else {
+            Ok(())
+        }
+    };
+    match req.augment.crop {
+        None => {}
+        Some(sample::CropSpec::Random { width, height }) => {
+            side("random crop width", width)?;
+            side("random crop height", height)?;
+        }
+        Some(sample::CropSpec::RandomResized {
+            width,
+            height,
+            scale,
+            ratio,
+        }) => {
+            side("random resized crop width", width)?;
+            side("random resized crop height", height)?;
+            if !(scale.0 > 0.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+                return invalid(format!(
+                    "scale [{}, {}] must satisfy 0 < min <= max <= 1",
+                    scale.0, scale.1
+                ));
+            }
+            if !(ratio.0 > 0.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
+                return invalid(format!(
+                    "ratio [{}, {}] must satisfy 0 < min <= max",
+                    ratio.0, ratio.1
+                ));
+            }
+        }
+    }
+    req.transform.validate(limits)?;
+    let batch_bytes = match static_output_size(req) {
+        Some((w, h)) => {
+            let shape = [
+                req.batch_size as u64,
+                req.sampler.frames_per_clip as u64,
+                h as u64,
+                w as u64,
+                3,
+            ];
+            Some(check_output_bytes(
+                "a batch",
+                &shape,
+                req.transform.batch.dtype,
+                limits,
+            )?)
+        }
+        None => None,
+    };
+    Ok(StreamFootprint {
+        batch_bytes,
+        batches_held: req.prefetch as u64 + 3,
+    })
+}
+
+/// The clips' output size (width, height) when the request fixes it: a random crop's or random
+/// resized crop's size, else the centre crop's, else an exact resize.
+fn static_output_size(req: &StreamRequest) -> Option<(u32, u32)> {
+    match req.augment.crop {
+        Some(sample::CropSpec::Random { width, height })
+        | Some(sample::CropSpec::RandomResized { width, height, .. }) => Some((width, height)),
+        None => req.transform.batch.crop.or(match req.transform.resize {
+            Resize::Exact { width, height } => Some((width, height)),
+            Resize::Native | Resize::ShortSide(_) => None,
+        }),
+    }
+}
+
+async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>, prefetch: usize) {
+    let schedule = match Schedule::new(&ctx).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tx.send(Err(e)).await;
+            return;
+        }
+    };
+    let total = schedule.total_batches();
+    let batches = futures::stream::unfold(schedule, |mut schedule| async move {
+        let next = schedule.next_batch().await;
+        next.map(|b| (b, schedule))
+    });
+    let prepared = batches
+        .map(|item| {
+            let ctx = ctx.clone();
+            async move {
+                let (b, slots, mut skipped) = item?;
+                let mut batch = prepare(&ctx, b, &slots).await?;
+                skipped.append(&mut batch.skipped);
+                batch.skipped = skipped;
+                batch.batches_total = total;
+                Ok(batch)
+            }
+        })
+        .buffered(prefetch);
+    futures::pin_mut!(prepared);
+    while let Some(item) = prepared.next().await {
+        let failed = item.is_err();
+        if let Ok(b) = &item {
+            let c = ctx.engine.streams();
+            c.batches.fetch_add(1, Ordering::Relaxed);
+            c.skipped
+                .fetch_add(b.skipped.len() as u64, Ordering::Relaxed);
+        }
+        if tx.send(item).await.is_err() || failed {
+            return;
+        }
+        if ctx.engine.is_draining() {
+            let _ = tx.send(Err(Error::ShuttingDown)).await;
+            break;
+        }
+    }
+    // Sent everything: the client may still be reading the last slots.
+    slots::retire_arenas(&ctx);
+}
+
+/// Fills every slot of a batch (replacing unreadable samples), decodes, augments and assembles it.
+async fn prepare(ctx: &Arc<Context>, b: u64, slots: &Slots) -> Result<StreamBatch, Error> {
+    let filled = slots::fill_slots(ctx, slots).await?;
+    fill::assemble(ctx, b, slots, filled).await
+}
+
+/// The rank's clip sequence cut into batches: which (shard position, clip) slots batch b holds. (Not
+/// [`crate::plan`], which plans GOP runs.)
+struct Schedule {
+    ctx: Arc<Context>,
+    /// Clips per sample when fixed; otherwise counted per sample as the schedule walks.
+    fixed: Option<u32>,
+    batch: u64,
+    /// Next (shard position, clip) to place, for counted schedules.
+    pos: usize,
+    clip: u32,
+    /// Clips of the sample at `pos` (counted schedules).
+    count_at_pos: Option<u32>,
+}
+
+type ScheduledBatch = Result<(u64, Slots, Vec<Skipped>), Error>;
+
+impl Schedule {
+    async fn new(ctx: &Arc<Context>) -> Result<Schedule, Error> {
+        let mut schedule = Schedule {
+            ctx: ctx.clone(),
+            fixed: ctx.req.sampler.fixed_clip_count(),
+            batch: 0,
+            pos: 0,
+            clip: 0,
+            count_at_pos: None,
+        };
+        if schedule.fixed.is_some() {
+            schedule.batch = ctx.req.start_batch;
+        } else {
+            // Counted schedules walk the skipped batches (indexing, no decoding).
+            for _ in 0..ctx.req.start_batch {
+                if schedule.next_any_batch().await.transpose()?.is_none() {
+                    break;
+                }
+            }
+        }
+        Ok(schedule)
+    }
+
+    fn total_batches(&self) -> Option<u64> {
+        let per = self.fixed? as u64;
+        let clips = self.ctx.shard.len() as u64 * per;
+        let b = self.ctx.req.batch_size as u64;
+        Some(if self.ctx.req.drop_last {
+            clips / b
+        } else {
+            clips.div_ceil(b)
+        })
+    }
+
+    /// The next batch of this worker's share.
+    async fn next_batch(&mut self) -> Option<ScheduledBatch> {
+        loop {
+            let scheduled = self.next_any_batch().await?;
+            let ours = match &scheduled {
+                Ok((b, _, _)) => {
+                    let req = &self.ctx.req;
+                    (b - req.start_batch) % req.workers.max(1) == req.worker
+                }
+                Err(_) => true,
+            };
+            if ours {
+                return Some(scheduled);
+            }
+        }
+    }
+
+    async fn next_any_batch(&mut self) -> Option<ScheduledBatch> {
+        let b = self.ctx.req.batch_size;
+        let batch = self.batch;
+        if let Some(per) = self.fixed {
+            let total_clips = self.ctx.shard.len() as u64 * per as u64;
+            if batch >= self.total_batches().unwrap_or(0) {
+                return None;
+            }
+            let first = batch * b as u64;
+            let last = (first + b as u64).min(total_clips);
+            self.batch += 1;
+            let slots = (first..last)
+                .map(|i| ((i / per as u64) as usize, (i % per as u64) as u32))
+                .collect();
+            return Some(Ok((batch, slots, Vec::new())));
+        }
+        let mut slots = Vec::with_capacity(b);
+        let mut skipped = Vec::new();
+        while slots.len() < b && self.pos < self.ctx.shard.len() {
+            let count = match self.count_at_pos {
+                Some(c) => c,
+                None => {
+                    let (c, failure) = count_clips(&self.ctx, self.pos).await;
+                    if let Some(f) = failure {
+                        let sample = self.ctx.shard[self.pos];
+                        if f.is_fatal() {
+                            return Some(Err(f.into_error()));
+                        }
+                        if self.ctx.req.on_error == OnError::Fail && !f.too_short {
+                            return Some(Err(fail_error(&self.ctx, sample, &f)));
+                        }
+                        skipped.push(skip_record(&self.ctx, sample, &f));
+                    }
+                    self.count_at_pos = Some(c);
+                    c
+                }
+            };
+            if self.clip < count {
+                slots.push((self.pos, self.clip));
+                self.clip += 1;
+            }
+            if self.clip >= count {
+                self.pos += 1;
+                self.clip = 0;
+                self.count_at_pos = None;
+            }
+        }
+        if slots.is_empty() || (self.ctx.req.drop_last && slots.len() < b) {
+            return None;
+        }
+        self.batch += 1;
+        Some(Ok((batch, slots, skipped)))
+    }
+}
