@@ -10,6 +10,10 @@
 //! whatever it still lacks (frames past the other request's stopping point) it decodes in a second round
 //! of its own. Decoded frames enter the cache on the decode thread, whether or not the requester is still
 //! there, so cancelled work is never wasted; a run nobody waits for any more is skipped before it starts.
+//!
+//! Deadlines: a run past the fleet's deadline fails its leader and every joiner with DEADLINE_EXCEEDED
+//! (a joiner does not decode the stuck file again), and the file is reported to the [`FailureHook`] so
+//! the catalogue stops offering it for a while.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +23,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::cache::{FrameCache, FrameKey, VideoId};
-use crate::decode::fleet::{BackendFactory, Fleet, Job, OnDone, PendingRun};
+use crate::decode::fleet::{BackendFactory, Fleet, FleetOptions, Job, OnDone, PendingRun};
 use crate::decode::{DecodeError, DecodedOn, Frame, Geometry, GopRun, RunOutput, VideoSource};
 use crate::error::Error;
 use crate::metrics::{BackendLabel, EngineMetrics, Timer};
@@ -27,6 +31,9 @@ use crate::plan;
 use crate::request::RequestStats;
 
 type RunResult = Result<Arc<RunOutput>, DecodeError>;
+
+/// Told of a video whose decode run went past its deadline (the catalogue remembers it as stalled).
+pub type FailureHook = Arc<dyn Fn(&VideoId, &DecodeError) + Send + Sync>;
 type RunSender = Arc<watch::Sender<Option<RunResult>>>;
 
 /// A run in the single-flight table: its result channel, the run itself while it may still grow, and
@@ -69,6 +76,7 @@ pub struct Frames {
     inflight: Arc<Mutex<HashMap<RunKey, InFlight>>>,
     counters: Counters,
     metrics: EngineMetrics,
+    on_failure: FailureHook,
 }
 
 /// The frame counters of [`Frames`], for the engine's stats.
@@ -84,19 +92,26 @@ pub struct FrameStats {
     pub cache_evictions: u64,
     pub shared_frames: u64,
     pub decode_queue_depth: u64,
+    /// Runs failed for passing their deadline.
+    pub deadline_exceeded: u64,
+    /// Decode threads abandoned in a stuck run that have not returned.
+    pub stuck_threads: u64,
 }
 
 impl Frames {
     /// Starts a decode fleet of `threads` threads (`factory` gives each its backend; `queue` bounds the
-    /// runs waiting) behind a frame cache of `cache_bytes`.
+    /// runs waiting; `options` its deadline and journal) behind a frame cache of `cache_bytes`.
+    /// `on_failure` hears of runs past their deadline.
     pub fn start(
         threads: usize,
         queue: usize,
         factory: BackendFactory,
+        options: FleetOptions,
         cache_bytes: u64,
         metrics: EngineMetrics,
+        on_failure: FailureHook,
     ) -> Result<Frames, String> {
-        let fleet = Fleet::start(threads, queue, factory)
+        let fleet = Fleet::start(threads, queue, factory, options)
             .map_err(|e| format!("cannot start decode threads: {e}"))?;
         Ok(Frames {
             cache: FrameCache::new(cache_bytes),
@@ -104,7 +119,18 @@ impl Frames {
             inflight: Arc::new(Mutex::new(HashMap::new())),
             counters: Counters::default(),
             metrics,
+            on_failure,
         })
+    }
+
+    /// Whether the decode fleet can make progress (for `/livez`); Err says why not.
+    pub fn health(&self) -> Result<(), String> {
+        self.fleet.health()
+    }
+
+    /// Stops the fleet: queued work finishes until `deadline`, threads stuck past it are left behind.
+    pub fn shutdown(&self, deadline: std::time::Instant) {
+        self.fleet.shutdown(deadline);
     }
 
     /// Decode threads in the fleet (CPU threads and NVDEC sessions).
@@ -133,6 +159,8 @@ impl Frames {
             cache_evictions: self.cache.evictions(),
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
             decode_queue_depth: self.fleet.queue_depth() as u64,
+            deadline_exceeded: f.deadline_exceeded.load(Ordering::Relaxed),
+            stuck_threads: f.stuck.load(Ordering::Relaxed) as u64,
         }
     }
 
@@ -248,6 +276,10 @@ impl Frames {
                         }
                     }
                     Some(Err(e)) if leader => return Err(e.into()),
+                    // A pass stuck past its deadline: decoding the file again would only get stuck too.
+                    Some(Err(e @ (DecodeError::Deadline { .. } | DecodeError::Stalled(_)))) => {
+                        return Err(e.into())
+                    }
                     None if leader => {
                         return Err(Error::Internal("decode job vanished".into()));
                     }
@@ -287,6 +319,7 @@ impl Frames {
             key.clone(),
         );
         let video = key.video.clone();
+        let on_failure = self.on_failure.clone();
         let wanted_tx = tx.clone();
         // Stage timings: queued at submit, taken by a decode thread when it asks whether the run is still
         // wanted (just before decoding), done at `on_done`.
@@ -301,6 +334,9 @@ impl Frames {
             on_done: Arc::new(Mutex::new(Some(Box::new(
                 move |result: Result<RunOutput, DecodeError>| {
                     let result = result.map(Arc::new);
+                    if let Err(e @ DecodeError::Deadline { .. }) = &result {
+                        on_failure(&video, e);
+                    }
                     if let Ok(out) = &result {
                         let started = *taken_at.get_or_init(std::time::Instant::now);
                         metrics.observe_run(

@@ -76,7 +76,10 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::from(70);
                 }
             };
-            match rt.block_on(vserve::server::run(config, vserve::shutdown::signal())) {
+            let outcome = rt.block_on(vserve::server::run(config, vserve::shutdown::signal()));
+            // Blocking threads stuck in a read (abandoned index builds) must not hold the exit.
+            rt.shutdown_timeout(std::time::Duration::from_millis(500));
+            match outcome {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e @ vserve::server::ServerError::Unavailable(_)) => {
                     eprintln!("vserve: {e}");

@@ -11,6 +11,7 @@ const PIPELINE: &[&str] = &[
     "state",
     "metrics",
     "dataset",
+    "journal",
     "manifest",
     "sample",
     "index",

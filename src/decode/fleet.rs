@@ -13,15 +13,34 @@
 //! their prefetch depth already bounds, submit without that check). A job nobody waits for any more is
 //! skipped, not decoded. A panic inside a backend fails that job only; the thread gets a fresh backend
 //! and keeps serving.
+//!
+//! Nothing waits forever: every run has a deadline ([`FleetOptions::deadline`]). A watchdog thread
+//! (`vserve-watchdog`) fails a run past it with [`DecodeError::Deadline`] (its waiters get
+//! DEADLINE_EXCEEDED), abandons its thread (a read stuck in the kernel cannot be interrupted; the thread is
+//! left to return on its own, and its late result is dropped) and starts a replacement so the fleet keeps
+//! its capacity, up to [`FleetOptions::max_stuck`] abandoned threads at once; beyond that slots stay
+//! empty and [`Fleet::health`] says the fleet is unhealthy (`/livez` answers 503), as it does when every
+//! slot is stuck. An abandoned thread that returns takes its slot back if nobody holds it. When no slot
+//! can take work, queued runs fail with [`DecodeError::Stalled`] instead of waiting.
+//!
+//! Crash journal: before each run a thread records the file it is about to open in its
+//! [`JournalSlot`] (durable when the file changes) and marks it clean after, so a file that kills the
+//! process inside the decoder is quarantined at the next start ([`crate::journal`]).
+//!
+//! Shutdown ([`Fleet::shutdown`]) stops the queue, waits until a deadline for the threads to finish, and
+//! leaves the ones still stuck behind (they are detached; the process exits without them).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
+use crate::journal::{FileKey, Journal, JournalSlot};
 
 pub type OnDone = Box<dyn FnOnce(Result<RunOutput, DecodeError>) + Send>;
 
@@ -72,6 +91,32 @@ pub struct FleetCounters {
     pub frames_skipped: AtomicU64,
     pub skipped: AtomicU64,
     pub panics: AtomicU64,
+    /// Runs failed by the watchdog for passing their deadline (each abandoned its thread).
+    pub deadline_exceeded: AtomicU64,
+    /// Abandoned threads still stuck.
+    pub stuck: AtomicUsize,
+}
+
+/// How the fleet guards against runs that never return, and what it records before each.
+#[derive(Clone)]
+pub struct FleetOptions {
+    /// How long one GOP run may take before its waiters fail and its thread is abandoned.
+    pub deadline: Duration,
+    /// Abandoned threads (still stuck) the fleet replaces; one more and the fleet stops replacing them
+    /// and reports itself unhealthy.
+    pub max_stuck: usize,
+    /// The crash journal each thread records its file in before a run (None: nothing recorded).
+    pub journal: Option<Arc<Journal>>,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions {
+            deadline: Duration::from_secs(60),
+            max_stuck: 4,
+            journal: None,
+        }
+    }
 }
 
 /// The queue: one FIFO per tenant and the round-robin ring of tenants that have jobs.
@@ -148,16 +193,92 @@ impl<T> Scheduler<T> {
         }
     }
 
+    /// The next job in round-robin order, without waiting.
+    fn try_pop(&self) -> Option<T> {
+        let mut q = self.queues.lock();
+        while let Some(tenant) = q.ring.pop_front() {
+            let Some(fifo) = q.per_tenant.get_mut(&tenant) else {
+                continue;
+            };
+            let job = fifo.pop_front();
+            if fifo.is_empty() {
+                q.per_tenant.remove(&tenant);
+            } else {
+                q.ring.push_back(tenant);
+            }
+            if job.is_some() {
+                q.len -= 1;
+                return job;
+            }
+        }
+        None
+    }
+
     fn close(&self) {
         self.queues.lock().closed = true;
         self.ready.notify_all();
     }
 }
 
+/// One decode slot: the thread that owns it now (by generation) and the run it is in.
+#[derive(Default)]
+struct SlotState {
+    /// The generation of the thread owning the slot; bumped when the watchdog abandons that thread.
+    generation: u64,
+    /// No thread owns the slot (its thread was abandoned and not replaced).
+    vacant: bool,
+    running: Option<Running>,
+}
+
+/// The run a slot's thread is inside.
+struct Running {
+    path: PathBuf,
+    started: Instant,
+    on_done: Arc<Mutex<Option<OnDone>>>,
+    journal: Option<Arc<JournalSlot>>,
+}
+
+/// What the decode threads and the watchdog share.
+struct Shared {
+    scheduler: Scheduler<Job>,
+    counters: Arc<FleetCounters>,
+    factory: BackendFactory,
+    slots: Vec<Mutex<SlotState>>,
+    options: FleetOptions,
+    /// Threads owning a slot (alive, not abandoned): shutdown waits for them.
+    owners: Mutex<usize>,
+    owners_done: Condvar,
+    /// Set at shutdown: the watchdog stops and nothing is replaced or taken back.
+    stopping: Mutex<bool>,
+    stop: Condvar,
+}
+
+impl Shared {
+    fn is_stopping(&self) -> bool {
+        *self.stopping.lock()
+    }
+
+    /// Slots with no thread able to take work: vacant, or inside a run past its deadline.
+    fn blocked_slots(&self, now: Instant) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| {
+                let st = s.lock();
+                st.vacant
+                    || st
+                        .running
+                        .as_ref()
+                        .is_some_and(|r| now.duration_since(r.started) >= self.options.deadline)
+            })
+            .count()
+    }
+}
+
 pub struct Fleet {
-    scheduler: Arc<Scheduler<Job>>,
-    threads: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    watchdog: Mutex<Option<JoinHandle<()>>>,
     capacity: usize,
+    shut_down: AtomicBool,
     pub counters: Arc<FleetCounters>,
 }
 
@@ -165,31 +286,47 @@ pub struct Fleet {
 /// its kind).
 pub type BackendFactory = Arc<dyn Fn(usize) -> Box<dyn Backend> + Send + Sync>;
 
+/// How long dropping a fleet that was not shut down waits for its threads.
+const DROP_WAIT: Duration = Duration::from_secs(5);
+
 impl Fleet {
-    /// Starts `threads` decode threads named `vserve-decode-N` sharing a queue of `capacity` jobs.
+    /// Starts `threads` decode threads named `vserve-decode-N` sharing a queue of `capacity` jobs, and
+    /// the watchdog.
     pub fn start(
         threads: usize,
         capacity: usize,
         factory: BackendFactory,
+        options: FleetOptions,
     ) -> std::io::Result<Fleet> {
-        let scheduler = Arc::new(Scheduler::new());
         let counters = Arc::new(FleetCounters::default());
-        let mut handles = Vec::with_capacity(threads);
-        for i in 0..threads.max(1) {
-            let rx = scheduler.clone();
-            let counters = counters.clone();
-            let factory = factory.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("vserve-decode-{i}"))
-                .spawn(move || worker(i, rx, counters, factory))?;
-            handles.push(handle);
-        }
-        Ok(Fleet {
-            scheduler,
-            threads: handles,
+        let shared = Arc::new(Shared {
+            scheduler: Scheduler::new(),
+            counters: counters.clone(),
+            factory,
+            slots: (0..threads.max(1))
+                .map(|_| Mutex::new(SlotState::default()))
+                .collect(),
+            options,
+            owners: Mutex::new(0),
+            owners_done: Condvar::new(),
+            stopping: Mutex::new(false),
+            stop: Condvar::new(),
+        });
+        let fleet = Fleet {
+            shared: shared.clone(),
+            watchdog: Mutex::new(None),
             capacity: capacity.max(1),
+            shut_down: AtomicBool::new(false),
             counters,
-        })
+        };
+        for slot in 0..shared.slots.len() {
+            spawn_worker(&shared, slot, 0)?;
+        }
+        let handle = std::thread::Builder::new()
+            .name("vserve-watchdog".into())
+            .spawn(move || watchdog(shared))?;
+        *fleet.watchdog.lock() = Some(handle);
+        Ok(fleet)
     }
 
     /// Queues a job without blocking; a full queue refuses it. A refused job is dropped without calling
@@ -205,29 +342,102 @@ impl Fleet {
     }
 
     fn push(&self, job: Job, capacity: Option<usize>) -> Result<(), DecodeError> {
+        if self.shared.slots.iter().all(|s| s.lock().vacant) {
+            return Err(DecodeError::Stalled(self.stuck_summary()));
+        }
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        let pushed = self.scheduler.push(job.tenant, job, capacity);
+        let pushed = self.shared.scheduler.push(job.tenant, job, capacity);
         if pushed.is_err() {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
         }
         pushed
     }
 
-    /// Decode threads started.
+    /// Decode slots (each served by one thread at a time).
     pub fn threads(&self) -> usize {
-        self.threads.len()
+        self.shared.slots.len()
     }
 
     pub fn queue_depth(&self) -> usize {
         self.counters.queued.load(Ordering::Relaxed)
     }
 
-    /// Stops accepting jobs, lets the threads finish what is queued, and joins them.
-    pub fn shutdown(&mut self) {
-        self.scheduler.close();
-        for handle in self.threads.drain(..) {
+    fn stuck_summary(&self) -> String {
+        format!(
+            "{} decode threads stuck past the {} s deadline (--decode-deadline), {} of {} slots without a thread",
+            self.counters.stuck.load(Ordering::Relaxed),
+            self.shared.options.deadline.as_secs_f64(),
+            self.shared.slots.iter().filter(|s| s.lock().vacant).count(),
+            self.shared.slots.len()
+        )
+    }
+
+    /// Whether the fleet can make progress: Err (saying why) when more threads are stuck than it
+    /// replaces, or when every slot is stuck.
+    pub fn health(&self) -> Result<(), String> {
+        let stuck = self.counters.stuck.load(Ordering::Relaxed);
+        let max = self.shared.options.max_stuck;
+        if stuck > max {
+            return Err(format!(
+                "{stuck} decode threads are stuck past their deadline, more than the {max} the daemon replaces"
+            ));
+        }
+        let blocked = self.shared.blocked_slots(Instant::now());
+        if blocked == self.shared.slots.len() {
+            return Err(format!(
+                "all {blocked} decode threads are stuck past the {} s deadline",
+                self.shared.options.deadline.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stops accepting jobs, lets the threads finish what is queued until `deadline`, then leaves the
+    /// threads still busy (stuck reads) behind. Queued runs no thread took fail with ShuttingDown.
+    pub fn shutdown(&self, deadline: Instant) {
+        if self.shut_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        *self.shared.stopping.lock() = true;
+        self.shared.stop.notify_all();
+        self.shared.scheduler.close();
+        let mut owners = self.shared.owners.lock();
+        while *owners > 0 {
+            if self
+                .shared
+                .owners_done
+                .wait_until(&mut owners, deadline)
+                .timed_out()
+            {
+                break;
+            }
+        }
+        let left = *owners;
+        drop(owners);
+        if left > 0 {
+            tracing::warn!(
+                threads = left,
+                "decode threads still busy at shutdown (stuck reads cannot be interrupted); leaving them"
+            );
+        }
+        while let Some(job) = self.shared.scheduler.try_pop() {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            fail_queued(job, DecodeError::ShuttingDown);
+        }
+        // Runs still inside a stuck read: their waiters are told now, not never.
+        for slot in &self.shared.slots {
+            let on_done = slot
+                .lock()
+                .running
+                .as_ref()
+                .and_then(|r| r.on_done.lock().take());
+            if let Some(f) = on_done {
+                f(Err(DecodeError::ShuttingDown));
+            }
+        }
+        if let Some(handle) = self.watchdog.lock().take() {
             if handle.join().is_err() {
-                tracing::error!("decode thread panicked outside a job");
+                tracing::error!("decode watchdog panicked");
             }
         }
     }
@@ -235,18 +445,59 @@ impl Fleet {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
-        self.shutdown();
+        self.shutdown(Instant::now() + DROP_WAIT);
     }
 }
 
-fn worker(
-    slot: usize,
-    rx: Arc<Scheduler<Job>>,
-    counters: Arc<FleetCounters>,
-    factory: BackendFactory,
-) {
-    let mut backend = factory(slot);
-    while let Some(job) = rx.pop() {
+/// Starts the thread of `slot` at `generation`, counted as an owner.
+fn spawn_worker(shared: &Arc<Shared>, slot: usize, generation: u64) -> std::io::Result<()> {
+    *shared.owners.lock() += 1;
+    let name = if generation == 0 {
+        format!("vserve-decode-{slot}")
+    } else {
+        format!("vserve-decode-{slot}.{generation}")
+    };
+    let s = shared.clone();
+    match std::thread::Builder::new()
+        .name(name)
+        .spawn(move || worker(s, slot, generation))
+    {
+        // Detached: shutdown waits on the owner count, never on a join that a stuck read would block.
+        Ok(_) => Ok(()),
+        Err(e) => {
+            *shared.owners.lock() -= 1;
+            shared.owners_done.notify_all();
+            Err(e)
+        }
+    }
+}
+
+/// Fails a queued job no thread will take.
+fn fail_queued(job: Job, error: DecodeError) {
+    {
+        let mut pending = job.run.lock();
+        if pending.started {
+            return;
+        }
+        pending.started = true;
+    }
+    let on_done = job.on_done.lock().take();
+    if let Some(f) = on_done {
+        f(Err(error));
+    }
+}
+
+fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
+    let counters = shared.counters.clone();
+    let mut backend = (shared.factory)(slot);
+    let journal = shared.options.journal.as_ref().and_then(|j| match j.slot() {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            tracing::warn!(slot, error = %e, "cannot open a crash-journal slot; this thread records nothing");
+            None
+        }
+    });
+    while let Some(job) = shared.scheduler.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         let Job {
             tenant: _,
@@ -265,14 +516,29 @@ fn worker(
             pending.started = true;
             pending.run.clone()
         };
-        let Some(on_done) = on_done.lock().take() else {
-            continue;
-        };
-        if !still_wanted() {
-            counters.skipped.fetch_add(1, Ordering::Relaxed);
-            on_done(Err(DecodeError::ShuttingDown));
+        if on_done.lock().is_none() {
             continue;
         }
+        if !still_wanted() {
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+            let f = on_done.lock().take();
+            if let Some(f) = f {
+                f(Err(DecodeError::ShuttingDown));
+            }
+            continue;
+        }
+        if let (Some(j), Some(file)) = (&journal, &source.file) {
+            if let Err(e) = j.enter(&FileKey::of(file)) {
+                tracing::warn!(path = %source.path.display(), error = %e, "cannot record the file in the crash journal");
+            }
+        }
+        let started = Instant::now();
+        shared.slots[slot].lock().running = Some(Running {
+            path: source.path.clone(),
+            started,
+            on_done: on_done.clone(),
+            journal: journal.clone(),
+        });
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             backend.decode_run(&source, &run, geometry)
         }));
@@ -281,13 +547,36 @@ fn worker(
             Err(_) => {
                 counters.panics.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(path = %source.path.display(), "decoder panicked; replacing backend");
-                backend = factory(slot);
+                backend = (shared.factory)(slot);
                 Err(DecodeError::Backend {
                     path: source.path.clone(),
                     reason: "decoder panicked".into(),
                 })
             }
         };
+        if let Some(j) = &journal {
+            j.leave();
+        }
+        let mut st = shared.slots[slot].lock();
+        if st.generation != generation {
+            // The watchdog abandoned this thread and failed the run's waiters; the result is dropped.
+            counters.stuck.fetch_sub(1, Ordering::Relaxed);
+            tracing::warn!(
+                path = %source.path.display(),
+                seconds = started.elapsed().as_secs_f64(),
+                "a decode run abandoned past its deadline returned"
+            );
+            if st.vacant && !shared.is_stopping() {
+                // Nobody replaced this thread: it serves its slot again.
+                st.vacant = false;
+                generation = st.generation;
+                *shared.owners.lock() += 1;
+                continue;
+            }
+            return;
+        }
+        st.running = None;
+        drop(st);
         if let Ok(out) = &result {
             counters.runs.fetch_add(1, Ordering::Relaxed);
             counters
@@ -297,7 +586,98 @@ fn worker(
                 .frames_skipped
                 .fetch_add(out.skipped, Ordering::Relaxed);
         }
-        on_done(result);
+        let f = on_done.lock().take();
+        if let Some(f) = f {
+            f(result);
+        }
+    }
+    drop(backend);
+    drop(journal);
+    *shared.owners.lock() -= 1;
+    shared.owners_done.notify_all();
+}
+
+/// Fails runs past their deadline, abandons and replaces their threads, and fails queued runs when no
+/// slot can take them. Ticks at an eighth of the deadline (10 to 250 ms).
+fn watchdog(shared: Arc<Shared>) {
+    let deadline = shared.options.deadline;
+    let tick = (deadline / 8).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    loop {
+        {
+            let mut stopping = shared.stopping.lock();
+            if !*stopping {
+                shared.stop.wait_for(&mut stopping, tick);
+            }
+            if *stopping {
+                return;
+            }
+        }
+        let now = Instant::now();
+        for slot in 0..shared.slots.len() {
+            let mut st = shared.slots[slot].lock();
+            let overdue = st
+                .running
+                .as_ref()
+                .is_some_and(|r| now.duration_since(r.started) >= deadline);
+            if !overdue {
+                continue;
+            }
+            let Some(running) = st.running.take() else {
+                continue;
+            };
+            st.generation += 1;
+            let stuck = shared.counters.stuck.fetch_add(1, Ordering::Relaxed) + 1;
+            shared
+                .counters
+                .deadline_exceeded
+                .fetch_add(1, Ordering::Relaxed);
+            {
+                // The stuck thread owns the slot no more.
+                *shared.owners.lock() -= 1;
+                shared.owners_done.notify_all();
+            }
+            if let Some(j) = &running.journal {
+                j.mark_stalled();
+            }
+            let replaced = stuck <= shared.options.max_stuck
+                && !shared.is_stopping()
+                && match spawn_worker(&shared, slot, st.generation) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(slot, error = %e, "cannot start a replacement decode thread");
+                        false
+                    }
+                };
+            st.vacant = !replaced;
+            drop(st);
+            tracing::error!(
+                path = %running.path.display(),
+                deadline_s = deadline.as_secs_f64(),
+                stuck,
+                replaced,
+                "decode run past its deadline: waiters failed, thread abandoned"
+            );
+            let f = running.on_done.lock().take();
+            if let Some(f) = f {
+                f(Err(DecodeError::Deadline {
+                    path: running.path,
+                    seconds: deadline.as_secs_f64(),
+                }));
+            }
+        }
+        if shared.slots.iter().all(|s| s.lock().vacant) {
+            while let Some(job) = shared.scheduler.try_pop() {
+                shared.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                fail_queued(
+                    job,
+                    DecodeError::Stalled(format!(
+                        "all {} decode threads are stuck past the {} s deadline",
+                        shared.slots.len(),
+                        deadline.as_secs_f64()
+                    )),
+                );
+            }
+        }
     }
 }
 
@@ -348,5 +728,206 @@ mod tests {
             s.push(1, (1, 9), None),
             Err(DecodeError::ShuttingDown)
         ));
+    }
+
+    use std::sync::mpsc;
+
+    use crate::decode::fake::FakeBackend;
+    use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
+
+    fn source(name: &str) -> VideoSource {
+        let index = VideoIndex {
+            stream: 0,
+            codec: "h264".into(),
+            pixel_format: "yuv420p".into(),
+            width: 2,
+            height: 2,
+            rotation: 0,
+            time_base: (1, 25),
+            avg_fps: 25.0,
+            frames: (0..10)
+                .map(|i| FrameEntry {
+                    pts: i,
+                    duration: 1,
+                    key: i == 0,
+                    stated_duration: 1,
+                })
+                .collect(),
+            keyframes: vec![0],
+            declared_frames: 0,
+            seek: SeekMode::ByPts,
+            method: IndexMethod::PacketScan,
+            h264_nal_length: None,
+            damaged: false,
+        };
+        VideoSource {
+            path: PathBuf::from(name),
+            index: Arc::new(index),
+            gulp: None,
+            file: None,
+        }
+    }
+
+    /// Closed until the test opens it: runs of `stuck.mp4` wait on it, as a read from a hung mount.
+    #[derive(Default)]
+    struct Gate {
+        open: Mutex<bool>,
+        cv: Condvar,
+    }
+
+    impl Gate {
+        fn open(&self) {
+            *self.open.lock() = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// The fake backend, except that a run of `stuck.mp4` blocks until the gate opens.
+    struct Stalling {
+        gate: Arc<Gate>,
+        fake: FakeBackend,
+    }
+
+    impl Backend for Stalling {
+        fn decode_run(
+            &mut self,
+            source: &VideoSource,
+            run: &GopRun,
+            geometry: Geometry,
+        ) -> Result<RunOutput, DecodeError> {
+            if source.path == std::path::Path::new("stuck.mp4") {
+                let mut open = self.gate.open.lock();
+                while !*open {
+                    self.gate.cv.wait(&mut open);
+                }
+            }
+            self.fake.decode_run(source, run, geometry)
+        }
+    }
+
+    type Outcome = (String, Result<Vec<usize>, DecodeError>);
+
+    fn job(name: &str, tx: &mpsc::Sender<Outcome>) -> Job {
+        let (tx, what) = (tx.clone(), name.to_owned());
+        Job {
+            tenant: 1,
+            source: source(name),
+            run: Arc::new(Mutex::new(PendingRun {
+                started: false,
+                run: GopRun {
+                    keyframe: 0,
+                    wanted: vec![2, 3],
+                },
+            })),
+            geometry: Geometry {
+                scaled_width: 2,
+                scaled_height: 2,
+                rotation: 0,
+            },
+            on_done: Arc::new(Mutex::new(Some(
+                Box::new(move |r: Result<RunOutput, DecodeError>| {
+                    let _ = tx.send((what, r.map(|o| o.frames.iter().map(|f| f.0).collect())));
+                }) as OnDone,
+            ))),
+            still_wanted: Arc::new(|| true),
+        }
+    }
+
+    fn stalling_fleet(deadline_ms: u64, max_stuck: usize) -> (Fleet, Arc<Gate>) {
+        let gate = Arc::new(Gate::default());
+        let g = gate.clone();
+        let factory: BackendFactory = Arc::new(move |_| {
+            Box::new(Stalling {
+                gate: g.clone(),
+                fake: FakeBackend::default(),
+            })
+        });
+        let options = FleetOptions {
+            deadline: Duration::from_millis(deadline_ms),
+            max_stuck,
+            journal: None,
+        };
+        (Fleet::start(1, 16, factory, options).unwrap(), gate)
+    }
+
+    fn wait_for(what: &str, cond: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_stuck_run_fails_at_its_deadline_and_a_replacement_keeps_the_slot_serving() {
+        let (fleet, gate) = stalling_fleet(200, 1);
+        let (tx, rx) = mpsc::channel();
+        let t0 = Instant::now();
+        fleet.submit(job("stuck.mp4", &tx)).unwrap();
+        let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let waited = t0.elapsed();
+        assert_eq!(name, "stuck.mp4");
+        assert!(
+            matches!(&result, Err(DecodeError::Deadline { path, seconds }) if path == std::path::Path::new("stuck.mp4") && *seconds == 0.2),
+            "{result:?}"
+        );
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        // The fleet's one slot has a new thread: another video decodes.
+        fleet.submit(job("good.mp4", &tx)).unwrap();
+        let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((name.as_str(), result.unwrap()), ("good.mp4", vec![2, 3]));
+        assert_eq!(fleet.counters.stuck.load(Ordering::Relaxed), 1);
+        assert_eq!(fleet.health(), Ok(()));
+
+        // A second stuck run: over the cap of one abandoned thread. Not replaced, so the slot is empty:
+        // unhealthy, and new work is refused at once instead of waiting forever.
+        fleet.submit(job("stuck.mp4", &tx)).unwrap();
+        let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(result, Err(DecodeError::Deadline { .. })));
+        let health = fleet.health().unwrap_err();
+        assert!(health.contains("2 decode threads are stuck"), "{health}");
+        assert!(matches!(
+            fleet.submit(job("good.mp4", &tx)),
+            Err(DecodeError::Stalled(_))
+        ));
+        assert_eq!(fleet.counters.deadline_exceeded.load(Ordering::Relaxed), 2);
+
+        // The reads return: one abandoned thread takes the empty slot back, the other ends.
+        gate.open();
+        wait_for("the stuck threads to return", || {
+            fleet.counters.stuck.load(Ordering::Relaxed) == 0
+        });
+        assert_eq!(fleet.health(), Ok(()));
+        fleet.submit(job("good.mp4", &tx)).unwrap();
+        let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((name.as_str(), result.unwrap()), ("good.mp4", vec![2, 3]));
+        // Late results of abandoned runs were dropped: nothing else arrived.
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn shutdown_leaves_a_stuck_thread_behind_and_tells_its_waiters() {
+        let (fleet, _gate) = stalling_fleet(60_000, 4);
+        let (tx, rx) = mpsc::channel();
+        fleet.submit(job("stuck.mp4", &tx)).unwrap();
+        wait_for("the run to start", || {
+            fleet.shared.slots[0].lock().running.is_some()
+        });
+        let t0 = Instant::now();
+        fleet.shutdown(Instant::now() + Duration::from_millis(300));
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        let (_, result) = rx.recv_timeout(Duration::from_secs(1)).unwrap();
+        assert!(
+            matches!(result, Err(DecodeError::ShuttingDown)),
+            "{result:?}"
+        );
+        // Dropping it now does not wait again.
+        let t0 = Instant::now();
+        drop(fleet);
+        assert!(t0.elapsed() < Duration::from_millis(100));
     }
 }
