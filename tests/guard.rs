@@ -54,10 +54,13 @@ fn assert_control_frames(b: &vserve_client::Batch, what: &str) {
     }
 }
 
-/// Runs `f` and returns how long it took with its result.
+/// Runs `f` and returns how long it took with its result; fails the test if it waits past 30 s (a
+/// request that never returns is the defect these tests look for).
 async fn timed<T>(f: impl std::future::Future<Output = T>) -> (Duration, T) {
     let t = Instant::now();
-    let out = f.await;
+    let out = tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .unwrap_or_else(|_| panic!("no answer within 30 s"));
     (t.elapsed(), out)
 }
 
@@ -117,7 +120,7 @@ async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
     assert_eq!(metric(&d, "decode_stuck_threads"), 1.0);
     assert_eq!(metric(&d, "decode_deadline_exceeded_runs_total"), 1.0);
     // The replacement thread decodes: the control frames, byte for byte.
-    ctl.check(&mut d, &c, "a stuck decode").await;
+    timed(ctl.check(&mut d, &c, "a stuck decode")).await;
     let b = c
         .get_clips(control_clip(SCRATCH, "ok.mov"))
         .await
@@ -197,7 +200,7 @@ async fn a_stuck_index_build_fails_at_its_deadline_and_releases_its_permit() {
     eprintln!("stuck index build answered DEADLINE_EXCEEDED after {took:?}");
     // The first request of the control video builds its index: it needs the released permit.
     let ctl = Control::new();
-    ctl.check(&mut d, &c, "a stuck index build").await;
+    timed(ctl.check(&mut d, &c, "a stuck index build")).await;
     let (took, res) = timed(c.get_clips(control_clip(SCRATCH, "stall.mov"))).await;
     expect_code(res, &["DEADLINE_EXCEEDED"], "GetClips of the stalled file");
     assert!(took < Duration::from_millis(900), "{took:?}");
@@ -280,7 +283,7 @@ async fn a_fifo_in_a_dataset_is_refused_at_once() {
     );
     let res = c.probe(probe_req(SCRATCH, "pipe.mp4", None, false)).await;
     expect_code(res, &["INVALID_ARGUMENT"], "Probe of a FIFO");
-    ctl.check(&mut d, &c, "a FIFO").await;
+    timed(ctl.check(&mut d, &c, "a FIFO")).await;
 }
 
 /// A catalogue over `root` (one dataset `d`), as the daemon builds it.
@@ -479,7 +482,7 @@ async fn a_poison_file_crashes_the_daemon_once_then_is_quarantined_until_it_chan
         let res = c.probe(probe_req("poison", v, None, false)).await;
         expect_code(res, &["DATA_LOSS"], &format!("Probe of {v}"));
     }
-    ctl.check(&mut d, &c, "quarantined files").await;
+    timed(ctl.check(&mut d, &c, "quarantined files")).await;
     let b = c
         .get_clips(control_clip("poison", "good.mov"))
         .await

@@ -12,7 +12,10 @@
 //! FFmpeg's CUDA hwaccel, with CPU fallback; the `cuda` Cargo feature; [`gpus`] resolves `--gpus`) and [`fake`] (deterministic
 //! synthetic frames for tests that need no media); [`gulp`] decodes the stored JPEG frames of GulpIO
 //! datasets; [`select`] picks each slot's backend from `--gpus` and wraps it in [`select::Routed`], which
-//! sends GulpIO videos (by [`VideoSource::gulp`]) to [`gulp`]. [`fleet`] runs a backend on named OS threads.
+//! sends GulpIO videos (by [`VideoSource::gulp`]) to [`gulp`]. [`fleet`] runs a backend on named OS threads,
+//! with a watchdog that fails and replaces runs stuck past their deadline. Backends read the descriptor
+//! the catalogue checked ([`VideoSource::file`]), never the path again. [`faults`] holds the test-only
+//! hooks that stall or abort an open (debug builds only).
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
