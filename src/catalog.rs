@@ -29,7 +29,7 @@ use crate::decode::VideoSource;
 use crate::error::{blocking, Error};
 use crate::gulp::reader::{GulpDataset, GulpVideo};
 use crate::index::{IndexError, VideoIndex};
-use crate::journal::{FileKey, Journal, Quarantine};
+use crate::journal::{FileKey, Journal, JournalSlot, Quarantine};
 use crate::manifest::Samples;
 use crate::metrics::{EngineMetrics, Timer};
 use crate::request::DatasetSummary;
@@ -49,14 +49,21 @@ enum BuildState {
     Abandoned,
 }
 
+/// What an index build tells the request awaiting it as it goes: the file's identity once opened, and
+/// the crash-journal slot it recorded the file in (marked stalled if the request gives up).
+#[derive(Default)]
+struct BuildProbe {
+    key: OnceLock<FileKey>,
+    journal: Mutex<Option<Arc<JournalSlot>>>,
+}
+
 /// An index build under way on a blocking thread.
 struct Build {
     handle: tokio::task::JoinHandle<Result<Resolved, Error>>,
     /// Released by whichever ends first: the build, or the request at the deadline.
     permit: Arc<Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>,
     state: Arc<Mutex<BuildState>>,
-    /// The file's identity, once the build has opened it.
-    key: Arc<OnceLock<FileKey>>,
+    probe: Arc<BuildProbe>,
     started: Instant,
     dataset: String,
     video: String,
@@ -296,9 +303,9 @@ impl Catalog {
     ) -> Build {
         let permit = Arc::new(Mutex::new(Some(permit)));
         let state = Arc::new(Mutex::new(BuildState::Running));
-        let key = Arc::new(OnceLock::new());
+        let probe = Arc::new(BuildProbe::default());
         let (this, d, v) = (self.clone(), dataset.to_owned(), video.to_owned());
-        let (p, st, k) = (permit.clone(), state.clone(), key.clone());
+        let (p, st, k) = (permit.clone(), state.clone(), probe.clone());
         let handle = tokio::task::spawn_blocking(move || {
             let result = this.resolve_blocking(&d, &v, stream, &k);
             p.lock().take();
@@ -306,7 +313,7 @@ impl Catalog {
             if *state == BuildState::Abandoned {
                 this.stuck_builds.fetch_sub(1, Ordering::Relaxed);
                 tracing::warn!(dataset = %d, video = %v, ok = result.is_ok(), "an index build abandoned past its deadline returned");
-                if let (Ok(_), Some(k)) = (&result, k.get()) {
+                if let (Ok(_), Some(k)) = (&result, k.key.get()) {
                     // It was slow, not stuck: the table is cached now, so the file is served again.
                     this.stalled.invalidate(k);
                 }
@@ -318,7 +325,7 @@ impl Catalog {
             handle,
             permit,
             state,
-            key,
+            probe,
             started: Instant::now(),
             dataset: dataset.to_owned(),
             video: video.to_owned(),
@@ -348,9 +355,13 @@ impl Catalog {
                     self.index_deadline.as_secs_f64(),
                     STALLED_FOR.as_secs()
                 );
-                if let Some(k) = b.key.get() {
+                if let Some(k) = b.probe.key.get() {
                     self.stalled
                         .insert(k.clone(), (Instant::now(), msg.clone()));
+                }
+                if let Some(j) = b.probe.journal.lock().as_ref() {
+                    // A stall, not a crash: not quarantined should the daemon die later.
+                    j.mark_stalled();
                 }
                 tracing::error!(dataset = %b.dataset, video = %b.video, deadline_s = self.index_deadline.as_secs_f64(), "index build past its deadline; request failed, thread abandoned");
                 Err(Error::DeadlineExceeded(msg))
@@ -376,14 +387,15 @@ impl Catalog {
             .map_err(|_| Error::ShuttingDown)
     }
 
-    /// Resolves and indexes one video. Blocking (FFmpeg); call from a blocking thread. `key_out` gets
-    /// the file's identity as soon as it is opened (for the deadline's bookkeeping).
+    /// Resolves and indexes one video. Blocking (FFmpeg); call from a blocking thread. `probe` gets the
+    /// file's identity as soon as it is opened, and the journal slot of its index build (for the
+    /// deadline's bookkeeping).
     fn resolve_blocking(
         &self,
         dataset: &str,
         video: &str,
         stream: Option<u32>,
-        key_out: &OnceLock<FileKey>,
+        probe: &BuildProbe,
     ) -> Result<Resolved, Error> {
         let ds = self.dataset(dataset)?;
         if let Some(g) = self.gulps.get(dataset) {
@@ -391,7 +403,7 @@ impl Catalog {
         }
         let file = Arc::new(ds.open(video)?);
         let key = FileKey::of(&file);
-        let _ = key_out.set(key.clone());
+        let _ = probe.key.set(key.clone());
         if let Some(q) = self.quarantine.check(&key) {
             return Err(Error::DataLoss(format!(
                 "video {video:?} in dataset {dataset:?} is quarantined: a daemon crashed while decoding it ({} s ago); it is served again once the file changes (new size or mtime), or after its entry is removed from {} (or the state directory deleted)",
@@ -429,16 +441,20 @@ impl Catalog {
                 self.index_builds.fetch_add(1, Ordering::Relaxed);
                 let started = std::time::Instant::now();
                 // Recorded before FFmpeg opens the file; cleared when the build returns.
-                let _journal = self.journal.as_ref().and_then(|j| {
-                    let slot = j.slot().and_then(|s| s.enter(&key).map(|()| s));
+                let journal = self.journal.as_ref().and_then(|j| {
+                    let slot = j.slot().and_then(|s| s.enter(&key).map(|()| Arc::new(s)));
                     slot.map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot record the file in the crash journal"))
                         .ok()
                 });
+                *probe.journal.lock() = journal.clone();
                 let built = crate::decode::ffmpeg::build_index_of(
                     &file,
                     stream.map(|s| s as usize),
                     force_decode,
                 );
+                if let Some(j) = journal {
+                    j.leave();
+                }
                 if let Ok(ix) = &built {
                     tracing::debug!(
                         path = %path.display(),

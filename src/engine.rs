@@ -92,7 +92,7 @@ impl Engine {
                 }
             });
         let (journal, quarantine) = match state.as_ref().map(crate::journal::recover) {
-            Some(Ok((j, q))) => (Some(j), Some(q)),
+            Some(Ok((j, q))) => (j, Some(q)),
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "crash journal unusable; a file that crashes the daemon will crash it again");
                 (None, None)

@@ -14,6 +14,10 @@
 //! durable. A process crash keeps every write (the page cache outlives the process); the `fdatasync`
 //! covers a crash of the host (a GPU driver taking the kernel down) for the file being entered.
 //!
+//! One process owns the journal: [`recover`] takes an exclusive `flock` on `journal/lock` (released by
+//! the kernel when the process dies); another process on the same state directory gets no journal (and
+//! reads the quarantine without touching the owner's records).
+//!
 //! Quarantine: `quarantine.json`, written atomically; entries leave it when the file at that path has
 //! another identity (replaced or touched), or when an operator deletes the file. A clean shutdown clears
 //! the journal ([`Journal::clear_all`]), so only a process that died leaves entries behind.
@@ -97,8 +101,15 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// The journal: a pool of slot files.
+/// The journal: the lock that makes this process its owner, and a pool of slot files.
 pub struct Journal {
+    /// Holds the exclusive lock on `journal/lock` while the journal lives.
+    _lock: File,
+    pool: Arc<Pool>,
+}
+
+/// The slot files of the journal.
+struct Pool {
     dir: PathBuf,
     /// Slot files not held by a thread (returned by index builds), with their numbers.
     free: Mutex<Vec<(usize, File)>>,
@@ -107,25 +118,26 @@ pub struct Journal {
 
 impl Journal {
     /// A slot of the journal for one thread: a free one, or a new file.
-    pub fn slot(self: &Arc<Self>) -> std::io::Result<JournalSlot> {
-        let taken = self.free.lock().pop();
+    pub fn slot(&self) -> std::io::Result<JournalSlot> {
+        let pool = &self.pool;
+        let taken = pool.free.lock().pop();
         let (n, file) = match taken {
             Some(t) => t,
             None => {
-                let n = self.next.fetch_add(1, Ordering::Relaxed);
+                let n = pool.next.fetch_add(1, Ordering::Relaxed);
                 let file = std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
                     .create(true)
                     .truncate(true)
-                    .open(self.dir.join(format!("slot-{n}")))?;
+                    .open(pool.dir.join(format!("slot-{n}")))?;
                 // The new name must survive a host crash for its records to be found.
-                sync_dir(&self.dir)?;
+                sync_dir(&pool.dir)?;
                 (n, file)
             }
         };
         Ok(JournalSlot {
-            journal: self.clone(),
+            pool: pool.clone(),
             n,
             inner: Mutex::new(SlotInner {
                 file: Some(file),
@@ -138,7 +150,7 @@ impl Journal {
     /// At a clean exit: nothing crashed, so nothing the journal names is a suspect (threads still
     /// stuck in a read included).
     pub fn clear_all(&self) {
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+        if let Ok(entries) = std::fs::read_dir(&self.pool.dir) {
             for e in entries.flatten() {
                 if e.file_name().to_string_lossy().starts_with("slot-") {
                     let _ = std::fs::remove_file(e.path());
@@ -154,7 +166,7 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 
 /// One thread's place in the journal. Dropping it marks it idle and returns it to the pool.
 pub struct JournalSlot {
-    journal: Arc<Journal>,
+    pool: Arc<Pool>,
     n: usize,
     inner: Mutex<SlotInner>,
 }
@@ -213,7 +225,7 @@ impl Drop for JournalSlot {
     fn drop(&mut self) {
         self.leave();
         if let Some(file) = self.inner.lock().file.take() {
-            self.journal.free.lock().push((self.n, file));
+            self.pool.free.lock().push((self.n, file));
         }
     }
 }
@@ -368,11 +380,27 @@ impl Quarantine {
 }
 
 /// Opens the journal in `state` and moves what a previous process left in it into the quarantine
-/// (persisted before the journal is cleared, so a crash now loses nothing).
-pub fn recover(state: &StateDir) -> std::io::Result<(Arc<Journal>, Arc<Quarantine>)> {
+/// (persisted before the journal is cleared, so a crash now loses nothing). No journal (None) when
+/// another live process holds it.
+pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Quarantine>)> {
+    use std::os::fd::AsRawFd;
     let dir = state.path(JOURNAL_DIR);
     std::fs::create_dir_all(&dir)?;
     let quarantine = Quarantine::load(state);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is involved.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            tracing::warn!(dir = %dir.display(), "another vserve process holds this crash journal; this one records nothing");
+            return Ok((None, Arc::new(quarantine)));
+        }
+        return Err(e);
+    }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -413,11 +441,14 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Arc<Journal>, Arc<Quarantin
         tracing::info!(files = quarantine.len(), file = %quarantine.location(), "files in quarantine");
     }
     let journal = Arc::new(Journal {
-        dir,
-        free: Mutex::new(Vec::new()),
-        next: AtomicUsize::new(0),
+        _lock: lock,
+        pool: Arc::new(Pool {
+            dir,
+            free: Mutex::new(Vec::new()),
+            next: AtomicUsize::new(0),
+        }),
     });
-    Ok((journal, Arc::new(quarantine)))
+    Ok((Some(journal), Arc::new(quarantine)))
 }
 
 #[cfg(test)]
@@ -442,6 +473,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
         let (journal, q) = recover(&state).unwrap();
+        let journal = journal.unwrap();
         assert!(q.is_empty());
         let poison = key("/data/bad\nname.mp4", 10);
         let good = key("/data/good.mp4", 20);
@@ -463,15 +495,19 @@ mod tests {
 
         let (journal, q) = recover(&state).unwrap();
         assert_eq!(q.len(), 1);
+        // While this process holds the journal, another gets none and leaves its records alone.
+        let (other, seen) = recover(&state).unwrap();
+        assert!(other.is_none());
+        assert_eq!(seen.len(), 1);
         assert_eq!(q.check(&poison).map(|x| x.key), Some(poison.clone()));
         assert_eq!(q.check(&good), None);
         assert_eq!(q.check(&stuck), None);
         // The journal starts empty again.
         let names: Vec<_> = std::fs::read_dir(state.path(JOURNAL_DIR))
             .unwrap()
-            .map(|e| e.unwrap().file_name())
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert!(names.is_empty(), "{names:?}");
+        assert_eq!(names, ["lock"]);
         drop(journal);
 
         // A restart with an empty journal keeps the quarantine (persisted).
@@ -493,11 +529,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
         let (journal, _) = recover(&state).unwrap();
+        let journal = journal.unwrap();
         let a = journal.slot().unwrap();
         a.enter(&key("/x.mp4", 1)).unwrap();
         // Clean shutdown with a thread still inside (stuck): cleared.
         journal.clear_all();
         std::mem::forget(a);
+        drop(journal);
         write_raw(&state.path("journal/slot-9"), b"B 12 34 zz");
         write_raw(&state.path("journal/slot-8"), b"");
         let (_, q) = recover(&state).unwrap();
@@ -513,7 +551,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
         let (journal, _) = recover(&state).unwrap();
-        let slot = journal.slot().unwrap();
+        let slot = journal.unwrap().slot().unwrap();
         let n = 50;
         let t = std::time::Instant::now();
         for i in 0..n {
