@@ -77,8 +77,9 @@ fn main() -> std::process::ExitCode {
                 }
             };
             let outcome = rt.block_on(vserve::server::run(config, vserve::shutdown::signal()));
-            // Blocking threads stuck in a read (abandoned index builds) must not hold the exit.
-            rt.shutdown_timeout(std::time::Duration::from_millis(500));
+            // Blocking threads stuck in a read (abandoned index builds) must not hold the exit: the grace
+            // period is over by now.
+            rt.shutdown_timeout(std::time::Duration::from_millis(100));
             match outcome {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e @ vserve::server::ServerError::Unavailable(_)) => {

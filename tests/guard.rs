@@ -144,6 +144,7 @@ async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
         );
         assert!(took < Duration::from_millis(900), "{what}: {took:?}");
         assert!(msg.contains("not tried again"), "{msg}");
+        eprintln!("{what} of the stalled file refused after {took:?}");
     }
     assert_eq!(metric(&d, "decode_stuck_threads"), 1.0);
 
@@ -253,7 +254,7 @@ async fn sigterm_with_reads_stuck_exits_within_the_grace_period() {
     let took = t.elapsed();
     eprintln!("SIGTERM with two stuck reads: exited {code:?} after {took:?} (grace 2 s)");
     assert_eq!(code, Some(0), "log:\n{}", d.log_text());
-    assert!(took < Duration::from_secs(4), "exit took {took:?}");
+    assert!(took < Duration::from_secs(3), "exit took {took:?}");
     assert!(d.log_text().contains("leaving them"), "{}", d.log_text());
     // The stuck calls ended (with an error), not hung.
     for (what, h) in [("GetClips", stuck_decode)] {
@@ -277,6 +278,7 @@ async fn a_fifo_in_a_dataset_is_refused_at_once() {
     let msg = status_message(&res);
     expect_code(res, &["INVALID_ARGUMENT"], "GetClips of a FIFO");
     assert!(took < Duration::from_secs(1), "{took:?}");
+    eprintln!("FIFO refused after {took:?}");
     assert!(
         msg.contains("\"pipe.mp4\"") && msg.contains("FIFO"),
         "{msg}"
