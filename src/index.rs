@@ -11,10 +11,17 @@
 //! slower, but by construction what the decoder emits. Files whose decoded frames lack pts or whose pts do
 //! not increase can only be read from the start ([`SeekMode::FromStart`]).
 //!
+//! The scan also decodes the start of the stream, until the first frame comes out: a decoder that
+//! rejects or drops leading packets (a stream cut mid-GOP), or whose first frame is not the table's first,
+//! sends the table to a decode scan, and the first frame's size is the video's size ([`VideoIndex::width`]).
+//! Packets flagged corrupt, lying past the end of the file, or all zero bytes (data lost) mark the file
+//! truncated: the container's declared count is kept ([`VideoIndex::declared_frames`]).
+//!
 //! Damage inside coded data passes every packet check; the decoder finds it. Such a video is indexed
 //! again with `force_decode` (the engine does this when a decode reports errors). A decode scan that meets
-//! decoder errors makes the video [`SeekMode::FromStart`]: error concealment depends on what was decoded
-//! before, so only decoding from the start gives every frame the pixels `ffmpeg -threads 1` gives it, the
+//! decoder errors that can change output pixels (a frame flagged damaged, a rejected packet followed by
+//! accepted ones; not rejected packets before the first accepted one or after the last) makes the video
+//! [`SeekMode::FromStart`]: error concealment depends on what was decoded before, so only decoding from the start gives every frame the pixels `ffmpeg -threads 1` gives it, the
 //! same whichever frames a request asks for.
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +60,8 @@ pub struct VideoIndex {
     pub stream: usize,
     pub codec: String,
     pub pixel_format: String,
-    /// Coded size (stored orientation).
+    /// Size of the first decoded frame, stored orientation (the container's declared size when none
+    /// decoded while indexing): the CLI outputs every frame at it, scaling frames of other sizes.
     pub width: u32,
     pub height: u32,
     /// Display rotation, degrees clockwise: 0, 90, 180 or 270.
@@ -71,7 +79,7 @@ pub struct VideoIndex {
     /// Length-prefix size of H.264 NAL units in packets (AVCC framing), when the stream is such; lets the
     /// decoder recognise disposable (non-reference) frames without decoding them.
     pub h264_nal_length: Option<usize>,
-    /// The decode scan met decoder errors (damaged coded data).
+    /// The decode scan met decoder errors that can change output pixels (damaged coded data).
     pub damaged: bool,
 }
 

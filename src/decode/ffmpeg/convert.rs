@@ -1,16 +1,64 @@
 //! Decoded frame → packed RGB24 through swscale (the frame's colour matrix and range, BILINEAR for
 //! resizes, bicubic at native size), with display rotation applied to the planes first where the CLI's
 //! autorotation puts it.
+//!
+//! Native size is the video's, which is its first frame's. A stream that changes size makes the CLI
+//! rebuild its filter graph with a scale filter to the size its output started with (`-sws_flags`,
+//! default BICUBIC) before the sink; this does what that graph does ([`Scaling`]): at native size a frame
+//! of another size is scaled to it with BICUBIC in the conversion to RGB; resized, such a frame is first
+//! resized (BILINEAR) in its own pixel format, then converted (BICUBIC), as the rebuilt graph's two scale
+//! filters do.
 
 use ffmpeg_next as ff;
 
 use crate::decode::{rotate_rgb, Frame, Geometry};
 
+/// How a frame reaches its output size, as the CLI's filter graph gets it there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scaling {
+    /// The video's own size: one BICUBIC conversion (and scale, for a frame of another size).
+    Native,
+    /// A resize of a frame of the video's size: one BILINEAR scale and conversion.
+    Resize,
+    /// A resize of a frame of another size: BILINEAR resize in the frame's format, then a BICUBIC
+    /// conversion.
+    ResizeChanged,
+}
+
 /// A cached swscale context for one (input format, size, colour) → (RGB24, size) conversion.
 pub(super) struct Converter {
-    key: (i32, u32, u32, i32, i32, u32, u32),
+    key: (i32, u32, u32, i32, i32, u32, u32, Scaling),
+    /// The resize before the conversion ([`Scaling::ResizeChanged`]), and its output frame.
+    pre: Option<(ff::software::scaling::Context, ff::frame::Video)>,
     ctx: ff::software::scaling::Context,
     out: ff::frame::Video,
+}
+
+/// Gives `ctx` the source's colour matrix and range, as FFmpeg's scale filter does; `dst`: the
+/// destination's colour space and full-range flag (RGB: the default matrix, full range).
+fn colour_details(ctx: &mut ff::software::scaling::Context, cs: i32, range: i32, dst: (i32, i32)) {
+    let src_full = (range == ff::ffi::AVColorRange::AVCOL_RANGE_JPEG as i32) as i32;
+    // SAFETY: `ctx` is a valid initialised SwsContext; sws_getCoefficients returns a static table for
+    // any integer (unknown colour spaces map to the default, BT.601).
+    unsafe {
+        let ret = ff::ffi::sws_setColorspaceDetails(
+            ctx.as_mut_ptr(),
+            ff::ffi::sws_getCoefficients(cs),
+            src_full,
+            ff::ffi::sws_getCoefficients(dst.0),
+            dst.1,
+            0,
+            1 << 16,
+            1 << 16,
+        );
+        if ret < 0 {
+            tracing::debug!(
+                cs,
+                range,
+                "sws_setColorspaceDetails refused; using defaults"
+            );
+        }
+    }
 }
 
 impl Converter {
@@ -19,55 +67,73 @@ impl Converter {
         frame: &ff::frame::Video,
         width: u32,
         height: u32,
+        scaling: Scaling,
     ) -> Result<Frame, String> {
+        use ff::software::scaling::{Context, Flags};
         // SAFETY: `frame` holds a decoded frame; colorspace/color_range/format are plain fields.
         let (fmt, cs, range) = unsafe {
             let f = &*frame.as_ptr();
             (f.format, f.colorspace as i32, f.color_range as i32)
         };
-        let key = (fmt, frame.width(), frame.height(), cs, range, width, height);
+        // A frame already at the output size is only converted (a scale filter to its own size passes
+        // it through), BICUBIC.
+        let own_size = (width, height) == (frame.width(), frame.height());
+        let key = (
+            fmt,
+            frame.width(),
+            frame.height(),
+            cs,
+            range,
+            width,
+            height,
+            scaling,
+        );
         if slot.as_ref().map(|c| c.key) != Some(key) {
+            let cannot = |e: ff::Error| format!("swscale cannot convert {:?}: {e}", frame.format());
             // The FFmpeg CLI's own conversion (`-pix_fmt rgb24`) uses swscale's default, BICUBIC; at native
-            // size that matters only for formats without a dedicated converter (10-bit). Resizes use BILINEAR.
-            let flags = if (width, height) == (frame.width(), frame.height()) {
-                ff::software::scaling::Flags::BICUBIC
+            // size that matters only for formats without a dedicated converter (10-bit), and for frames of
+            // another size than the first, which the CLI scales to it. Resizes use BILINEAR.
+            let pre = if scaling == Scaling::ResizeChanged && !own_size {
+                let mut pre = Context::get(
+                    frame.format(),
+                    frame.width(),
+                    frame.height(),
+                    frame.format(),
+                    width,
+                    height,
+                    Flags::BILINEAR,
+                )
+                .map_err(cannot)?;
+                // The scale filter's YUV → YUV: the source's range in, the format's default (limited) out.
+                colour_details(&mut pre, cs, range, (cs, 0));
+                Some((pre, ff::frame::Video::new(frame.format(), width, height)))
             } else {
-                ff::software::scaling::Flags::BILINEAR
+                None
             };
-            let mut ctx = ff::software::scaling::Context::get(
+            let (from_w, from_h) = if pre.is_some() {
+                (width, height)
+            } else {
+                (frame.width(), frame.height())
+            };
+            let flags = if scaling == Scaling::Resize && !own_size {
+                Flags::BILINEAR
+            } else {
+                Flags::BICUBIC
+            };
+            let mut ctx = Context::get(
                 frame.format(),
-                frame.width(),
-                frame.height(),
+                from_w,
+                from_h,
                 ff::format::Pixel::RGB24,
                 width,
                 height,
                 flags,
             )
-            .map_err(|e| format!("swscale cannot convert {:?}: {e}", frame.format()))?;
-            let src_full = (range == ff::ffi::AVColorRange::AVCOL_RANGE_JPEG as i32) as i32;
-            // SAFETY: `ctx` is a valid initialised SwsContext; sws_getCoefficients returns a static table for
-            // any integer (unknown colour spaces map to the default, BT.601).
-            unsafe {
-                let ret = ff::ffi::sws_setColorspaceDetails(
-                    ctx.as_mut_ptr(),
-                    ff::ffi::sws_getCoefficients(cs),
-                    src_full,
-                    ff::ffi::sws_getCoefficients(ff::ffi::SWS_CS_DEFAULT),
-                    1,
-                    0,
-                    1 << 16,
-                    1 << 16,
-                );
-                if ret < 0 {
-                    tracing::debug!(
-                        cs,
-                        range,
-                        "sws_setColorspaceDetails refused; using defaults"
-                    );
-                }
-            }
+            .map_err(cannot)?;
+            colour_details(&mut ctx, cs, range, (ff::ffi::SWS_CS_DEFAULT, 1));
             *slot = Some(Converter {
                 key,
+                pre,
                 ctx,
                 out: ff::frame::Video::new(ff::format::Pixel::RGB24, width, height),
             });
@@ -75,12 +141,23 @@ impl Converter {
         let Some(conv) = slot.as_mut() else {
             return Err("converter missing".into());
         };
-        conv.ctx
-            .run(frame, &mut conv.out)
+        let Converter { pre, ctx, out, .. } = conv;
+        let source = match pre {
+            Some((pre, resized)) => {
+                pre.run(frame, resized)
+                    .map_err(|e| format!("swscale failed: {e}"))?;
+                // The resized frame keeps the source's colour properties (as a filter's output frame does).
+                resized.set_color_space(frame.color_space());
+                resized.set_color_range(frame.color_range());
+                &*resized
+            }
+            None => frame,
+        };
+        ctx.run(source, out)
             .map_err(|e| format!("swscale failed: {e}"))?;
         let row = width as usize * 3;
-        let stride = conv.out.stride(0);
-        let plane = conv.out.data(0);
+        let stride = out.stride(0);
+        let plane = out.data(0);
         let mut data = Vec::with_capacity(row * height as usize);
         for y in 0..height as usize {
             data.extend_from_slice(&plane[y * stride..y * stride + row]);
@@ -93,7 +170,8 @@ impl Converter {
     }
 }
 
-/// Converts a decoded frame to RGB24 at the geometry's size and orientation.
+/// Converts a decoded frame to RGB24 at the geometry's size and orientation. `native_size`: the video's
+/// size (its first frame's, stored orientation), to which the CLI scales frames of other sizes.
 ///
 /// Rotation happens where the FFmpeg CLI's autorotation puts it: on the decoded planes, before the
 /// conversion (and any scaling), as its `transpose`/`hflip,vflip` filters do. swscale's chroma filtering is
@@ -105,7 +183,16 @@ pub(super) fn convert_frame(
     converter: &mut Option<Converter>,
     frame: &ff::frame::Video,
     geometry: Geometry,
+    native_size: (u32, u32),
 ) -> Result<Frame, String> {
+    let native = (geometry.scaled_width, geometry.scaled_height) == native_size;
+    let scaling = if native {
+        Scaling::Native
+    } else if (frame.width(), frame.height()) == native_size {
+        Scaling::Resize
+    } else {
+        Scaling::ResizeChanged
+    };
     if geometry.rotation != 0 {
         let widened;
         let mut source = frame;
@@ -126,7 +213,7 @@ pub(super) fn convert_frame(
             } else {
                 (geometry.scaled_height, geometry.scaled_width)
             };
-            return Converter::convert(converter, &rotated, w, h);
+            return Converter::convert(converter, &rotated, w, h, scaling);
         }
     }
     let converted = Converter::convert(
@@ -134,6 +221,7 @@ pub(super) fn convert_frame(
         frame,
         geometry.scaled_width,
         geometry.scaled_height,
+        scaling,
     )?;
     Ok(rotate_rgb(converted, geometry.rotation))
 }

@@ -50,6 +50,26 @@ pub fn pick_stream(
     }
 }
 
+/// Makes the demuxer read only stream `keep`, as the FFmpeg CLI does with the streams it does not map
+/// (`AVDISCARD_ALL`). Besides saving work, it decides where reading ends in a truncated file: an audio
+/// packet past the end would otherwise stop the read before the video's own data runs out, and the
+/// CLI, which never reads that audio, decodes more frames.
+pub fn read_only_stream(input: &mut ff::format::context::Input, keep: usize) {
+    // SAFETY: `input` wraps an open AVFormatContext whose `streams` array holds `nb_streams` valid
+    // streams; `discard` is a plain field the demuxer reads on each packet.
+    unsafe {
+        let ctx = input.as_mut_ptr();
+        for i in 0..(*ctx).nb_streams as usize {
+            let st = *(*ctx).streams.add(i);
+            (*st).discard = if i == keep {
+                ff::ffi::AVDiscard::AVDISCARD_DEFAULT
+            } else {
+                ff::ffi::AVDiscard::AVDISCARD_ALL
+            };
+        }
+    }
+}
+
 /// What the index records about a stream, read from the container.
 pub struct StreamFacts {
     pub codec: String,

@@ -2,7 +2,10 @@
 //!
 //! Inputs: a [`VideoSource`], a [`GopRun`], a [`Geometry`]. Outputs: the run's wanted frames as packed
 //! RGB24. Frame k is found as the index defines it: by pts after a seek to the run's keyframe
-//! ([`SeekMode::ByPts`]), or by counting from the start of the file ([`SeekMode::FromStart`]).
+//! ([`SeekMode::ByPts`]), or by counting from the start of the file ([`SeekMode::FromStart`]). After a
+//! seek, packets are dropped until the keyframe's own packet arrives; a seek that lands past it (demuxers
+//! that seek by dts, MPEG-PS and -TS) is aimed earlier, and at last the file is read from the start. Only
+//! the video's stream is read, as the CLI reads it.
 //!
 //! Colour: swscale is given the frame's colour matrix and range (`sws_setColorspaceDetails`, destination
 //! full range), as FFmpeg's scale filter does, so native-size output equals `ffmpeg -pix_fmt rgb24` bit
@@ -39,8 +42,8 @@ use convert::Converter;
 pub use hw::HwDevice;
 use hw::{download, is_hw_frame};
 pub use info::{
-    cuda_decoder, decoders_of, hwaccel_types, init, library_versions, pick_stream, release,
-    stream_facts, DecoderInfo, StreamFacts,
+    cuda_decoder, decoders_of, hwaccel_types, init, library_versions, pick_stream,
+    read_only_stream, release, stream_facts, DecoderInfo, StreamFacts,
 };
 use open::open_input;
 pub use scan::{build_index, build_index_of, scan_by_decoding, DecodeScan};
@@ -125,8 +128,22 @@ struct OpenVideo {
     decoder: ff::decoder::Video,
     /// Index of the frame the decoder will output next, when it is positioned mid-stream.
     next_frame: Option<usize>,
+    /// After a seek: packets are dropped until the run's keyframe packet arrives.
+    sync: Option<Sync>,
     converter: Option<Converter>,
 }
+
+/// Where a seek for a run's keyframe stands: the keyframe's pts, and which of [`SEEK_MARGINS`] aimed it.
+#[derive(Clone, Copy, Debug)]
+struct Sync {
+    target: i64,
+    attempt: usize,
+}
+
+/// How many frame durations before the keyframe's pts each seek aims, before reading from the start.
+/// Demuxers that seek by dts (the binary search of MPEG-PS and -TS) land, when aimed at a keyframe's
+/// pts, on a later frame whose dts equals it; aiming earlier finds the keyframe.
+const SEEK_MARGINS: [i64; 3] = [0, 16, 256];
 
 /// The FFmpeg backend: CPU decoding, or NVDEC when given a [`HwDevice`]. One per decode thread.
 pub struct FfmpegBackend {
@@ -184,10 +201,11 @@ impl FfmpegBackend {
                 })?,
             ),
         };
-        let input = open_for_decoding(&file, index).map_err(|e| DecodeError::Open {
+        let mut input = open_for_decoding(&file, index).map_err(|e| DecodeError::Open {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
+        read_only_stream(&mut input, stream);
         let decoder = open_decoder(&input, stream, self.threads_per_decoder, self.hw.as_ref())
             .map_err(|reason| DecodeError::Unsupported {
                 path: path.to_owned(),
@@ -201,6 +219,7 @@ impl FfmpegBackend {
             input,
             decoder,
             next_frame: None,
+            sync: None,
             converter: None,
         })
     }
@@ -248,8 +267,11 @@ fn decode_in(
         .next_frame
         .is_some_and(|n| run.keyframe <= n && n <= first);
     if !continue_here {
-        reposition(video, index, run.keyframe).map_err(backend_err)?;
+        reposition(video, index, run.keyframe, 0).map_err(backend_err)?;
     }
+    // The index's size is the video's native output size: frames of another size (the stream changed
+    // size) are scaled as the CLI scales them.
+    let native = (index.width, index.height);
     let mut out = RunOutput::default();
     let mut emitted = vec![false; run.wanted.len()];
     let mut frame = ff::frame::Video::empty();
@@ -295,9 +317,9 @@ fn decode_in(
                     emitted[slot] = true;
                     let converted = if is_hw_frame(&frame) {
                         let host = download(&frame).map_err(backend_err)?;
-                        convert_frame(&mut video.converter, &host, geometry)
+                        convert_frame(&mut video.converter, &host, geometry, native)
                     } else {
-                        convert_frame(&mut video.converter, &frame, geometry)
+                        convert_frame(&mut video.converter, &frame, geometry, native)
                     }
                     .map_err(backend_err)?;
                     out.frames.push((k, Arc::new(converted)));
@@ -315,6 +337,21 @@ fn decode_in(
             Ok(()) => {
                 if packet.stream() != video.stream {
                     continue;
+                }
+                if let Some(sync) = video.sync {
+                    match packet.pts() {
+                        Some(p) if p == sync.target => video.sync = None,
+                        Some(p) if p > sync.target => {
+                            // Every packet before a keyframe in decode order is shown before it: this
+                            // seek landed past the keyframe. Aim earlier.
+                            tracing::trace!(path = %video.path.display(), pts = p, target = sync.target, "seek overshot the keyframe");
+                            reposition(video, index, run.keyframe, sync.attempt + 1)
+                                .map_err(backend_err)?;
+                            continue;
+                        }
+                        // Before the keyframe: not part of the run.
+                        _ => continue,
+                    }
                 }
                 // Only inside the run: packets past its last frame (read ahead in decode order) go to the
                 // decoder, so the next run of this video can continue from here without a seek and find
@@ -335,6 +372,12 @@ fn decode_in(
                 }
             }
             Err(e) => {
+                if let Some(sync) = video.sync {
+                    // The keyframe never came: aim earlier.
+                    reposition(video, index, run.keyframe, sync.attempt + 1)
+                        .map_err(backend_err)?;
+                    continue;
+                }
                 if !matches!(e, ff::Error::Eof) {
                     tracing::debug!(path = %video.path.display(), error = %e, "read stopped early");
                 }
@@ -390,40 +433,57 @@ fn disposable_unwanted(packet: &ff::Packet, index: &VideoIndex, wanted: &[usize]
         .then_some(k)
 }
 
-/// Puts the decoder just before `keyframe`: a pts seek for ByPts tables, a reopen for FromStart ones.
-fn reposition(video: &mut OpenVideo, index: &VideoIndex, keyframe: usize) -> Result<(), String> {
+/// Puts the decoder just before `keyframe`: a seek that `attempt` aims ([`SEEK_MARGINS`]) followed by
+/// dropping packets until the keyframe's ([`Sync`]) for ByPts tables; reading from the start of the file
+/// (a reopen, no packet dropped, as the CLI decodes) for FromStart ones, for keyframe 0 when the table's
+/// first frame is no keyframe or comes from a decode (whatever comes before it is decoded as the CLI
+/// decodes it), and when every seek missed.
+fn reposition(
+    video: &mut OpenVideo,
+    index: &VideoIndex,
+    keyframe: usize,
+    attempt: usize,
+) -> Result<(), String> {
     video.decoder.flush();
-    match index.seek {
-        SeekMode::ByPts => {
-            let target = index.frames[keyframe].pts;
-            // SAFETY: `input` is a valid open AVFormatContext and `stream` one of its streams.
-            let ret = unsafe {
-                ff::ffi::avformat_seek_file(
-                    video.input.as_mut_ptr(),
-                    video.stream as i32,
-                    i64::MIN,
-                    target,
-                    target,
-                    0,
-                )
-            };
-            if ret < 0 {
-                // Some demuxers cannot seek backwards by pts; reading from the start always works.
-                tracing::debug!(path = %video.path.display(), target, ret, "seek failed; reopening");
-                reopen(video, index)?;
-            }
-            video.next_frame = None;
-        }
-        SeekMode::FromStart => {
-            reopen(video, index)?;
+    video.next_frame = None;
+    video.sync = None;
+    let first_from_start = keyframe == 0
+        && (index.method == IndexMethod::DecodeScan
+            || index.frames.first().is_some_and(|f| !f.key));
+    if index.seek == SeekMode::FromStart || first_from_start || attempt >= SEEK_MARGINS.len() {
+        reopen(video, index)?;
+        if index.seek == SeekMode::FromStart {
             video.next_frame = Some(0);
         }
+        return Ok(());
+    }
+    let target = index.frames[keyframe].pts;
+    let step = index.frames[keyframe].duration.max(1);
+    let aim = target.saturating_sub(SEEK_MARGINS[attempt].saturating_mul(step));
+    // SAFETY: `input` is a valid open AVFormatContext and `stream` one of its streams.
+    let ret = unsafe {
+        ff::ffi::avformat_seek_file(
+            video.input.as_mut_ptr(),
+            video.stream as i32,
+            i64::MIN,
+            aim,
+            aim,
+            0,
+        )
+    };
+    if ret < 0 {
+        // Some demuxers cannot seek backwards by pts; reading from the start always works.
+        tracing::debug!(path = %video.path.display(), aim, ret, "seek failed; reopening");
+        reopen(video, index)?;
+    } else {
+        video.sync = Some(Sync { target, attempt });
     }
     Ok(())
 }
 
 fn reopen(video: &mut OpenVideo, index: &VideoIndex) -> Result<(), String> {
     video.input = open_for_decoding(&video.file, index).map_err(|e| e.to_string())?;
+    read_only_stream(&mut video.input, video.stream);
     video.decoder.flush();
     Ok(())
 }

@@ -1,6 +1,10 @@
-//! Building a video's frame table with FFmpeg: one packet scan that checks every packet, or, when any
-//! check fails, a full decode ([`scan_by_decoding`]). The table itself and its lookups are
-//! [`crate::index`], which knows nothing of FFmpeg.
+//! Building a video's frame table with FFmpeg: one packet scan that checks every packet and decodes the
+//! start of the stream, or, when any check fails, a full decode ([`scan_by_decoding`]). The table itself
+//! and its lookups are [`crate::index`], which knows nothing of FFmpeg.
+//!
+//! Both read only the chosen stream, as the FFmpeg CLI does ([`read_only_stream`]), and stop at the
+//! first read error, where the CLI stops too. [`scan_by_decoding`] is also the whole-file health check:
+//! what the decoder outputs, whether and where it reported errors, and why reading stopped.
 
 use std::path::Path;
 
@@ -8,7 +12,7 @@ use ff::codec::packet::Ref as _;
 use ffmpeg_next as ff;
 
 use super::h264::nal_units_tile;
-use super::info::{init, pick_stream, stream_facts};
+use super::info::{init, pick_stream, read_only_stream, stream_facts};
 use super::open::open_input;
 use super::open_decoder;
 use crate::dataset::CheckedFile;
@@ -29,11 +33,43 @@ pub(crate) fn read_packet(
     packet.read(input)
 }
 
-/// What a decode scan found.
+/// What decoding a whole stream found: the frames `ffmpeg -threads 1 -i F` outputs for it, in output
+/// order, and the decoder's complaints.
+#[derive(Debug)]
 pub struct DecodeScan {
     pub frames: Vec<ScannedFrame>,
-    /// The decoder reported errors (rejected packets, concealed or corrupt frames).
-    pub errors: bool,
+    /// Decoder errors that can change the pixels of frames it output: a frame flagged damaged, or a
+    /// rejected packet followed by packets the decoder accepted. Packets rejected before the decoder
+    /// accepted any (the undecodable start of a stream cut mid-GOP) or after the last one it accepted
+    /// (a truncated last packet) change no output frame and do not count.
+    pub damaged: bool,
+    /// Frames output before the decoder's first error of any kind (a rejected packet or a damaged
+    /// frame); None when it reported none. Where a health check says the damage begins.
+    pub first_error: Option<usize>,
+    /// Size of the first frame output: the CLI outputs every frame at this size.
+    pub size: Option<(u32, u32)>,
+    /// Why reading stopped before a clean end of file, if it did.
+    pub read_error: Option<String>,
+}
+
+impl DecodeScan {
+    /// Takes every frame the decoder has ready.
+    fn take_frames(&mut self, decoder: &mut ff::decoder::Video, frame: &mut ff::frame::Video) {
+        while decoder.receive_frame(frame).is_ok() {
+            if frame_damaged(frame) {
+                self.damaged = true;
+                self.first_error.get_or_insert(self.frames.len());
+            }
+            self.size.get_or_insert((frame.width(), frame.height()));
+            // SAFETY: `frame` holds a frame just returned by the decoder.
+            let duration = unsafe { (*frame.as_ptr()).pkt_duration };
+            self.frames.push(ScannedFrame {
+                pts: frame.pts(),
+                duration,
+                key: frame.is_key(),
+            });
+        }
+    }
 }
 
 /// True when the decoder flagged this frame as damaged (concealment active, or marked corrupt).
@@ -45,8 +81,8 @@ pub(super) fn frame_damaged(frame: &ff::frame::Video) -> bool {
     }
 }
 
-/// Indexes a stream by decoding all of it: the table of what the decoder really outputs. One decoder
-/// thread, as every run decodes, so concealment of damaged data is the same.
+/// Decodes all of stream `index` of `file`: the table of what the decoder really outputs, and where it
+/// met errors. One decoder thread, as every run decodes, so concealment of damaged data is the same.
 pub fn scan_by_decoding(file: &CheckedFile, index: usize) -> Result<DecodeScan, DecodeError> {
     init();
     let path = file.path.as_path();
@@ -54,41 +90,52 @@ pub fn scan_by_decoding(file: &CheckedFile, index: usize) -> Result<DecodeScan, 
         path: path.to_owned(),
         reason: e.to_string(),
     })?;
+    read_only_stream(&mut input, index);
     let mut decoder =
         open_decoder(&input, index, 1, None).map_err(|reason| DecodeError::Unsupported {
             path: path.to_owned(),
             reason,
         })?;
-    let mut frames = Vec::new();
-    let mut errors = false;
+    let mut scan = DecodeScan {
+        frames: Vec::new(),
+        damaged: false,
+        first_error: None,
+        size: None,
+        read_error: None,
+    };
     let mut frame = ff::frame::Video::empty();
     let mut packet = ff::Packet::empty();
-    let mut drain =
-        |decoder: &mut ff::decoder::Video, frames: &mut Vec<ScannedFrame>, errors: &mut bool| {
-            while decoder.receive_frame(&mut frame).is_ok() {
-                *errors |= frame_damaged(&frame);
-                // SAFETY: `frame` holds a frame just returned by the decoder.
-                let duration = unsafe { (*frame.as_ptr()).pkt_duration };
-                frames.push(ScannedFrame {
-                    pts: frame.pts(),
-                    duration,
-                    key: frame.is_key(),
-                });
+    let mut accepted_any = false;
+    // A packet was rejected after the decoder had accepted some: damage if any accepted packet follows.
+    let mut rejected_since_accepted = false;
+    loop {
+        match read_packet(&mut packet, &mut input) {
+            Ok(()) => {}
+            Err(ff::Error::Eof) => break,
+            Err(e) => {
+                scan.read_error = Some(e.to_string());
+                break;
             }
-        };
-    while read_packet(&mut packet, &mut input).is_ok() {
+        }
         if packet.stream() != index {
             continue;
         }
-        if let Err(e) = decoder.send_packet(&packet) {
-            errors = true;
-            tracing::trace!(path = %path.display(), error = %e, "packet rejected during scan");
+        match decoder.send_packet(&packet) {
+            Ok(()) => {
+                scan.damaged |= rejected_since_accepted;
+                accepted_any = true;
+            }
+            Err(e) => {
+                scan.first_error.get_or_insert(scan.frames.len());
+                rejected_since_accepted |= accepted_any;
+                tracing::trace!(path = %path.display(), error = %e, "packet rejected during scan");
+            }
         }
-        drain(&mut decoder, &mut frames, &mut errors);
+        scan.take_frames(&mut decoder, &mut frame);
     }
     let _ = decoder.send_eof();
-    drain(&mut decoder, &mut frames, &mut errors);
-    Ok(DecodeScan { frames, errors })
+    scan.take_frames(&mut decoder, &mut frame);
+    Ok(scan)
 }
 
 /// One frame as the decode scan saw it.
@@ -97,6 +144,95 @@ pub struct ScannedFrame {
     pub pts: Option<i64>,
     pub duration: i64,
     pub key: bool,
+}
+
+/// The start of the stream, decoded alongside the packet scan until the decoder outputs its first
+/// frame: that frame's size is the size of every output frame (the CLI scales later frames of another
+/// size to it), and its pts proves that the decoder begins where the table does. A stream cut mid-GOP
+/// begins with packets the decoder rejects or drops, which a packet table would count as frames.
+struct StartCheck {
+    /// None when no decoder opens (the table stays a packet table; decoding reports it) or once the
+    /// first frame is out.
+    decoder: Option<ff::decoder::Video>,
+    available: bool,
+    frame: ff::frame::Video,
+    /// A packet was rejected before the first frame came out.
+    rejected: bool,
+    first: Option<FirstFrame>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct FirstFrame {
+    /// The frame's pts, else its best-effort timestamp (as decoding matches frames to the table).
+    pts: Option<i64>,
+    width: u32,
+    height: u32,
+    damaged: bool,
+}
+
+impl StartCheck {
+    fn new(input: &ff::format::context::Input, index: usize) -> StartCheck {
+        let decoder = open_decoder(input, index, 1, None)
+            .map_err(|reason| tracing::trace!(%reason, "no decoder for the start check"))
+            .ok();
+        StartCheck {
+            available: decoder.is_some(),
+            decoder,
+            frame: ff::frame::Video::empty(),
+            rejected: false,
+            first: None,
+        }
+    }
+
+    fn feed(&mut self, packet: &ff::Packet) {
+        let Some(decoder) = self.decoder.as_mut() else {
+            return;
+        };
+        if decoder.send_packet(packet).is_err() {
+            self.rejected = true;
+        }
+        self.receive();
+    }
+
+    fn receive(&mut self) {
+        let Some(decoder) = self.decoder.as_mut() else {
+            return;
+        };
+        if decoder.receive_frame(&mut self.frame).is_ok() {
+            let f = &self.frame;
+            self.first = Some(FirstFrame {
+                pts: f.pts().or(f.timestamp()),
+                width: f.width(),
+                height: f.height(),
+                damaged: frame_damaged(f),
+            });
+            // Done: the rest of the scan only reads packets.
+            self.decoder = None;
+        }
+    }
+
+    /// Drains the decoder (a stream shorter than its reorder delay) and says why, if at all, the table
+    /// cannot be the packets': `first_pts` is the table's first pts.
+    fn finish(&mut self, first_pts: Option<i64>) -> Option<String> {
+        if let Some(decoder) = self.decoder.as_mut() {
+            let _ = decoder.send_eof();
+        }
+        self.receive();
+        if !self.available {
+            return None;
+        }
+        match self.first {
+            None => Some("the decoder outputs no frame".into()),
+            Some(f) if self.rejected || f.damaged => {
+                Some("decode errors before the first frame".into())
+            }
+            Some(f) if f.pts != first_pts => Some(format!(
+                "the decoder's first frame (pts {:?}) is not the table's first (pts {first_pts:?})",
+                f.pts
+            )),
+            Some(_) => None,
+        }
+    }
 }
 
 /// Builds the index of the file at a trusted `path` (tools and tests; the daemon opens client paths
@@ -134,12 +270,16 @@ pub fn build_index_of(
         path: pstr.clone(),
         reason,
     })?;
+    read_only_stream(&mut input, st_index);
+    // The size of the open file (fstat when it was opened), not of whatever the path names now.
+    let file_len = Some(file.size);
 
-    // One packet scan.
+    // One packet scan, decoding the start of the stream on the way.
     let nal_len = facts.nal_length_size;
     let mut packets: Vec<(Option<i64>, i64, bool)> = Vec::new();
     let mut irregular: Option<String> = force_decode.then(|| "decode errors seen".to_owned());
     let mut truncated = false;
+    let mut start = StartCheck::new(&input, st_index);
     let mut packet = ff::Packet::empty();
     loop {
         match read_packet(&mut packet, &mut input) {
@@ -159,6 +299,25 @@ pub fn build_index_of(
             truncated = true;
             irregular.get_or_insert_with(|| "corrupt packet".into());
         }
+        // A sample the container places (partly) past the end of the file: its data is not there.
+        let end = u64::try_from(packet.position())
+            .ok()
+            .map(|pos| pos.saturating_add(packet.size() as u64));
+        if let (Some(end), Some(len)) = (end, file_len) {
+            if end > len {
+                truncated = true;
+                irregular.get_or_insert_with(|| "packet data past the end of the file".into());
+            }
+        }
+        // Bytes that were lost and read back as zeros (a file whose tail was never written: a crash, a
+        // preallocated download); no codec's packet is all zeros, and they decode to nothing.
+        if packet
+            .data()
+            .is_some_and(|d| !d.is_empty() && d.iter().all(|&b| b == 0))
+        {
+            truncated = true;
+            irregular.get_or_insert_with(|| "packet data all zero bytes".into());
+        }
         // SAFETY: `packet` wraps a valid AVPacket; reading its flags field has no side effects.
         let discard = unsafe { (*packet.as_ptr()).flags & ff::ffi::AV_PKT_FLAG_DISCARD } != 0;
         if discard {
@@ -172,12 +331,15 @@ pub fn build_index_of(
         if packet.pts().is_none() {
             irregular.get_or_insert_with(|| "packet without pts".into());
         }
+        if irregular.is_none() {
+            start.feed(&packet);
+        }
         packets.push((packet.pts(), packet.duration(), packet.is_key()));
     }
     drop(input);
 
-    let mut frames_in: Vec<ScannedFrame>;
-    let method;
+    let mut frames_in: Vec<ScannedFrame> = Vec::new();
+    let mut size = None;
     if irregular.is_none() {
         let mut sorted: Vec<(i64, i64, bool)> = packets
             .iter()
@@ -186,7 +348,10 @@ pub fn build_index_of(
         sorted.sort_by_key(|p| p.0);
         if sorted.windows(2).any(|w| w[0].0 == w[1].0) {
             irregular = Some("duplicate pts".into());
+        } else if let Some(reason) = start.finish(sorted.first().map(|p| p.0)) {
+            irregular = Some(reason);
         }
+        size = start.first.map(|f| (f.width, f.height));
         frames_in = sorted
             .into_iter()
             .map(|(pts, duration, key)| ScannedFrame {
@@ -195,10 +360,6 @@ pub fn build_index_of(
                 key,
             })
             .collect();
-        method = IndexMethod::PacketScan;
-    } else {
-        frames_in = Vec::new();
-        method = IndexMethod::DecodeScan;
     }
     let mut damaged = false;
     let method = if let Some(reason) = &irregular {
@@ -208,10 +369,11 @@ pub fn build_index_of(
             reason: e.to_string(),
         })?;
         frames_in = scan.frames;
-        damaged = scan.errors;
+        damaged = scan.damaged;
+        size = scan.size;
         IndexMethod::DecodeScan
     } else {
-        method
+        IndexMethod::PacketScan
     };
     if frames_in.is_empty() {
         return Err(IndexError::Corrupt {
@@ -281,6 +443,9 @@ pub fn build_index_of(
     } else {
         0
     };
+    // The first decoded frame's size: the CLI outputs every frame at it (a container may declare
+    // another, and streams may change size later).
+    let (width, height) = size.unwrap_or((facts.width, facts.height));
     let h264_nal_length = if facts.codec == "h264" { nal_len } else { None };
     Ok(VideoIndex {
         damaged,
@@ -288,8 +453,8 @@ pub fn build_index_of(
         stream: st_index,
         codec: facts.codec,
         pixel_format: facts.pixel_format,
-        width: facts.width,
-        height: facts.height,
+        width,
+        height,
         rotation: facts.rotation,
         time_base: facts.time_base,
         avg_fps: facts.avg_fps,
