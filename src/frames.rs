@@ -225,30 +225,26 @@ impl Frames {
                 };
                 // Join a pass of the same run; while it is still queued, add our frames to it so one
                 // pass serves both (a started pass gives what it gives; round 1 decodes the rest).
-                let joined = if round == 0 {
-                    let found = self.inflight.lock().get(&key).map(|f| {
-                        let queued = f.pending.lock().extend(&run.wanted);
-                        (f.tx.subscribe(), queued.then(|| f.job.clone()))
-                    });
-                    found.map(|(rx, queued)| {
-                        // Still queued under another tenant: queue a copy under ours too, so the run
-                        // starts at whichever turn comes first (fair share holds for joiners).
-                        if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
-                            job.tenant = tenant.id;
-                            let _ = if tenant.bounded {
-                                self.fleet.submit(job)
-                            } else {
-                                self.fleet.submit_unbounded(job)
-                            };
+                // Round 0 registers a new pass only if nobody registered one since it looked.
+                loop {
+                    if round == 0 {
+                        if let Some(rx) = self.join(&key, &run.wanted, tenant) {
+                            waits.push((rx, false));
+                            break;
                         }
-                        rx
-                    })
-                } else {
-                    None
-                };
-                match joined {
-                    Some(rx) => waits.push((rx, false)),
-                    None => waits.push((self.start_run(key, source, run, geometry, tenant)?, true)),
+                    }
+                    let exclusive = round == 0;
+                    if let Some(rx) = self.start_run(
+                        key.clone(),
+                        source,
+                        run.clone(),
+                        geometry,
+                        tenant,
+                        exclusive,
+                    )? {
+                        waits.push((rx, true));
+                        break;
+                    }
                 }
             }
             for (mut rx, leader) in waits {
@@ -297,7 +293,32 @@ impl Frames {
         Ok((got, stats))
     }
 
-    /// Registers a run for single flight and queues it on the fleet.
+    /// Joins the registered pass of `key`, if any: adds `wanted` to it while it is queued, and, when it
+    /// is queued under another tenant, queues a copy under `tenant` too, so the run starts at whichever
+    /// turn comes first (fair share holds for joiners).
+    fn join(
+        &self,
+        key: &RunKey,
+        wanted: &[usize],
+        tenant: Tenant,
+    ) -> Option<watch::Receiver<Option<RunResult>>> {
+        let (rx, queued) = self.inflight.lock().get(key).map(|f| {
+            let queued = f.pending.lock().extend(wanted);
+            (f.tx.subscribe(), queued.then(|| f.job.clone()))
+        })?;
+        if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
+            job.tenant = tenant.id;
+            let _ = if tenant.bounded {
+                self.fleet.submit(job)
+            } else {
+                self.fleet.submit_unbounded(job)
+            };
+        }
+        Some(rx)
+    }
+
+    /// Registers a run for single flight and queues it on the fleet. `exclusive`: if another request
+    /// registered the same run meanwhile, registers nothing and returns None (the caller joins it).
     fn start_run(
         &self,
         key: RunKey,
@@ -305,7 +326,8 @@ impl Frames {
         run: GopRun,
         geometry: Geometry,
         tenant: Tenant,
-    ) -> Result<watch::Receiver<Option<RunResult>>, Error> {
+        exclusive: bool,
+    ) -> Result<Option<watch::Receiver<Option<RunResult>>>, Error> {
         let (tx, rx) = watch::channel(None);
         let tx: RunSender = Arc::new(tx);
         let pending = Arc::new(Mutex::new(PendingRun {
@@ -378,14 +400,20 @@ impl Frames {
                 wanted_tx.receiver_count() > 0
             }),
         };
-        self.inflight.lock().insert(
-            key.clone(),
-            InFlight {
-                tx: tx.clone(),
-                pending: job.run.clone(),
-                job: job.clone(),
-            },
-        );
+        {
+            let mut map = self.inflight.lock();
+            if exclusive && map.contains_key(&key) {
+                return Ok(None);
+            }
+            map.insert(
+                key.clone(),
+                InFlight {
+                    tx: tx.clone(),
+                    pending: job.run.clone(),
+                    job: job.clone(),
+                },
+            );
+        }
         let submitted = if tenant.bounded {
             self.fleet.submit(job)
         } else {
@@ -398,6 +426,6 @@ impl Frames {
             }
             return Err(e.into());
         }
-        Ok(rx)
+        Ok(Some(rx))
     }
 }
