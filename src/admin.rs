@@ -1,7 +1,8 @@
 //! The admin listener: plain HTTP/1.1 on `--admin-listen` for operators and orchestrators.
 //!
 //! - `GET /metrics`: every metric in the OpenMetrics text format (Prometheus scrapes it);
-//! - `GET /livez`: 200 while the process serves HTTP at all;
+//! - `GET /livez`: 200 while the daemon can make progress; 503, saying why, when it cannot (every decode
+//!   thread stuck past its deadline, or more threads stuck than it replaces: restarting it is the cure);
 //! - `GET /readyz`: 200 while the gRPC listeners accept calls, 503 before start-up completes and from the
 //!   moment a drain starts (so load balancers and Kubernetes stop sending work first).
 //!
@@ -18,10 +19,15 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use crate::metrics::Metrics;
 
+/// Says whether the daemon can make progress; Err says why not.
+pub type Liveness = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// What the admin endpoints report.
 pub struct AdminState {
     metrics: Arc<Metrics>,
     ready: AtomicBool,
+    /// Consulted by `/livez` (None: alive while serving HTTP).
+    liveness: Option<Liveness>,
 }
 
 impl AdminState {
@@ -29,7 +35,14 @@ impl AdminState {
         AdminState {
             metrics,
             ready: AtomicBool::new(false),
+            liveness: None,
         }
+    }
+
+    /// `/livez` answers 503 while `check` says Err.
+    pub fn with_liveness(mut self, check: Liveness) -> AdminState {
+        self.liveness = Some(check);
+        self
     }
 
     /// Ready means serving and not draining.
@@ -115,7 +128,14 @@ fn respond(req: &Request<Incoming>, state: &AdminState) -> Response<String> {
                 "cannot encode metrics\n".into(),
             ),
         },
-        "/livez" => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        "/livez" => match state.liveness.as_ref().map_or(Ok(()), |check| check()) {
+            Ok(()) => text(StatusCode::OK, PLAIN, "ok\n".into()),
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                PLAIN,
+                format!("not live: {why}\n"),
+            ),
+        },
         "/readyz" => {
             if state.is_ready() {
                 text(StatusCode::OK, PLAIN, "ready\n".into())

@@ -5,14 +5,20 @@
 //! Input: a dataset name and a video path (or gulp id). Output: the video's identity ([`VideoId`], the
 //! cache key), its [`VideoIndex`] and the [`VideoSource`] a decode job needs ([`Catalog::resolve`]).
 //!
-//! Invariants: a path is resolved inside its dataset's root before anything opens it; index builds run
-//! on blocking threads, at most one per decode thread at a time; a failed file is not scanned again for
-//! 30 s unless it changes (identity includes size and mtime); a file found damaged is indexed by decoding
-//! from then on.
+//! Invariants: a path is resolved inside its dataset's root and opened beneath it once
+//! ([`Dataset::open`]); the index build and every decode read that descriptor, never the path again.
+//! Index builds run on blocking threads, at most one per decode thread at a time, each within the index
+//! deadline: past it the request fails with DEADLINE_EXCEEDED and the permit is released (the stuck
+//! thread is left to finish on its own). A failed file is not scanned again for 30 s unless it changes
+//! (identity includes size and mtime); a stalled one (index or decode past its deadline) for 5 minutes;
+//! a quarantined one (it crashed a daemon, [`crate::journal`]) never, until it changes: DATA_LOSS. A file
+//! found damaged is indexed by decoding from then on. Index builds record their file in the crash journal
+//! before opening it.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -23,12 +29,45 @@ use crate::decode::VideoSource;
 use crate::error::{blocking, Error};
 use crate::gulp::reader::{GulpDataset, GulpVideo};
 use crate::index::{IndexError, VideoIndex};
+use crate::journal::{FileKey, Journal, JournalSlot, Quarantine};
 use crate::manifest::Samples;
 use crate::metrics::{EngineMetrics, Timer};
 use crate::request::DatasetSummary;
 
 /// A resolved, indexed video.
 pub type Resolved = (Arc<VideoId>, Arc<VideoIndex>, VideoSource);
+
+/// How long a file that stalled (index build or decode run past its deadline) is refused.
+pub const STALLED_FOR: Duration = Duration::from_secs(300);
+
+/// Where an index build stands, shared by its blocking thread and the request awaiting it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BuildState {
+    Running,
+    Done,
+    /// The request gave up at the deadline; the thread is still inside the build.
+    Abandoned,
+}
+
+/// What an index build tells the request awaiting it as it goes: the file's identity once opened, and
+/// the crash-journal slot it recorded the file in (marked stalled if the request gives up).
+#[derive(Default)]
+struct BuildProbe {
+    key: OnceLock<FileKey>,
+    journal: Mutex<Option<Arc<JournalSlot>>>,
+}
+
+/// An index build under way on a blocking thread.
+struct Build {
+    handle: tokio::task::JoinHandle<Result<Resolved, Error>>,
+    /// Released by whichever ends first: the build, or the request at the deadline.
+    permit: Arc<Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>,
+    state: Arc<Mutex<BuildState>>,
+    probe: Arc<BuildProbe>,
+    started: Instant,
+    dataset: String,
+    video: String,
+}
 
 /// One walk of a directory dataset.
 #[derive(Clone)]
@@ -63,6 +102,19 @@ pub struct Catalog {
     index_permits: Arc<tokio::sync::Semaphore>,
     index_builds: AtomicU64,
     metrics: EngineMetrics,
+    /// How long one index build may take before its request fails (`--index-deadline`).
+    index_deadline: Duration,
+    /// Index builds abandoned past their deadline whose threads have not returned, and how many of
+    /// those make the catalogue unhealthy (more than the decode threads).
+    stuck_builds: AtomicUsize,
+    max_stuck_builds: usize,
+    index_deadline_exceeded: AtomicU64,
+    /// Files whose index build or decode run stalled past its deadline: (when, why).
+    stalled: moka::sync::Cache<FileKey, (Instant, String)>,
+    /// Files that crashed a daemon: refused until they change.
+    quarantine: Arc<Quarantine>,
+    /// Where index builds record the file they open (None: no state directory).
+    journal: Option<Arc<Journal>>,
 }
 
 impl Catalog {
@@ -111,7 +163,63 @@ impl Catalog {
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             index_builds: AtomicU64::new(0),
             metrics,
+            index_deadline: config.decode.index_deadline,
+            stuck_builds: AtomicUsize::new(0),
+            max_stuck_builds: config.decode.threads.max(1),
+            index_deadline_exceeded: AtomicU64::new(0),
+            stalled: moka::sync::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(STALLED_FOR)
+                .build(),
+            quarantine: Arc::new(Quarantine::in_memory()),
+            journal: None,
         })
+    }
+
+    /// Gives the catalogue the crash journal its index builds record in and the quarantine it refuses
+    /// (both from [`crate::journal::recover`]).
+    pub fn set_crash_guard(&mut self, journal: Option<Arc<Journal>>, quarantine: Arc<Quarantine>) {
+        self.journal = journal;
+        self.quarantine = quarantine;
+    }
+
+    /// Files in quarantine.
+    pub fn quarantined(&self) -> usize {
+        self.quarantine.len()
+    }
+
+    /// Index builds abandoned past their deadline and still stuck, and those that passed it in all.
+    pub fn stuck_builds(&self) -> (u64, u64) {
+        (
+            self.stuck_builds.load(Ordering::Relaxed) as u64,
+            self.index_deadline_exceeded.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Err when more index builds are stuck than there are decode threads (the blocking pool is
+    /// filling with threads that will not return).
+    pub fn health(&self) -> Result<(), String> {
+        let stuck = self.stuck_builds.load(Ordering::Relaxed);
+        if stuck > self.max_stuck_builds {
+            return Err(format!(
+                "{stuck} index builds are stuck past the {} s deadline (more than {})",
+                self.index_deadline.as_secs_f64(),
+                self.max_stuck_builds
+            ));
+        }
+        Ok(())
+    }
+
+    /// Remembers that a decode run of `id`'s file went past its deadline: the file is refused for
+    /// [`STALLED_FOR`] unless it changes.
+    pub fn mark_stalled(&self, id: &VideoId, detail: &str) {
+        let key = FileKey {
+            path: id.path.clone(),
+            size: id.size,
+            mtime_ns: id.mtime_ns,
+        };
+        self.stalled
+            .insert(key, (Instant::now(), detail.to_owned()));
     }
 
     /// The datasets served, from the catalogue (a dataset not walked yet is walked now, once).
@@ -244,7 +352,7 @@ impl Catalog {
         blocking(move || Ok(this.listing(&name).samples)).await
     }
 
-    /// Resolves and indexes one video on a blocking thread, within the index-build bound.
+    /// Resolves and indexes one video on a blocking thread, within the index-build bound and deadline.
     pub async fn resolve(
         self: &Arc<Self>,
         dataset: &str,
@@ -252,12 +360,8 @@ impl Catalog {
         stream: Option<u32>,
     ) -> Result<Resolved, Error> {
         let permit = self.index_permit().await?;
-        let (this, d, v) = (self.clone(), dataset.to_owned(), video.to_owned());
-        blocking(move || {
-            let _permit = permit;
-            this.resolve_blocking(&d, &v, stream)
-        })
-        .await
+        let build = self.spawn_build(permit, dataset, video, stream);
+        self.finish(build).await
     }
 
     /// Resolves and indexes several videos in parallel (each within the index-build bound), in order.
@@ -267,24 +371,93 @@ impl Catalog {
         videos: &[(String, Option<u32>)],
     ) -> Result<Vec<Resolved>, Error> {
         let timer = Timer::start();
-        let mut handles = Vec::with_capacity(videos.len());
+        let mut builds = Vec::with_capacity(videos.len());
         for (video, stream) in videos {
-            let (this, d, v, s) = (self.clone(), dataset.to_owned(), video.clone(), *stream);
             let permit = self.index_permit().await?;
-            handles.push(tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                this.resolve_blocking(&d, &v, s)
-            }));
+            builds.push(self.spawn_build(permit, dataset, video, *stream));
         }
-        let mut out = Vec::with_capacity(handles.len());
-        for h in handles {
-            out.push(
-                h.await
-                    .map_err(|e| Error::Internal(format!("index task failed: {e}")))??,
-            );
+        let mut out = Vec::with_capacity(builds.len());
+        for b in builds {
+            out.push(self.finish(b).await?);
         }
         timer.observe(&self.metrics.index);
         Ok(out)
+    }
+
+    /// Starts resolving one video on a blocking thread, holding `permit` until the build ends.
+    fn spawn_build(
+        self: &Arc<Self>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Build {
+        let permit = Arc::new(Mutex::new(Some(permit)));
+        let state = Arc::new(Mutex::new(BuildState::Running));
+        let probe = Arc::new(BuildProbe::default());
+        let (this, d, v) = (self.clone(), dataset.to_owned(), video.to_owned());
+        let (p, st, k) = (permit.clone(), state.clone(), probe.clone());
+        let handle = tokio::task::spawn_blocking(move || {
+            let result = this.resolve_blocking(&d, &v, stream, &k);
+            p.lock().take();
+            let mut state = st.lock();
+            if *state == BuildState::Abandoned {
+                this.stuck_builds.fetch_sub(1, Ordering::Relaxed);
+                tracing::warn!(dataset = %d, video = %v, ok = result.is_ok(), "an index build abandoned past its deadline returned");
+                if let (Ok(_), Some(k)) = (&result, k.key.get()) {
+                    // It was slow, not stuck: the table is cached now, so the file is served again.
+                    this.stalled.invalidate(k);
+                }
+            }
+            *state = BuildState::Done;
+            result
+        });
+        Build {
+            handle,
+            permit,
+            state,
+            probe,
+            started: Instant::now(),
+            dataset: dataset.to_owned(),
+            video: video.to_owned(),
+        }
+    }
+
+    /// Awaits a build until its deadline. Past it the request fails with DEADLINE_EXCEEDED, the permit
+    /// is released, the file is remembered as stalled, and the thread is left to return on its own.
+    async fn finish(&self, b: Build) -> Result<Resolved, Error> {
+        let deadline = tokio::time::Instant::from_std(b.started + self.index_deadline);
+        match tokio::time::timeout_at(deadline, b.handle).await {
+            Ok(joined) => joined.map_err(|e| Error::Internal(format!("index task failed: {e}")))?,
+            Err(_) => {
+                b.permit.lock().take();
+                {
+                    let mut state = b.state.lock();
+                    if *state == BuildState::Running {
+                        *state = BuildState::Abandoned;
+                        self.stuck_builds.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                self.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+                let msg = format!(
+                    "indexing video {:?} in dataset {:?} took longer than the {} s deadline (--index-deadline): its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); it is not tried again for {} s unless it changes",
+                    b.video,
+                    b.dataset,
+                    self.index_deadline.as_secs_f64(),
+                    STALLED_FOR.as_secs()
+                );
+                if let Some(k) = b.probe.key.get() {
+                    self.stalled
+                        .insert(k.clone(), (Instant::now(), msg.clone()));
+                }
+                if let Some(j) = b.probe.journal.lock().as_ref() {
+                    // A stall, not a crash: not quarantined should the daemon die later.
+                    j.mark_stalled();
+                }
+                tracing::error!(dataset = %b.dataset, video = %b.video, deadline_s = self.index_deadline.as_secs_f64(), "index build past its deadline; request failed, thread abandoned");
+                Err(Error::DeadlineExceeded(msg))
+            }
+        }
     }
 
     /// Records that a video's coded data is damaged, so its next index comes from a decode.
@@ -305,27 +478,45 @@ impl Catalog {
             .map_err(|_| Error::ShuttingDown)
     }
 
-    /// Resolves and indexes one video. Blocking (FFmpeg); call from a blocking thread.
+    /// Resolves and indexes one video. Blocking (FFmpeg); call from a blocking thread. `probe` gets the
+    /// file's identity as soon as it is opened, and the journal slot of its index build (for the
+    /// deadline's bookkeeping).
     fn resolve_blocking(
         &self,
         dataset: &str,
         video: &str,
         stream: Option<u32>,
+        probe: &BuildProbe,
     ) -> Result<Resolved, Error> {
         let ds = self.dataset(dataset)?;
         if let Some(g) = self.gulps.get(dataset) {
             return self.index_stored(g, video);
         }
-        let (path, meta) = ds.resolve(video)?;
-        let mtime_ns = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos() as i128);
+        let file = Arc::new(ds.open(video)?);
+        let key = FileKey::of(&file);
+        let _ = probe.key.set(key.clone());
+        if let Some(q) = self.quarantine.check(&key) {
+            return Err(Error::DataLoss(format!(
+                "video {video:?} in dataset {dataset:?} is quarantined: a daemon crashed while decoding it ({} s ago); it is served again once the file changes (new size or mtime), or after its entry is removed from {} (or the state directory deleted)",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+                    .saturating_sub(q.since),
+                self.quarantine.location()
+            )));
+        }
+        if let Some((when, detail)) = self.stalled.get(&key) {
+            return Err(Error::DeadlineExceeded(format!(
+                "video {video:?} in dataset {dataset:?} stalled {} s ago and is not tried again for {} s unless it changes: {detail}",
+                when.elapsed().as_secs(),
+                STALLED_FOR.as_secs()
+            )));
+        }
+        let path = file.path.clone();
         let mut id = VideoId {
             path: path.clone(),
-            size: meta.len(),
-            mtime_ns,
+            size: file.size,
+            mtime_ns: file.mtime_ns,
             stream,
             decode_table: false,
         };
@@ -340,11 +531,21 @@ impl Catalog {
             .try_get_with(id.clone(), || {
                 self.index_builds.fetch_add(1, Ordering::Relaxed);
                 let started = std::time::Instant::now();
-                let built = crate::decode::ffmpeg::build_index(
-                    &path,
+                // Recorded before FFmpeg opens the file; cleared when the build returns.
+                let journal = self.journal.as_ref().and_then(|j| {
+                    let slot = j.slot().and_then(|s| s.enter(&key).map(|()| Arc::new(s)));
+                    slot.map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot record the file in the crash journal"))
+                        .ok()
+                });
+                *probe.journal.lock() = journal.clone();
+                let built = crate::decode::ffmpeg::build_index_of(
+                    &file,
                     stream.map(|s| s as usize),
                     force_decode,
                 );
+                if let Some(j) = journal {
+                    j.leave();
+                }
                 if let Ok(ix) = &built {
                     tracing::debug!(
                         path = %path.display(),
@@ -365,6 +566,7 @@ impl Catalog {
             path,
             index: index.clone(),
             gulp: None,
+            file: Some(file),
         };
         Ok((id, index, source))
     }
@@ -392,6 +594,7 @@ impl Catalog {
                 dataset: g.clone(),
                 id: video.into(),
             }),
+            file: None,
         };
         Ok((id, index, source))
     }

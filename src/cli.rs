@@ -142,6 +142,13 @@ pub struct ServeArgs {
     /// GOP runs allowed to wait for a decode thread; beyond it requests get RESOURCE_EXHAUSTED.
     #[arg(long, env = "VSERVE_DECODE_QUEUE", value_name = "N")]
     pub decode_queue: Option<usize>,
+    /// Seconds one GOP run may take before its requests get DEADLINE_EXCEEDED and its (stuck) thread is
+    /// replaced (default 60).
+    #[arg(long, env = "VSERVE_DECODE_DEADLINE", value_name = "SECONDS")]
+    pub decode_deadline: Option<f64>,
+    /// Seconds one video's index build may take before its requests get DEADLINE_EXCEEDED (default 600).
+    #[arg(long, env = "VSERVE_INDEX_DEADLINE", value_name = "SECONDS")]
+    pub index_deadline: Option<f64>,
     /// Largest number of frames in one request.
     #[arg(long, env = "VSERVE_MAX_FRAMES", value_name = "N")]
     pub max_frames: Option<usize>,
@@ -426,6 +433,8 @@ struct FileConfig {
     cache_bytes: Option<toml::Value>,
     decode_threads: Option<usize>,
     decode_queue: Option<usize>,
+    decode_deadline: Option<f64>,
+    index_deadline: Option<f64>,
     gpus: Option<toml::Value>,
     nvdec_sessions: Option<usize>,
     max_frames: Option<usize>,
@@ -673,6 +682,18 @@ impl ServeArgs {
                 threads_per_decoder: 1,
                 gpus,
                 nvdec_sessions,
+                deadline: crate::config::check_deadline(
+                    "decode-deadline",
+                    self.decode_deadline
+                        .or(file.decode_deadline)
+                        .unwrap_or(crate::config::DEFAULT_DECODE_DEADLINE_S),
+                )?,
+                index_deadline: crate::config::check_deadline(
+                    "index-deadline",
+                    self.index_deadline
+                        .or(file.index_deadline)
+                        .unwrap_or(crate::config::DEFAULT_INDEX_DEADLINE_S),
+                )?,
             },
             limits,
             ops,
@@ -808,7 +829,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-inflight-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ndecode-deadline = {}\nindex-deadline = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-inflight-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -822,6 +843,8 @@ pub fn config_to_toml(c: &Config) -> String {
         c.cache.bytes,
         c.decode.threads,
         c.decode.queue,
+        c.decode.deadline.as_secs_f64(),
+        c.decode.index_deadline.as_secs_f64(),
         c.decode.gpus.to_string(),
         c.decode.nvdec_sessions,
         c.limits.max_frames,

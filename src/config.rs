@@ -59,6 +59,30 @@ pub struct DecodeConfig {
     pub gpus: GpuSpec,
     /// Decode threads (NVDEC sessions) per GPU in use, in addition to `threads`.
     pub nvdec_sessions: usize,
+    /// How long one GOP run may take before its waiters get DEADLINE_EXCEEDED and its thread is
+    /// abandoned (`--decode-deadline`).
+    pub deadline: std::time::Duration,
+    /// How long one index build may take (`--index-deadline`): longer than a run, since a damaged file
+    /// is indexed by decoding all of it.
+    pub index_deadline: std::time::Duration,
+}
+
+/// `--decode-deadline` when not given, seconds.
+pub const DEFAULT_DECODE_DEADLINE_S: f64 = 60.0;
+/// `--index-deadline` when not given, seconds.
+pub const DEFAULT_INDEX_DEADLINE_S: f64 = 600.0;
+
+/// Checks a deadline in seconds (0.1 to 86400) for `key`.
+pub fn check_deadline(key: &str, seconds: f64) -> Result<std::time::Duration, ConfigError> {
+    if seconds.is_finite() && (0.1..=86_400.0).contains(&seconds) {
+        Ok(std::time::Duration::from_secs_f64(seconds))
+    } else {
+        Err(ConfigError::new(
+            key,
+            seconds.to_string(),
+            "must be 0.1..=86400 seconds",
+        ))
+    }
 }
 
 /// `--gpus`: which GPUs to decode on. Resolved against what the CUDA driver reports by

@@ -3,8 +3,21 @@
 //! Invariant: nothing outside the root is ever opened. A path is refused before touching the file
 //! system when it is absolute, empty, or has a `..`/root/prefix component; after canonicalisation (which
 //! resolves symlinks) it is refused again unless it still lies under the canonical root.
+//!
+//! Open what was checked: [`Dataset::open`] then opens the canonical path once, relative to a descriptor
+//! of the root the dataset holds open, with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS)` (an `O_NOFOLLOW` walk, one component at a time, where the kernel has no
+//! `openat2`), `O_NONBLOCK` so a FIFO cannot block the open, and `fstat`s the descriptor: only a regular
+//! file is accepted. A directory swapped for a symlink between the check and the open fails the open
+//! (PERMISSION_DENIED) instead of serving what the symlink points at; everything downstream reads the
+//! [`CheckedFile`]'s descriptor, never the path again.
 
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Extensions counted as videos when a dataset root is scanned.
 pub const VIDEO_EXTENSIONS: &[&str] = &[
@@ -16,6 +29,83 @@ pub struct Dataset {
     pub name: String,
     /// Canonical root directory.
     pub root: PathBuf,
+    /// The root, held open (`O_PATH`): every video is opened beneath this descriptor, so renaming or
+    /// replacing the root's path later cannot redirect opens elsewhere.
+    dir: Arc<OwnedFd>,
+}
+
+/// A video file opened by [`Dataset::open`]: the descriptor of the regular file that was checked, and
+/// what `fstat` said of it. Decoders read this descriptor (FFmpeg through `/proc/self/fd/N`), never the
+/// path, so what is decoded is what was checked.
+#[derive(Debug)]
+pub struct CheckedFile {
+    /// Canonical path (for messages and as the identity's name; never reopened by name).
+    pub path: PathBuf,
+    pub file: File,
+    pub size: u64,
+    /// Modification time in nanoseconds since the epoch (0 when unknown).
+    pub mtime_ns: i128,
+}
+
+impl CheckedFile {
+    /// The descriptor as a path FFmpeg can open: the same open file, whatever its path now names.
+    pub fn proc_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// Wraps a file opened by a trusted path (tools and tests, not client requests): `O_NONBLOCK`, and
+    /// the same regular-file check as [`Dataset::open`].
+    pub fn open_trusted(path: &Path) -> std::io::Result<CheckedFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)?;
+        CheckedFile::from_file(path, file).map_err(|kind| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is {kind}, not a regular file", path.display()),
+            )
+        })
+    }
+
+    /// Checks an open descriptor with `fstat`: Err(what it is) unless a regular file.
+    fn from_file(path: &Path, file: File) -> Result<CheckedFile, String> {
+        let meta = file.metadata().map_err(|e| format!("unreadable ({e})"))?;
+        if !meta.is_file() {
+            return Err(kind_of(&meta).to_owned());
+        }
+        let mtime_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i128);
+        Ok(CheckedFile {
+            path: path.to_path_buf(),
+            file,
+            size: meta.len(),
+            mtime_ns,
+        })
+    }
+}
+
+/// What a non-regular file is, for messages.
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_symlink() {
+        "a symlink"
+    } else {
+        "not a regular file"
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -26,8 +116,12 @@ pub enum DatasetError {
     Outside { dataset: String, video: String },
     #[error("video {video:?} not in dataset {dataset:?}")]
     NotFound { dataset: String, video: String },
-    #[error("video {video:?} in dataset {dataset:?} is not a regular file")]
-    NotAFile { dataset: String, video: String },
+    #[error("video {video:?} in dataset {dataset:?} is {kind}, not a regular file")]
+    NotAFile {
+        dataset: String,
+        video: String,
+        kind: String,
+    },
     #[error("cannot read {video:?} in dataset {dataset:?}: {reason}")]
     Io {
         dataset: String,
@@ -46,10 +140,104 @@ impl Dataset {
                 format!("{} is not a directory", root.display()),
             ));
         }
+        let c = std::ffi::CString::new(root.as_os_str().as_bytes()).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "root path holds a NUL")
+        })?;
+        // SAFETY: `c` is a valid NUL-terminated path; open has no other preconditions.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by open and is owned by nothing else.
+        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Dataset {
             name: name.to_owned(),
             root,
+            dir: Arc::new(dir),
         })
+    }
+
+    /// Resolves a client's relative video path (as [`Dataset::resolve`]) and opens the file it names
+    /// beneath the root, refusing anything but a regular file.
+    pub fn open(&self, video: &str) -> Result<CheckedFile, DatasetError> {
+        let (path, _) = self.resolve(video)?;
+        self.open_resolved(video, &path)
+    }
+
+    /// Opens `path` (canonical, under the root, as [`Dataset::resolve`] returned it) beneath the root's
+    /// descriptor without following any symlink: if a component was swapped for a symlink since the
+    /// check, the open fails ([`DatasetError::Outside`]). `video` is the client's name, for messages.
+    pub fn open_resolved(&self, video: &str, path: &Path) -> Result<CheckedFile, DatasetError> {
+        self.open_beneath(video, path, !OPENAT2_MISSING.load(Ordering::Relaxed))
+    }
+
+    fn open_beneath(
+        &self,
+        video: &str,
+        path: &Path,
+        use_openat2: bool,
+    ) -> Result<CheckedFile, DatasetError> {
+        let rel = path
+            .strip_prefix(&self.root)
+            .map_err(|_| DatasetError::Outside {
+                dataset: self.name.clone(),
+                video: video.to_owned(),
+            })?;
+        let not_a_file = |kind: &str| DatasetError::NotAFile {
+            dataset: self.name.clone(),
+            video: video.to_owned(),
+            kind: kind.to_owned(),
+        };
+        let normal: Vec<&std::ffi::OsStr> = rel
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(Ok(n)),
+                Component::CurDir => None,
+                _ => Some(Err(())),
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|()| DatasetError::Outside {
+                dataset: self.name.clone(),
+                video: video.to_owned(),
+            })?;
+        if normal.is_empty() {
+            return Err(not_a_file("a directory"));
+        }
+        let opened = if use_openat2 {
+            match openat2_beneath(self.dir.as_raw_fd(), rel) {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
+                    // No openat2 (kernel before 5.6, or a seccomp filter that refuses it).
+                    OPENAT2_MISSING.store(true, Ordering::Relaxed);
+                    tracing::info!(error = %e, "openat2 unavailable; opening videos by an O_NOFOLLOW walk");
+                    walk_beneath(self.dir.as_raw_fd(), &normal)
+                }
+                other => other,
+            }
+        } else {
+            walk_beneath(self.dir.as_raw_fd(), &normal)
+        };
+        let file = opened.map_err(|e| match e.raw_os_error() {
+            // A symlink (or magic link) on the way, or a path leaving the root.
+            Some(libc::ELOOP) | Some(libc::EXDEV) => DatasetError::Outside {
+                dataset: self.name.clone(),
+                video: video.to_owned(),
+            },
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => DatasetError::NotFound {
+                dataset: self.name.clone(),
+                video: video.to_owned(),
+            },
+            _ => DatasetError::Io {
+                dataset: self.name.clone(),
+                video: video.to_owned(),
+                reason: e.to_string(),
+            },
+        })?;
+        CheckedFile::from_file(path, file).map_err(|kind| not_a_file(&kind))
     }
 
     /// Resolves a client's relative video path to a file under the root, with its metadata.
@@ -94,6 +282,7 @@ impl Dataset {
             return Err(DatasetError::NotAFile {
                 dataset: self.name.clone(),
                 video: video.to_owned(),
+                kind: kind_of(&meta).to_owned(),
             });
         }
         Ok((canonical, meta))
@@ -103,6 +292,87 @@ impl Dataset {
     pub fn count_videos(&self) -> u64 {
         walk_videos(&self.root).len() as u64
     }
+}
+
+/// Set once `openat2` turned out missing: every later open walks.
+static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// Flags of every video open: read-only, never blocking (a FIFO opens at once and is then refused by
+/// `fstat`), no controlling terminal, closed on exec.
+const OPEN_FLAGS: libc::c_int =
+    libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+
+/// `openat2(dir, rel, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`.
+fn openat2_beneath(dir: libc::c_int, rel: &Path) -> std::io::Result<File> {
+    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: open_how is plain integers; all-zero is a valid value (no flags, no mode, no resolve).
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = OPEN_FLAGS as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    loop {
+        // SAFETY: `dir` is an open descriptor, `c` a valid NUL-terminated path, `how` a valid open_how
+        // whose size is passed with it; the kernel only reads them.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir,
+                c.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: a descriptor just returned by openat2, owned by nothing else.
+            return Ok(unsafe { File::from_raw_fd(fd as libc::c_int) });
+        }
+        let e = std::io::Error::last_os_error();
+        // EAGAIN: a concurrent rename made the kernel unsure the walk stayed beneath; try again.
+        if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
+            return Err(e);
+        }
+    }
+}
+
+/// The same without openat2: one `openat(O_NOFOLLOW)` per component, directories as `O_PATH`.
+fn walk_beneath(root: libc::c_int, components: &[&std::ffi::OsStr]) -> std::io::Result<File> {
+    let mut held: Option<OwnedFd> = None;
+    for (i, comp) in components.iter().enumerate() {
+        let c = std::ffi::CString::new(comp.as_bytes())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let last = i + 1 == components.len();
+        let flags = if last {
+            OPEN_FLAGS | libc::O_NOFOLLOW
+        } else {
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC
+        };
+        let at = held.as_ref().map_or(root, |d| d.as_raw_fd());
+        // SAFETY: `at` is an open directory descriptor, `c` a valid NUL-terminated name.
+        let fd = unsafe { libc::openat(at, c.as_ptr(), flags) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOTDIR) && is_symlink_at(at, &c) {
+                // A directory swapped for a symlink: O_NOFOLLOW|O_DIRECTORY says ENOTDIR.
+                return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            return Err(e);
+        }
+        // SAFETY: a descriptor just returned by openat, owned by nothing else.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        if last {
+            return Ok(File::from(owned));
+        }
+        held = Some(owned);
+    }
+    Err(std::io::Error::from_raw_os_error(libc::ENOENT))
+}
+
+fn is_symlink_at(dir: libc::c_int, name: &std::ffi::CStr) -> bool {
+    // SAFETY: an all-zero stat is a valid value for fstatat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is an open descriptor, `name` a valid C string, `st` a writable stat.
+    let ret = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    ret == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFLNK
 }
 
 /// The video files under `root` (by extension; symlinks are not followed), in no particular order.
@@ -171,5 +441,83 @@ mod tests {
         ));
         assert!(matches!(ds.resolve(""), Err(DatasetError::BadPath(_))));
         assert_eq!(ds.count_videos(), 1);
+    }
+
+    /// A root with `sub/a.mp4` inside and a different `a.mp4` in a directory outside it.
+    fn swap_fixture() -> (tempfile::TempDir, PathBuf, Dataset) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/a.mp4"), b"inside").unwrap();
+        std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+        std::fs::write(dir.path().join("elsewhere/a.mp4"), b"OUTSIDE").unwrap();
+        let ds = Dataset::new("d", &root).unwrap();
+        (dir, root, ds)
+    }
+
+    fn contents(f: &CheckedFile) -> Vec<u8> {
+        use std::io::Read;
+        let mut out = Vec::new();
+        (&f.file).read_to_end(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_symlink_after_the_check_is_not_followed() {
+        for use_openat2 in [true, false] {
+            let (dir, root, ds) = swap_fixture();
+            // Checked and opened at once: the inside file.
+            let f = ds.open("sub/a.mp4").unwrap();
+            assert_eq!(contents(&f), b"inside");
+            assert_eq!((f.size, f.path.clone()), (6, root.join("sub/a.mp4")));
+            // Checked, then `sub` becomes a symlink to a directory outside, then opened.
+            let before = ds.open("sub/a.mp4").unwrap();
+            let (checked, _) = ds.resolve("sub/a.mp4").unwrap();
+            std::fs::rename(root.join("sub"), dir.path().join("old-sub")).unwrap();
+            std::os::unix::fs::symlink(dir.path().join("elsewhere"), root.join("sub")).unwrap();
+            // Opening by name now reads the outside file: what the check must prevent.
+            assert_eq!(std::fs::read(&checked).unwrap(), b"OUTSIDE");
+            let got = ds.open_beneath("sub/a.mp4", &checked, use_openat2);
+            assert!(
+                matches!(got, Err(DatasetError::Outside { .. })),
+                "openat2 {use_openat2}: {got:?}"
+            );
+            // The descriptor opened before the swap still reads what was checked.
+            assert_eq!(contents(&before), b"inside");
+        }
+    }
+
+    #[test]
+    fn a_fifo_or_directory_is_refused_at_once_naming_the_path() {
+        let (_dir, root, ds) = swap_fixture();
+        let fifo = root.join("pipe.mp4");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid path; mkfifo has no other preconditions.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        for use_openat2 in [true, false] {
+            let started = std::time::Instant::now();
+            // Nobody writes the FIFO: a blocking open would never return.
+            let got = ds.open_beneath("pipe.mp4", &fifo, use_openat2);
+            assert!(started.elapsed() < std::time::Duration::from_secs(1));
+            let e = got.unwrap_err();
+            assert!(
+                matches!(&e, DatasetError::NotAFile { kind, .. } if kind == "a FIFO"),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("\"pipe.mp4\""), "{e}");
+            let got = ds.open_beneath("sub", &root.join("sub"), use_openat2);
+            assert!(
+                matches!(&got, Err(DatasetError::NotAFile { kind, .. }) if kind == "a directory"),
+                "{got:?}"
+            );
+        }
+        // Through the public entry point too (resolve's stat already says FIFO).
+        assert!(matches!(
+            ds.open("pipe.mp4"),
+            Err(DatasetError::NotAFile { .. })
+        ));
+        // A symlink inside the root to a file inside it still opens (through its canonical path).
+        std::os::unix::fs::symlink(root.join("sub/a.mp4"), root.join("alias.mp4")).unwrap();
+        assert_eq!(contents(&ds.open("alias.mp4").unwrap()), b"inside");
     }
 }

@@ -11,8 +11,9 @@ use tokio::sync::watch;
 use crate::budget::Budget;
 use crate::catalog::Catalog;
 use crate::config::{Config, Limits};
-use crate::decode::fleet::BackendFactory;
-use crate::frames::Frames;
+use crate::decode::fleet::{BackendFactory, FleetOptions};
+use crate::frames::{FailureHook, Frames};
+use crate::journal::Journal;
 use crate::metrics::{EngineMetrics, Scraped};
 use crate::request::DatasetSummary;
 use crate::state::StateDir;
@@ -54,6 +55,8 @@ pub struct Engine {
     shm: Arc<ShmRegistry>,
     /// What is remembered across restarts; `None` when configured off or not writable.
     state: Option<StateDir>,
+    /// The crash journal in `state` (None without a state directory).
+    journal: Option<Arc<Journal>>,
     /// Probe and GetClips requests since start-up, and those in progress.
     requests: AtomicU64,
     inflight_calls: AtomicU64,
@@ -91,7 +94,19 @@ impl Engine {
                     None
                 }
             });
-        let catalog = Arc::new(Catalog::open(config, metrics.clone())?);
+        let (journal, quarantine) = match state.as_ref().map(crate::journal::recover) {
+            Some(Ok((j, q))) => (j, Some(q)),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "crash journal unusable; a file that crashes the daemon will crash it again");
+                (None, None)
+            }
+            None => (None, None),
+        };
+        let mut catalog = Catalog::open(config, metrics.clone())?;
+        if let Some(q) = quarantine {
+            catalog.set_crash_guard(journal.clone(), q);
+        }
+        let catalog = Arc::new(catalog);
         Catalog::start_rescans(&catalog, config.rescan_interval);
         let fs_bytes = crate::transport::shm::filesystem_bytes(&config.shm_dir).unwrap_or(1 << 30);
         let total = config.tenancy.shm_bytes.unwrap_or(fs_bytes / 4 * 3).max(1) as usize;
@@ -115,18 +130,28 @@ impl Engine {
         if stale > 0 {
             tracing::info!(removed = stale, dir = %config.shm_dir.display(), "removed shared-memory arenas of daemons no longer running");
         }
+        let stalled = catalog.clone();
+        let on_failure: FailureHook =
+            Arc::new(move |id, e| stalled.mark_stalled(id, &e.to_string()));
         let frames = Frames::start(
             threads,
             config.decode.queue,
             factory,
+            FleetOptions {
+                deadline: config.decode.deadline,
+                max_stuck: threads.max(1),
+                journal: journal.clone(),
+            },
             config.cache.bytes,
             metrics.clone(),
+            on_failure,
         )?;
         Ok(Arc::new(Engine {
             catalog,
             frames,
             shm,
             state,
+            journal,
             requests: AtomicU64::new(0),
             inflight_calls: AtomicU64::new(0),
             streams: StreamCounters::default(),
@@ -214,6 +239,22 @@ impl Engine {
         }
     }
 
+    /// Whether the daemon can make progress (`/livez`): Err, saying why, when its decode threads or
+    /// index builds are stuck beyond what it replaces.
+    pub fn liveness(&self) -> Result<(), String> {
+        self.frames.health()?;
+        self.catalog.health()
+    }
+
+    /// Stops the decode fleet, waiting for its threads until `deadline` (threads stuck in a read are
+    /// left behind), then clears the crash journal: nothing crashed.
+    pub fn shutdown(&self, deadline: std::time::Instant) {
+        self.frames.shutdown(deadline);
+        if let Some(j) = &self.journal {
+            j.clear_all();
+        }
+    }
+
     /// Starts the drain: open streams send the batch they are preparing, then end with UNAVAILABLE
     /// (the client resumes from the next batch elsewhere or later).
     pub fn begin_drain(&self) {
@@ -286,6 +327,31 @@ impl Engine {
                 "budget_capacity_bytes",
                 "The in-flight memory budget (max-inflight-bytes).",
                 self.budget.capacity(),
+            ),
+            Scraped::counter(
+                "decode_deadline_exceeded_runs",
+                "GOP runs failed for passing --decode-deadline (each abandoned its thread).",
+                self.frames.stats().deadline_exceeded,
+            ),
+            Scraped::counter(
+                "index_deadline_exceeded_builds",
+                "Index builds whose requests failed for passing --index-deadline.",
+                self.catalog.stuck_builds().1,
+            ),
+            Scraped::gauge(
+                "decode_stuck_threads",
+                "Decode threads abandoned in a run past its deadline that have not returned.",
+                self.frames.stats().stuck_threads,
+            ),
+            Scraped::gauge(
+                "index_stuck_builds",
+                "Index builds abandoned past their deadline whose threads have not returned.",
+                self.catalog.stuck_builds().0,
+            ),
+            Scraped::gauge(
+                "catalog_quarantined_files",
+                "Files refused because a daemon crashed while decoding them.",
+                self.catalog.quarantined() as u64,
             ),
             Scraped::gauge(
                 "cache_size_bytes",

@@ -20,6 +20,12 @@ pub enum Error {
     Overloaded(String),
     #[error("server is shutting down")]
     ShuttingDown,
+    /// The server cannot do the work now (every decode thread stuck).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A read or decode went past its deadline (a stuck file system, a FIFO, a pathological file).
+    #[error("{0}")]
+    DeadlineExceeded(String),
     #[error("{0}")]
     DataLoss(String),
     #[error("{0}")]
@@ -39,6 +45,7 @@ pub enum Code {
     OutOfRange,
     ResourceExhausted,
     Unavailable,
+    DeadlineExceeded,
     DataLoss,
     Internal,
 }
@@ -53,6 +60,7 @@ impl Code {
             Code::OutOfRange => "OUT_OF_RANGE",
             Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
             Code::Unavailable => "UNAVAILABLE",
+            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Code::DataLoss => "DATA_LOSS",
             Code::Internal => "INTERNAL",
         }
@@ -67,7 +75,8 @@ impl Error {
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::OutOfRange(_) => Code::OutOfRange,
             Error::Overloaded(_) => Code::ResourceExhausted,
-            Error::ShuttingDown => Code::Unavailable,
+            Error::ShuttingDown | Error::Unavailable(_) => Code::Unavailable,
+            Error::DeadlineExceeded(_) => Code::DeadlineExceeded,
             Error::DataLoss(_) | Error::Damaged(_) => Code::DataLoss,
             Error::Internal(_) => Code::Internal,
         }
@@ -118,6 +127,8 @@ impl From<DecodeError> for Error {
             DecodeError::Damaged { .. } => Error::Damaged(msg),
             DecodeError::Overloaded(_) => Error::Overloaded(msg),
             DecodeError::ShuttingDown => Error::ShuttingDown,
+            DecodeError::Deadline { .. } => Error::DeadlineExceeded(msg),
+            DecodeError::Stalled(_) => Error::Unavailable(msg),
         }
     }
 }

@@ -10,6 +10,10 @@
 //! whatever it still lacks (frames past the other request's stopping point) it decodes in a second round
 //! of its own. Decoded frames enter the cache on the decode thread, whether or not the requester is still
 //! there, so cancelled work is never wasted; a run nobody waits for any more is skipped before it starts.
+//!
+//! Deadlines: a run past the fleet's deadline fails its leader and every joiner with DEADLINE_EXCEEDED
+//! (a joiner does not decode the stuck file again), and the file is reported to the [`FailureHook`] so
+//! the catalogue stops offering it for a while.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +23,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::cache::{FrameCache, FrameKey, VideoId};
-use crate::decode::fleet::{BackendFactory, Fleet, Job, OnDone, PendingRun};
+use crate::decode::fleet::{BackendFactory, Fleet, FleetOptions, Job, OnDone, PendingRun};
 use crate::decode::{DecodeError, DecodedOn, Frame, Geometry, GopRun, RunOutput, VideoSource};
 use crate::error::Error;
 use crate::metrics::{BackendLabel, EngineMetrics, Timer};
@@ -27,6 +31,9 @@ use crate::plan;
 use crate::request::RequestStats;
 
 type RunResult = Result<Arc<RunOutput>, DecodeError>;
+
+/// Told of a video whose decode run went past its deadline (the catalogue remembers it as stalled).
+pub type FailureHook = Arc<dyn Fn(&VideoId, &DecodeError) + Send + Sync>;
 type RunSender = Arc<watch::Sender<Option<RunResult>>>;
 
 /// A run in the single-flight table: its result channel, the run itself while it may still grow, and
@@ -69,6 +76,7 @@ pub struct Frames {
     inflight: Arc<Mutex<HashMap<RunKey, InFlight>>>,
     counters: Counters,
     metrics: EngineMetrics,
+    on_failure: FailureHook,
 }
 
 /// The frame counters of [`Frames`], for the engine's stats.
@@ -84,19 +92,26 @@ pub struct FrameStats {
     pub cache_evictions: u64,
     pub shared_frames: u64,
     pub decode_queue_depth: u64,
+    /// Runs failed for passing their deadline.
+    pub deadline_exceeded: u64,
+    /// Decode threads abandoned in a stuck run that have not returned.
+    pub stuck_threads: u64,
 }
 
 impl Frames {
     /// Starts a decode fleet of `threads` threads (`factory` gives each its backend; `queue` bounds the
-    /// runs waiting) behind a frame cache of `cache_bytes`.
+    /// runs waiting; `options` its deadline and journal) behind a frame cache of `cache_bytes`.
+    /// `on_failure` hears of runs past their deadline.
     pub fn start(
         threads: usize,
         queue: usize,
         factory: BackendFactory,
+        options: FleetOptions,
         cache_bytes: u64,
         metrics: EngineMetrics,
+        on_failure: FailureHook,
     ) -> Result<Frames, String> {
-        let fleet = Fleet::start(threads, queue, factory)
+        let fleet = Fleet::start(threads, queue, factory, options)
             .map_err(|e| format!("cannot start decode threads: {e}"))?;
         Ok(Frames {
             cache: FrameCache::new(cache_bytes),
@@ -104,7 +119,18 @@ impl Frames {
             inflight: Arc::new(Mutex::new(HashMap::new())),
             counters: Counters::default(),
             metrics,
+            on_failure,
         })
+    }
+
+    /// Whether the decode fleet can make progress (for `/livez`); Err says why not.
+    pub fn health(&self) -> Result<(), String> {
+        self.fleet.health()
+    }
+
+    /// Stops the fleet: queued work finishes until `deadline`, threads stuck past it are left behind.
+    pub fn shutdown(&self, deadline: std::time::Instant) {
+        self.fleet.shutdown(deadline);
     }
 
     /// Decode threads in the fleet (CPU threads and NVDEC sessions).
@@ -133,6 +159,8 @@ impl Frames {
             cache_evictions: self.cache.evictions(),
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
             decode_queue_depth: self.fleet.queue_depth() as u64,
+            deadline_exceeded: f.deadline_exceeded.load(Ordering::Relaxed),
+            stuck_threads: f.stuck.load(Ordering::Relaxed) as u64,
         }
     }
 
@@ -197,30 +225,26 @@ impl Frames {
                 };
                 // Join a pass of the same run; while it is still queued, add our frames to it so one
                 // pass serves both (a started pass gives what it gives; round 1 decodes the rest).
-                let joined = if round == 0 {
-                    let found = self.inflight.lock().get(&key).map(|f| {
-                        let queued = f.pending.lock().extend(&run.wanted);
-                        (f.tx.subscribe(), queued.then(|| f.job.clone()))
-                    });
-                    found.map(|(rx, queued)| {
-                        // Still queued under another tenant: queue a copy under ours too, so the run
-                        // starts at whichever turn comes first (fair share holds for joiners).
-                        if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
-                            job.tenant = tenant.id;
-                            let _ = if tenant.bounded {
-                                self.fleet.submit(job)
-                            } else {
-                                self.fleet.submit_unbounded(job)
-                            };
+                // Round 0 registers a new pass only if nobody registered one since it looked.
+                loop {
+                    if round == 0 {
+                        if let Some(rx) = self.join(&key, &run.wanted, tenant) {
+                            waits.push((rx, false));
+                            break;
                         }
-                        rx
-                    })
-                } else {
-                    None
-                };
-                match joined {
-                    Some(rx) => waits.push((rx, false)),
-                    None => waits.push((self.start_run(key, source, run, geometry, tenant)?, true)),
+                    }
+                    let exclusive = round == 0;
+                    if let Some(rx) = self.start_run(
+                        key.clone(),
+                        source,
+                        run.clone(),
+                        geometry,
+                        tenant,
+                        exclusive,
+                    )? {
+                        waits.push((rx, true));
+                        break;
+                    }
                 }
             }
             for (mut rx, leader) in waits {
@@ -248,6 +272,10 @@ impl Frames {
                         }
                     }
                     Some(Err(e)) if leader => return Err(e.into()),
+                    // A pass stuck past its deadline: decoding the file again would only get stuck too.
+                    Some(Err(e @ (DecodeError::Deadline { .. } | DecodeError::Stalled(_)))) => {
+                        return Err(e.into())
+                    }
                     None if leader => {
                         return Err(Error::Internal("decode job vanished".into()));
                     }
@@ -265,7 +293,32 @@ impl Frames {
         Ok((got, stats))
     }
 
-    /// Registers a run for single flight and queues it on the fleet.
+    /// Joins the registered pass of `key`, if any: adds `wanted` to it while it is queued, and, when it
+    /// is queued under another tenant, queues a copy under `tenant` too, so the run starts at whichever
+    /// turn comes first (fair share holds for joiners).
+    fn join(
+        &self,
+        key: &RunKey,
+        wanted: &[usize],
+        tenant: Tenant,
+    ) -> Option<watch::Receiver<Option<RunResult>>> {
+        let (rx, queued) = self.inflight.lock().get(key).map(|f| {
+            let queued = f.pending.lock().extend(wanted);
+            (f.tx.subscribe(), queued.then(|| f.job.clone()))
+        })?;
+        if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
+            job.tenant = tenant.id;
+            let _ = if tenant.bounded {
+                self.fleet.submit(job)
+            } else {
+                self.fleet.submit_unbounded(job)
+            };
+        }
+        Some(rx)
+    }
+
+    /// Registers a run for single flight and queues it on the fleet. `exclusive`: if another request
+    /// registered the same run meanwhile, registers nothing and returns None (the caller joins it).
     fn start_run(
         &self,
         key: RunKey,
@@ -273,7 +326,8 @@ impl Frames {
         run: GopRun,
         geometry: Geometry,
         tenant: Tenant,
-    ) -> Result<watch::Receiver<Option<RunResult>>, Error> {
+        exclusive: bool,
+    ) -> Result<Option<watch::Receiver<Option<RunResult>>>, Error> {
         let (tx, rx) = watch::channel(None);
         let tx: RunSender = Arc::new(tx);
         let pending = Arc::new(Mutex::new(PendingRun {
@@ -287,6 +341,7 @@ impl Frames {
             key.clone(),
         );
         let video = key.video.clone();
+        let on_failure = self.on_failure.clone();
         let wanted_tx = tx.clone();
         // Stage timings: queued at submit, taken by a decode thread when it asks whether the run is still
         // wanted (just before decoding), done at `on_done`.
@@ -301,6 +356,9 @@ impl Frames {
             on_done: Arc::new(Mutex::new(Some(Box::new(
                 move |result: Result<RunOutput, DecodeError>| {
                     let result = result.map(Arc::new);
+                    if let Err(e @ DecodeError::Deadline { .. }) = &result {
+                        on_failure(&video, e);
+                    }
                     if let Ok(out) = &result {
                         let started = *taken_at.get_or_init(std::time::Instant::now);
                         metrics.observe_run(
@@ -342,14 +400,20 @@ impl Frames {
                 wanted_tx.receiver_count() > 0
             }),
         };
-        self.inflight.lock().insert(
-            key.clone(),
-            InFlight {
-                tx: tx.clone(),
-                pending: job.run.clone(),
-                job: job.clone(),
-            },
-        );
+        {
+            let mut map = self.inflight.lock();
+            if exclusive && map.contains_key(&key) {
+                return Ok(None);
+            }
+            map.insert(
+                key.clone(),
+                InFlight {
+                    tx: tx.clone(),
+                    pending: job.run.clone(),
+                    job: job.clone(),
+                },
+            );
+        }
         let submitted = if tenant.bounded {
             self.fleet.submit(job)
         } else {
@@ -362,6 +426,6 @@ impl Frames {
             }
             return Err(e.into());
         }
-        Ok(rx)
+        Ok(Some(rx))
     }
 }

@@ -13,7 +13,8 @@
 //! client ◄──chunks / shm slot── api ◄──┘
 //! ```
 //!
-//! - Pure stages: [`config`], [`state`] (the state directory), [`dataset`], [`manifest`], [`sample`] (what to read), [`index`] (frame
+//! - Pure stages: [`config`], [`state`] (the state directory), [`dataset`] (paths checked and opened
+//!   beneath the root), [`journal`] (crash journal and quarantine), [`manifest`], [`sample`] (what to read), [`index`] (frame
 //!   tables), [`plan`] (how: GOP runs), [`gulp`] (the GulpIO format), [`decode`] (backends and the fleet of
 //!   named threads), [`cache`], [`batch`], [`transport`].
 //! - [`error`]: one `Error` and the one [`error::Code`] table (gRPC statuses, skipped-sample reports).
@@ -46,6 +47,7 @@ pub mod frames;
 pub mod gulp;
 pub mod handle;
 pub mod index;
+pub mod journal;
 pub mod manifest;
 pub mod metrics;
 pub mod peer;

@@ -76,7 +76,11 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::from(70);
                 }
             };
-            match rt.block_on(vserve::server::run(config, vserve::shutdown::signal())) {
+            let outcome = rt.block_on(vserve::server::run(config, vserve::shutdown::signal()));
+            // Blocking threads stuck in a read (abandoned index builds) must not hold the exit: the grace
+            // period is over by now.
+            rt.shutdown_timeout(std::time::Duration::from_millis(100));
+            match outcome {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e @ vserve::server::ServerError::Unavailable(_)) => {
                     eprintln!("vserve: {e}");

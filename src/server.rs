@@ -1,7 +1,8 @@
 //! The server: binds every listen address, serves the API (plus gRPC health and reflection) on each until
 //! `shutdown` resolves, then turns readiness and health to NOT_SERVING, stops accepting, lets calls in
-//! flight finish for up to the grace period (a second signal cuts it short), and removes the Unix socket
-//! files it created. The admin listener (`/metrics`, `/livez`, `/readyz`) runs beside them until the end.
+//! flight finish for up to the grace period (a second signal cuts it short), stops the decode fleet by
+//! the end of that period (threads stuck in a read are left behind, so a hung file system cannot hold
+//! the exit), and removes the Unix socket files it created. The admin listener (`/metrics`, `/livez`, `/readyz`) runs beside them until the end.
 //!
 //! `run(config, shutdown)` takes both so tests and `main` drive it the same way. The one metrics registry
 //! is created here and handed to the RPC layer and the admin listener.
@@ -125,7 +126,10 @@ pub async fn serve_engine(
         .build_v1()
         .map_err(|e| ServerError::Setup(format!("reflection: {e}")))?;
     let access = tcp_access(&config.ops)?;
-    let admin_state = Arc::new(AdminState::new(metrics.clone()));
+    let live = Arc::downgrade(&engine);
+    let admin_state = Arc::new(AdminState::new(metrics.clone()).with_liveness(Box::new(
+        move || live.upgrade().map_or(Ok(()), |e| e.liveness()),
+    )));
     // SIGHUP: list the directory datasets again now (new and removed videos), without a restart.
     let rescan_task = crate::shutdown::on_hangup({
         let weak = Arc::downgrade(&engine);
@@ -268,6 +272,8 @@ pub async fn serve_engine(
         .await;
     let _ = stop_tx.send(true);
     engine.begin_drain();
+    // Everything, the decode threads included, ends within the grace period from here.
+    let shutdown_by = std::time::Instant::now() + grace;
     let drain = async {
         while let Some(done) = tasks.join_next().await {
             if let Ok(Err(e)) = done {
@@ -285,6 +291,9 @@ pub async fn serve_engine(
         }
     }
     tasks.abort_all();
+    // Queued decode work finishes while the grace period lasts; threads stuck in a read are left behind.
+    let fleet_engine = engine.clone();
+    let _ = tokio::task::spawn_blocking(move || fleet_engine.shutdown(shutdown_by)).await;
     for path in sockets {
         let _ = std::fs::remove_file(&path);
     }

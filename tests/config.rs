@@ -57,6 +57,26 @@ fn file_env_and_flags_share_names_and_precedence() {
     assert_eq!(line(&out, "max-side"), "max-side = 4000");
     assert_eq!(line(&out, "dataset"), "dataset = [\"demo=/srv/demo\"]");
     assert_eq!(line(&out, "shutdown-grace"), "shutdown-grace = 4");
+    // Deadlines: defaults, then file < env < flag.
+    assert_eq!(line(&out, "decode-deadline"), "decode-deadline = 60");
+    assert_eq!(line(&out, "index-deadline"), "index-deadline = 600");
+    let deadlines = dir.path().join("deadlines.toml");
+    std::fs::write(&deadlines, "decode-deadline = 5\nindex-deadline = 7.5\n").unwrap();
+    let d = deadlines.to_str().unwrap();
+    let (code, out, err) = config(&["--config", d], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(line(&out, "decode-deadline"), "decode-deadline = 5");
+    assert_eq!(line(&out, "index-deadline"), "index-deadline = 7.5");
+    let (code, out, err) = config(
+        &["--config", d, "--decode-deadline", "2"],
+        &[
+            ("VSERVE_DECODE_DEADLINE", "3"),
+            ("VSERVE_INDEX_DEADLINE", "9"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(line(&out, "decode-deadline"), "decode-deadline = 2");
+    assert_eq!(line(&out, "index-deadline"), "index-deadline = 9");
     // Env over file; the config file itself can come from env.
     let (code, out, err) = config(
         &[],
@@ -107,6 +127,18 @@ fn invalid_values_exit_64_naming_key_and_value() {
             "12parsecs",
         ),
         (vec!["--decode-threads", "0"], vec![], "decode-threads", "0"),
+        (
+            vec!["--decode-deadline", "0"],
+            vec![],
+            "decode-deadline",
+            "0",
+        ),
+        (
+            vec![],
+            vec![("VSERVE_INDEX_DEADLINE", "inf")],
+            "index-deadline",
+            "inf",
+        ),
         (vec!["--listen", "localhost"], vec![], "listen", "localhost"),
         (vec!["--dataset", "nodir"], vec![], "dataset", "nodir"),
         (

@@ -345,6 +345,7 @@ mod on_gpu {
             path,
             index: Arc::new(index),
             gulp: None,
+            file: None,
         }
     }
 

@@ -12,6 +12,7 @@ const PIPELINE: &[&str] = &[
     "peer",
     "metrics",
     "dataset",
+    "journal",
     "manifest",
     "sample",
     "index",

@@ -43,6 +43,7 @@ fn indexing_and_decoding_repeatedly_keep_memory_flat() {
         path: path.clone(),
         index: index.clone(),
         gulp: None,
+        file: None,
     };
     let geometry = Geometry {
         scaled_width: index.width,

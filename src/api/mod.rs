@@ -39,6 +39,7 @@ impl From<Error> for Status {
             Code::OutOfRange => tonic::Code::OutOfRange,
             Code::ResourceExhausted => tonic::Code::ResourceExhausted,
             Code::Unavailable => tonic::Code::Unavailable,
+            Code::DeadlineExceeded => tonic::Code::DeadlineExceeded,
             Code::DataLoss => tonic::Code::DataLoss,
             Code::Internal => tonic::Code::Internal,
         };

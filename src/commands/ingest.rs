@@ -205,6 +205,7 @@ fn encode_video(
             path: path.clone(),
             index: index.clone(),
             gulp: None,
+            file: None,
         };
         let wanted: BTreeSet<usize> = selected.iter().copied().collect();
         let mut encoded: BTreeMap<usize, Vec<u8>> = BTreeMap::new();

@@ -12,11 +12,15 @@
 //! FFmpeg's CUDA hwaccel, with CPU fallback; the `cuda` Cargo feature; [`gpus`] resolves `--gpus`) and [`fake`] (deterministic
 //! synthetic frames for tests that need no media); [`gulp`] decodes the stored JPEG frames of GulpIO
 //! datasets; [`select`] picks each slot's backend from `--gpus` and wraps it in [`select::Routed`], which
-//! sends GulpIO videos (by [`VideoSource::gulp`]) to [`gulp`]. [`fleet`] runs a backend on named OS threads.
+//! sends GulpIO videos (by [`VideoSource::gulp`]) to [`gulp`]. [`fleet`] runs a backend on named OS threads,
+//! with a watchdog that fails and replaces runs stuck past their deadline. Backends read the descriptor
+//! the catalogue checked ([`VideoSource::file`]), never the path again. [`faults`] holds the test-only
+//! hooks that stall or abort an open (debug builds only).
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fake;
+pub mod faults;
 pub mod ffmpeg;
 pub mod fleet;
 pub mod gpus;
@@ -72,6 +76,10 @@ pub struct Geometry {
 #[derive(Clone, Debug)]
 pub struct VideoSource {
     pub path: PathBuf,
+    /// The file as the catalogue checked and opened it (the descriptor decoders read, and the identity
+    /// the crash journal records). None for GulpIO videos and for sources built by tools and tests from
+    /// a trusted path, which backends then open by that path.
+    pub file: Option<Arc<crate::dataset::CheckedFile>>,
     pub index: Arc<VideoIndex>,
     /// Set for a video of a GulpIO dataset: its frames are stored JPEGs, decoded by [`gulp`], not a
     /// video stream (`path` is then only a name).
@@ -125,6 +133,13 @@ pub enum DecodeError {
     Damaged { path: PathBuf, frame: usize },
     #[error("decode queue full ({0} runs waiting)")]
     Overloaded(usize),
+    /// A run went past its deadline (`--decode-deadline`): its thread is stuck (a hung read, or a
+    /// decoder that does not return) and was abandoned.
+    #[error("decoding {path:?} took longer than the {seconds} s deadline (--decode-deadline); its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); the file is not tried again for a while unless it changes")]
+    Deadline { path: PathBuf, seconds: f64 },
+    /// No decode thread can make progress: every one is stuck past its deadline.
+    #[error("no decode thread can make progress: {0}")]
+    Stalled(String),
     #[error("decode fleet is shutting down")]
     ShuttingDown,
 }

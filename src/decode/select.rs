@@ -164,6 +164,8 @@ mod tests {
             threads_per_decoder: 1,
             gpus: GpuSpec::Auto,
             nvdec_sessions: 4,
+            deadline: std::time::Duration::from_secs(60),
+            index_deadline: std::time::Duration::from_secs(600),
         };
         assert_eq!(cpu_threads_beside_gpus(&decode), 0);
         decode.threads = 2;

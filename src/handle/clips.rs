@@ -240,6 +240,8 @@ mod tests {
                 threads_per_decoder: 1,
                 gpus: crate::config::GpuSpec::None,
                 nvdec_sessions: 1,
+                deadline: std::time::Duration::from_secs(60),
+                index_deadline: std::time::Duration::from_secs(600),
             },
             limits,
             shutdown_grace: std::time::Duration::from_secs(1),

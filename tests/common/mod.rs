@@ -291,7 +291,8 @@ impl Daemon {
     }
 
     pub fn log_text(&self) -> String {
-        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        // Lossy: a log with a stray non-UTF-8 byte is still shown, not replaced by nothing.
+        let text = String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned();
         let keep = 8000;
         if text.len() > keep {
             let mut cut = text.len() - keep;

@@ -24,15 +24,18 @@ mod convert;
 pub mod h264;
 mod hw;
 pub mod info;
+pub mod open;
 pub mod scan;
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use ffmpeg_next as ff;
 
+use super::faults::Stage;
 use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
+use crate::dataset::CheckedFile;
 use crate::index::{IndexMethod, SeekMode, VideoIndex};
 use convert::convert_frame;
 use convert::Converter;
@@ -42,7 +45,8 @@ pub use info::{
     cuda_decoder, decoders_of, hwaccel_types, init, library_versions, pick_stream,
     read_only_stream, release, stream_facts, DecoderInfo, StreamFacts,
 };
-pub use scan::{build_index, scan_by_decoding, DecodeScan};
+use open::open_input;
+pub use scan::{build_index, build_index_of, scan_by_decoding, DecodeScan};
 use scan::{frame_damaged, read_packet};
 
 /// Videos a backend keeps open between runs.
@@ -92,29 +96,10 @@ pub(super) fn open_decoder(
 /// frames and costs ~2 ms per open against ~0.2 ms without) is skipped when the header's stream matches the
 /// index (codec and size). Other containers, or any mismatch, get the full open.
 fn open_for_decoding(
-    path: &Path,
+    file: &CheckedFile,
     index: &VideoIndex,
 ) -> Result<ff::format::context::Input, ff::Error> {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return ff::format::input(&path);
-    };
-    let mut ctx: *mut ff::ffi::AVFormatContext = std::ptr::null_mut();
-    // SAFETY: `ctx` is a null out-pointer and `cpath` a valid C string; on failure FFmpeg frees the context
-    // and leaves `ctx` null.
-    let ret = unsafe {
-        ff::ffi::avformat_open_input(
-            &mut ctx,
-            cpath.as_ptr(),
-            std::ptr::null(),
-            std::ptr::null_mut(),
-        )
-    };
-    if ret < 0 || ctx.is_null() {
-        return ff::format::input(&path);
-    }
-    // SAFETY: `ctx` is a valid, opened AVFormatContext that `Input` now owns and closes on drop.
-    let input = unsafe { ff::format::context::Input::wrap(ctx) };
+    let input = open_input(file, false, Stage::Decode)?;
     let container = input.format().name().to_owned();
     let header_is_enough = container.starts_with("mov,mp4") || container.starts_with("matroska");
     let matches = input.stream(index.stream).is_some_and(|st| {
@@ -127,13 +112,15 @@ fn open_for_decoding(
         Ok(input)
     } else {
         drop(input);
-        ff::format::input(&path)
+        open_input(file, true, Stage::Decode)
     }
 }
 
 /// One open video: demuxer, decoder, and where the decoder stands.
 struct OpenVideo {
     path: PathBuf,
+    /// The checked file this context reads (kept open for reopens: they read the same file).
+    file: Arc<CheckedFile>,
     /// The index this context was opened for.
     index: Arc<VideoIndex>,
     stream: usize,
@@ -191,11 +178,8 @@ impl FfmpegBackend {
 
     /// An open context for this video, reused only for the same index (a changed file, or one re-indexed
     /// after damage, gets a new index and so a fresh demuxer and decoder).
-    fn open_video(
-        &mut self,
-        path: &Path,
-        index: &Arc<VideoIndex>,
-    ) -> Result<OpenVideo, DecodeError> {
+    fn open_video(&mut self, source: &VideoSource) -> Result<OpenVideo, DecodeError> {
+        let (path, index) = (source.path.as_path(), &source.index);
         let stream = index.stream;
         if let Some(pos) = self
             .open
@@ -206,7 +190,18 @@ impl FfmpegBackend {
                 return Ok(v);
             }
         }
-        let mut input = open_for_decoding(path, index).map_err(|e| DecodeError::Open {
+        // The descriptor the catalogue checked; tools and tests that build sources by hand give none, and
+        // their (trusted) path is opened here.
+        let file = match &source.file {
+            Some(f) => f.clone(),
+            None => Arc::new(
+                CheckedFile::open_trusted(path).map_err(|e| DecodeError::Open {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                })?,
+            ),
+        };
+        let mut input = open_for_decoding(&file, index).map_err(|e| DecodeError::Open {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
@@ -218,6 +213,7 @@ impl FfmpegBackend {
             })?;
         Ok(OpenVideo {
             path: path.to_owned(),
+            file,
             index: index.clone(),
             stream,
             input,
@@ -242,7 +238,7 @@ impl Backend for FfmpegBackend {
         geometry: Geometry,
     ) -> Result<RunOutput, DecodeError> {
         let index = &source.index;
-        let mut video = self.open_video(&source.path, index)?;
+        let mut video = self.open_video(source)?;
         let result = decode_in(&mut video, index, run, geometry);
         match &result {
             // A video that failed mid-run is reopened next time rather than trusted.
@@ -486,7 +482,7 @@ fn reposition(
 }
 
 fn reopen(video: &mut OpenVideo, index: &VideoIndex) -> Result<(), String> {
-    video.input = open_for_decoding(&video.path, index).map_err(|e| e.to_string())?;
+    video.input = open_for_decoding(&video.file, index).map_err(|e| e.to_string())?;
     read_only_stream(&mut video.input, video.stream);
     video.decoder.flush();
     Ok(())

@@ -13,7 +13,10 @@ use ffmpeg_next as ff;
 
 use super::h264::nal_units_tile;
 use super::info::{init, pick_stream, read_only_stream, stream_facts};
+use super::open::open_input;
 use super::open_decoder;
+use crate::dataset::CheckedFile;
+use crate::decode::faults::Stage;
 use crate::decode::DecodeError;
 use crate::index::{FrameEntry, IndexError, IndexMethod, SeekMode, VideoIndex};
 
@@ -78,11 +81,12 @@ pub(super) fn frame_damaged(frame: &ff::frame::Video) -> bool {
     }
 }
 
-/// Decodes all of stream `index` of `path`: the table of what the decoder really outputs, and where it
+/// Decodes all of stream `index` of `file`: the table of what the decoder really outputs, and where it
 /// met errors. One decoder thread, as every run decodes, so concealment of damaged data is the same.
-pub fn scan_by_decoding(path: &Path, index: usize) -> Result<DecodeScan, DecodeError> {
+pub fn scan_by_decoding(file: &CheckedFile, index: usize) -> Result<DecodeScan, DecodeError> {
     init();
-    let mut input = ff::format::input(&path).map_err(|e| DecodeError::Open {
+    let path = file.path.as_path();
+    let mut input = open_input(file, true, Stage::Index).map_err(|e| DecodeError::Open {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;
@@ -231,16 +235,30 @@ impl StartCheck {
     }
 }
 
-/// Builds the index of `path`'s stream (`stream` = container index, or FFmpeg's best video stream).
-/// `force_decode` skips the packet-scan table and indexes by decoding (for videos found damaged).
+/// Builds the index of the file at a trusted `path` (tools and tests; the daemon opens client paths
+/// through [`crate::dataset::Dataset::open`] and calls [`build_index_of`]).
 pub fn build_index(
     path: &Path,
     stream: Option<usize>,
     force_decode: bool,
 ) -> Result<VideoIndex, IndexError> {
-    let pstr = path.display().to_string();
+    let file = CheckedFile::open_trusted(path).map_err(|e| IndexError::Open {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    build_index_of(&file, stream, force_decode)
+}
+
+/// Builds the index of `file`'s stream (`stream` = container index, or FFmpeg's best video stream).
+/// `force_decode` skips the packet-scan table and indexes by decoding (for videos found damaged).
+pub fn build_index_of(
+    file: &CheckedFile,
+    stream: Option<usize>,
+    force_decode: bool,
+) -> Result<VideoIndex, IndexError> {
+    let pstr = file.path.display().to_string();
     init();
-    let mut input = ff::format::input(&path).map_err(|e| IndexError::Open {
+    let mut input = open_input(file, true, Stage::Index).map_err(|e| IndexError::Open {
         path: pstr.clone(),
         reason: e.to_string(),
     })?;
@@ -253,7 +271,8 @@ pub fn build_index(
         reason,
     })?;
     read_only_stream(&mut input, st_index);
-    let file_len = std::fs::metadata(path).map(|m| m.len()).ok();
+    // The size of the open file (fstat when it was opened), not of whatever the path names now.
+    let file_len = Some(file.size);
 
     // One packet scan, decoding the start of the stream on the way.
     let nal_len = facts.nal_length_size;
@@ -345,7 +364,7 @@ pub fn build_index(
     let mut damaged = false;
     let method = if let Some(reason) = &irregular {
         tracing::debug!(path = %pstr, %reason, "packet scan irregular; indexing by decoding");
-        let scan = scan_by_decoding(path, st_index).map_err(|e| IndexError::Corrupt {
+        let scan = scan_by_decoding(file, st_index).map_err(|e| IndexError::Corrupt {
             path: pstr.clone(),
             reason: e.to_string(),
         })?;

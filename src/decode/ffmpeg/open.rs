@@ -1,0 +1,123 @@
+//! Opening media for FFmpeg: only the file that was checked, only through the file protocol, only as a
+//! container real video datasets use.
+//!
+//! Input: a [`CheckedFile`] (a descriptor of a regular file, opened beneath a dataset root by
+//! [`crate::dataset`], or by a trusted path for tools). Output: an FFmpeg `Input` reading that same open
+//! file through `/proc/self/fd/N` (the kernel resolves it to the open file, whatever its path names by
+//! now), with the options `protocol_whitelist=file` (no network, no nested protocols) and
+//! `format_whitelist=`[`DEMUXERS`] (no playlist, concat or image-sequence demuxer that would open other
+//! files; no exotic demuxer for a file that only claims to be video).
+//!
+//! Invariant: every FFmpeg open of a video in the daemon (index builds, decode scans, decode runs and
+//! their reopens) goes through [`open_input`].
+
+use std::ptr;
+
+use ffmpeg_next as ff;
+
+use crate::dataset::CheckedFile;
+use crate::decode::faults::{self, Stage};
+
+/// The demuxers FFmpeg may pick (its names; a match on any name of a multi-name demuxer such as
+/// `mov,mp4,m4a,3gp,3g2,mj2` counts): MP4/MOV/3GP, Matroska/WebM, AVI, MPEG program and transport
+/// streams, FLV, Ogg, ASF/WMV, NUT, IVF, Y4M, DV, MXF, and raw H.264/HEVC/MPEG-4/MPEG-1/2/VC-1/AV1/MJPEG
+/// elementary streams.
+pub const DEMUXERS: &str =
+    "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,mpeg,mpegts,mpegvideo,flv,ogg,\
+asf,nut,ivf,yuv4mpegpipe,dv,mxf,h264,hevc,m4v,vc1,obu,mjpeg";
+
+/// The only protocol FFmpeg may use.
+pub const PROTOCOLS: &str = "file";
+
+/// Opens `file` for demuxing. `find_stream_info` runs FFmpeg's stream probing (which decodes a few
+/// frames) after the header is read; without it only the header is read. `stage` names who opens, for
+/// the test-only fault hooks ([`faults`]).
+pub fn open_input(
+    file: &CheckedFile,
+    find_stream_info: bool,
+    stage: Stage,
+) -> Result<ff::format::context::Input, ff::Error> {
+    faults::at_open(stage, &file.path);
+    let url = std::ffi::CString::new(file.proc_path().as_os_str().to_string_lossy().as_bytes())
+        .map_err(|_| ff::Error::InvalidData)?;
+    let mut options = ff::Dictionary::new();
+    options.set("format_whitelist", DEMUXERS);
+    options.set("protocol_whitelist", PROTOCOLS);
+    let mut ctx: *mut ff::ffi::AVFormatContext = ptr::null_mut();
+    // SAFETY: `ctx` is a null out-pointer, `url` a valid C string and `opts` an owned dictionary (or
+    // null) that avformat_open_input may replace with the options it did not consume; it is owned
+    // again right after. On failure FFmpeg frees the context and leaves `ctx` null.
+    let ret = unsafe {
+        let mut opts = options.disown();
+        let ret = ff::ffi::avformat_open_input(&mut ctx, url.as_ptr(), ptr::null(), &mut opts);
+        drop(ff::Dictionary::own(opts));
+        ret
+    };
+    if ret < 0 || ctx.is_null() {
+        return Err(ff::Error::from(ret.min(-1)));
+    }
+    if find_stream_info {
+        // SAFETY: `ctx` is a valid, opened AVFormatContext; on failure it is closed here and not used.
+        let ret = unsafe { ff::ffi::avformat_find_stream_info(ctx, ptr::null_mut()) };
+        if ret < 0 {
+            // SAFETY: `ctx` was opened by avformat_open_input and is owned by nothing else.
+            unsafe { ff::ffi::avformat_close_input(&mut ctx) };
+            return Err(ff::Error::from(ret));
+        }
+    }
+    // SAFETY: `ctx` is a valid, opened AVFormatContext that `Input` now owns and closes on drop.
+    Ok(unsafe { ff::format::context::Input::wrap(ctx) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn media(rel: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/media")
+            .join(rel)
+    }
+
+    #[test]
+    fn every_video_of_the_corpus_opens_and_other_formats_do_not() {
+        super::super::init();
+        let mut videos = Vec::new();
+        let mut stack = vec![media("")];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if crate::dataset::is_video(&p) {
+                    videos.push(p);
+                }
+            }
+        }
+        assert!(videos.len() >= 20, "{videos:?}");
+        for v in &videos {
+            let f = CheckedFile::open_trusted(v).unwrap();
+            let input = open_input(&f, true, Stage::Index)
+                .unwrap_or_else(|e| panic!("{} does not open: {e}", v.display()));
+            assert!(input.streams().count() > 0, "{}", v.display());
+        }
+        // A WAV file is media FFmpeg reads, but no video container: refused by the whitelist.
+        let dir = tempfile::tempdir().unwrap();
+        let wav = dir.path().join("tone.mp4");
+        let mut bytes = b"RIFF".to_vec();
+        bytes.extend(36u32.to_le_bytes().iter().chain(b"WAVEfmt "));
+        bytes.extend(16u32.to_le_bytes());
+        bytes.extend([1, 0, 1, 0]);
+        bytes.extend(8000u32.to_le_bytes());
+        bytes.extend(8000u32.to_le_bytes());
+        bytes.extend([1, 0, 8, 0]);
+        bytes.extend(b"data");
+        bytes.extend(8000u32.to_le_bytes());
+        bytes.extend(vec![128u8; 8000]);
+        std::fs::write(&wav, &bytes).unwrap();
+        let f = CheckedFile::open_trusted(&wav).unwrap();
+        // Without the whitelist FFmpeg opens it as WAV.
+        assert!(ff::format::input(&wav).is_ok());
+        assert!(open_input(&f, true, Stage::Index).is_err());
+    }
+}

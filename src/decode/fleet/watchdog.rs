@@ -1,0 +1,304 @@
+//! The watchdog: one thread (`vserve-watchdog`) that ticks at an eighth of the run deadline (10 to
+//! 250 ms). Input: the slots' running runs. Output: a run past its deadline has its waiters failed with
+//! [`DecodeError::Deadline`], its thread abandoned (its journal slot marked stalled) and, while fewer than
+//! `max_stuck` threads are stuck, a replacement started; when no slot has a thread, queued runs fail with
+//! [`DecodeError::Stalled`] instead of waiting.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{fail_queued, spawn_worker, Shared};
+use crate::decode::DecodeError;
+
+/// Fails runs past their deadline, abandons and replaces their threads, and fails queued runs when no
+/// slot can take them. Ticks at an eighth of the deadline (10 to 250 ms).
+pub(super) fn watchdog(shared: Arc<Shared>) {
+    let deadline = shared.options.deadline;
+    let tick = (deadline / 8).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    loop {
+        {
+            let mut stopping = shared.stopping.lock();
+            if !*stopping {
+                shared.stop.wait_for(&mut stopping, tick);
+            }
+            if *stopping {
+                return;
+            }
+        }
+        let now = Instant::now();
+        for slot in 0..shared.slots.len() {
+            let mut st = shared.slots[slot].lock();
+            let overdue = st
+                .running
+                .as_ref()
+                .is_some_and(|r| now.duration_since(r.started) >= deadline);
+            if !overdue {
+                continue;
+            }
+            let Some(running) = st.running.take() else {
+                continue;
+            };
+            st.generation += 1;
+            let stuck = shared.counters.stuck.fetch_add(1, Ordering::Relaxed) + 1;
+            shared
+                .counters
+                .deadline_exceeded
+                .fetch_add(1, Ordering::Relaxed);
+            {
+                // The stuck thread owns the slot no more.
+                *shared.owners.lock() -= 1;
+                shared.owners_done.notify_all();
+            }
+            if let Some(j) = &running.journal {
+                j.mark_stalled();
+            }
+            let replaced = stuck <= shared.options.max_stuck
+                && !shared.is_stopping()
+                && match spawn_worker(&shared, slot, st.generation) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(slot, error = %e, "cannot start a replacement decode thread");
+                        false
+                    }
+                };
+            st.vacant = !replaced;
+            drop(st);
+            tracing::error!(
+                path = %running.path.display(),
+                deadline_s = deadline.as_secs_f64(),
+                stuck,
+                replaced,
+                "decode run past its deadline: waiters failed, thread abandoned"
+            );
+            let f = running.on_done.lock().take();
+            if let Some(f) = f {
+                f(Err(DecodeError::Deadline {
+                    path: running.path,
+                    seconds: deadline.as_secs_f64(),
+                }));
+            }
+        }
+        if shared.slots.iter().all(|s| s.lock().vacant) {
+            while let Some(job) = shared.scheduler.try_pop() {
+                shared.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                fail_queued(
+                    job,
+                    DecodeError::Stalled(format!(
+                        "all {} decode threads are stuck past the {} s deadline",
+                        shared.slots.len(),
+                        deadline.as_secs_f64()
+                    )),
+                );
+            }
+        }
+    }
+}
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::mpsc;
+
+    use parking_lot::{Condvar, Mutex};
+
+    use super::super::*;
+
+    use crate::decode::fake::FakeBackend;
+    use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
+
+    fn source(name: &str) -> VideoSource {
+        let index = VideoIndex {
+            stream: 0,
+            codec: "h264".into(),
+            pixel_format: "yuv420p".into(),
+            width: 2,
+            height: 2,
+            rotation: 0,
+            time_base: (1, 25),
+            avg_fps: 25.0,
+            frames: (0..10)
+                .map(|i| FrameEntry {
+                    pts: i,
+                    duration: 1,
+                    key: i == 0,
+                    stated_duration: 1,
+                })
+                .collect(),
+            keyframes: vec![0],
+            declared_frames: 0,
+            seek: SeekMode::ByPts,
+            method: IndexMethod::PacketScan,
+            h264_nal_length: None,
+            damaged: false,
+        };
+        VideoSource {
+            path: PathBuf::from(name),
+            index: Arc::new(index),
+            gulp: None,
+            file: None,
+        }
+    }
+
+    /// Closed until the test opens it: runs of `stuck.mp4` wait on it, as a read from a hung mount.
+    #[derive(Default)]
+    struct Gate {
+        open: Mutex<bool>,
+        cv: Condvar,
+    }
+
+    impl Gate {
+        fn open(&self) {
+            *self.open.lock() = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// The fake backend, except that a run of `stuck.mp4` blocks until the gate opens.
+    struct Stalling {
+        gate: Arc<Gate>,
+        fake: FakeBackend,
+    }
+
+    impl Backend for Stalling {
+        fn decode_run(
+            &mut self,
+            source: &VideoSource,
+            run: &GopRun,
+            geometry: Geometry,
+        ) -> Result<RunOutput, DecodeError> {
+            if source.path == std::path::Path::new("stuck.mp4") {
+                let mut open = self.gate.open.lock();
+                while !*open {
+                    self.gate.cv.wait(&mut open);
+                }
+            }
+            self.fake.decode_run(source, run, geometry)
+        }
+    }
+
+    type Outcome = (String, Result<Vec<usize>, DecodeError>);
+
+    fn job(name: &str, tx: &mpsc::Sender<Outcome>) -> Job {
+        let (tx, what) = (tx.clone(), name.to_owned());
+        Job {
+            tenant: 1,
+            source: source(name),
+            run: Arc::new(Mutex::new(PendingRun {
+                started: false,
+                run: GopRun {
+                    keyframe: 0,
+                    wanted: vec![2, 3],
+                },
+            })),
+            geometry: Geometry {
+                scaled_width: 2,
+                scaled_height: 2,
+                rotation: 0,
+            },
+            on_done: Arc::new(Mutex::new(Some(
+                Box::new(move |r: Result<RunOutput, DecodeError>| {
+                    let _ = tx.send((what, r.map(|o| o.frames.iter().map(|f| f.0).collect())));
+                }) as OnDone,
+            ))),
+            still_wanted: Arc::new(|| true),
+        }
+    }
+
+    fn stalling_fleet(deadline_ms: u64, max_stuck: usize) -> (Fleet, Arc<Gate>) {
+        let gate = Arc::new(Gate::default());
+        let g = gate.clone();
+        let factory: BackendFactory = Arc::new(move |_| {
+            Box::new(Stalling {
+                gate: g.clone(),
+                fake: FakeBackend::default(),
+            })
+        });
+        let options = FleetOptions {
+            deadline: Duration::from_millis(deadline_ms),
+            max_stuck,
+            journal: None,
+        };
+        (Fleet::start(1, 16, factory, options).unwrap(), gate)
+    }
+
+    fn wait_for(what: &str, cond: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_stuck_run_fails_at_its_deadline_and_a_replacement_keeps_the_slot_serving() {
+        let (fleet, gate) = stalling_fleet(200, 1);
+        let (tx, rx) = mpsc::channel();
+        let t0 = Instant::now();
+        fleet.submit(job("stuck.mp4", &tx)).unwrap();
+        let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let waited = t0.elapsed();
+        assert_eq!(name, "stuck.mp4");
+        assert!(
+            matches!(&result, Err(DecodeError::Deadline { path, seconds }) if path == std::path::Path::new("stuck.mp4") && *seconds == 0.2),
+            "{result:?}"
+        );
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        // The fleet's one slot has a new thread: another video decodes.
+        fleet.submit(job("good.mp4", &tx)).unwrap();
+        let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((name.as_str(), result.unwrap()), ("good.mp4", vec![2, 3]));
+        assert_eq!(fleet.counters.stuck.load(Ordering::Relaxed), 1);
+        assert_eq!(fleet.health(), Ok(()));
+
+        // A second stuck run: over the cap of one abandoned thread. Not replaced, so the slot is empty:
+        // unhealthy, and new work is refused at once instead of waiting forever.
+        fleet.submit(job("stuck.mp4", &tx)).unwrap();
+        let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(result, Err(DecodeError::Deadline { .. })));
+        let health = fleet.health().unwrap_err();
+        assert!(health.contains("2 decode threads are stuck"), "{health}");
+        assert!(matches!(
+            fleet.submit(job("good.mp4", &tx)),
+            Err(DecodeError::Stalled(_))
+        ));
+        assert_eq!(fleet.counters.deadline_exceeded.load(Ordering::Relaxed), 2);
+
+        // The reads return: one abandoned thread takes the empty slot back, the other ends.
+        gate.open();
+        wait_for("the stuck threads to return", || {
+            fleet.counters.stuck.load(Ordering::Relaxed) == 0
+        });
+        assert_eq!(fleet.health(), Ok(()));
+        fleet.submit(job("good.mp4", &tx)).unwrap();
+        let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((name.as_str(), result.unwrap()), ("good.mp4", vec![2, 3]));
+        // Late results of abandoned runs were dropped: nothing else arrived.
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn shutdown_leaves_a_stuck_thread_behind_and_tells_its_waiters() {
+        let (fleet, _gate) = stalling_fleet(60_000, 4);
+        let (tx, rx) = mpsc::channel();
+        fleet.submit(job("stuck.mp4", &tx)).unwrap();
+        wait_for("the run to start", || {
+            fleet.shared.slots[0].lock().running.is_some()
+        });
+        let t0 = Instant::now();
+        fleet.shutdown(Instant::now() + Duration::from_millis(300));
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        let (_, result) = rx.recv_timeout(Duration::from_secs(1)).unwrap();
+        assert!(
+            matches!(result, Err(DecodeError::ShuttingDown)),
+            "{result:?}"
+        );
+        // Dropping it now does not wait again.
+        let t0 = Instant::now();
+        drop(fleet);
+        assert!(t0.elapsed() < Duration::from_millis(100));
+    }
+}

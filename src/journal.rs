@@ -1,0 +1,571 @@
+//! The crash journal and the quarantine: a poison file (one that crashes the process inside FFmpeg or a
+//! driver) takes the daemon down at most once.
+//!
+//! Input: the state directory, and the identity ([`FileKey`]: canonical path, size, mtime) of every file
+//! a decode or index thread is about to open. Output: at start-up ([`recover`]), the files a previous
+//! process was inside when it died, added to the [`Quarantine`], which the catalogue consults before it
+//! opens anything: a quarantined file is refused (DATA_LOSS) until its identity changes.
+//!
+//! Journal: `journal/slot-N` in the state directory, one small file per thread that opens videos (decode
+//! threads hold theirs; index builds borrow one from a pool). While a thread is inside a file its slot
+//! reads `B <size> <mtime_ns> <path as hex>`; on a clean finish the first byte becomes `I`; a thread
+//! abandoned past its deadline marks `S` (a stall, not a crash: not quarantined). Cost: one `pwrite` per
+//! enter and per leave, plus one `fdatasync` when a slot enters a file other than the last it made
+//! durable. A process crash keeps every write (the page cache outlives the process); the `fdatasync`
+//! covers a crash of the host (a GPU driver taking the kernel down) for the file being entered.
+//!
+//! One process owns the journal: [`recover`] takes an exclusive `flock` on `journal/lock` (released by
+//! the kernel when the process dies); another process on the same state directory gets no journal (and
+//! reads the quarantine without touching the owner's records).
+//!
+//! Quarantine: `quarantine.json`, written atomically; entries leave it when the file at that path has
+//! another identity (replaced or touched), or when an operator deletes the file. A clean shutdown clears
+//! the journal ([`Journal::clear_all`]), so only a process that died leaves entries behind.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::dataset::CheckedFile;
+use crate::state::StateDir;
+
+/// The journal's directory inside the state directory.
+pub const JOURNAL_DIR: &str = "journal";
+/// The quarantine file inside the state directory.
+pub const QUARANTINE_FILE: &str = "quarantine.json";
+
+/// A file's identity: a file replaced or modified (new size or mtime) is another file.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub path: PathBuf,
+    pub size: u64,
+    pub mtime_ns: i128,
+}
+
+impl FileKey {
+    pub fn of(file: &CheckedFile) -> FileKey {
+        FileKey {
+            path: file.path.clone(),
+            size: file.size,
+            mtime_ns: file.mtime_ns,
+        }
+    }
+
+    /// The journal record of a thread inside this file.
+    fn record(&self) -> Vec<u8> {
+        format!(
+            "B {} {} {}\n",
+            self.size,
+            self.mtime_ns,
+            hex(self.path.as_os_str().as_bytes())
+        )
+        .into_bytes()
+    }
+
+    fn parse_record(text: &[u8]) -> Option<(u8, FileKey)> {
+        let line = text.split(|&b| b == b'\n').next()?;
+        let line = std::str::from_utf8(line).ok()?;
+        let mut parts = line.split(' ');
+        let state = parts.next()?.bytes().next()?;
+        let size = parts.next()?.parse().ok()?;
+        let mtime_ns = parts.next()?.parse().ok()?;
+        let path = PathBuf::from(std::ffi::OsString::from_vec(unhex(parts.next()?)?));
+        Some((
+            state,
+            FileKey {
+                path,
+                size,
+                mtime_ns,
+            },
+        ))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The journal: the lock that makes this process its owner, and a pool of slot files.
+pub struct Journal {
+    /// Holds the exclusive lock on `journal/lock` while the journal lives.
+    _lock: File,
+    pool: Arc<Pool>,
+}
+
+/// The slot files of the journal.
+struct Pool {
+    dir: PathBuf,
+    /// Slot files not held by a thread (returned by index builds), with their numbers.
+    free: Mutex<Vec<(usize, File)>>,
+    next: AtomicUsize,
+}
+
+impl Journal {
+    /// A slot of the journal for one thread: a free one, or a new file.
+    pub fn slot(&self) -> std::io::Result<JournalSlot> {
+        let pool = &self.pool;
+        let taken = pool.free.lock().pop();
+        let (n, file) = match taken {
+            Some(t) => t,
+            None => {
+                let n = pool.next.fetch_add(1, Ordering::Relaxed);
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(pool.dir.join(format!("slot-{n}")))?;
+                // The new name must survive a host crash for its records to be found.
+                sync_dir(&pool.dir)?;
+                (n, file)
+            }
+        };
+        Ok(JournalSlot {
+            pool: pool.clone(),
+            n,
+            inner: Mutex::new(SlotInner {
+                file: Some(file),
+                synced: None,
+                busy: false,
+            }),
+        })
+    }
+
+    /// At a clean exit: nothing crashed, so nothing the journal names is a suspect (threads still
+    /// stuck in a read included).
+    pub fn clear_all(&self) {
+        if let Ok(entries) = std::fs::read_dir(&self.pool.dir) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with("slot-") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// One thread's place in the journal. Dropping it marks it idle and returns it to the pool.
+pub struct JournalSlot {
+    pool: Arc<Pool>,
+    n: usize,
+    inner: Mutex<SlotInner>,
+}
+
+struct SlotInner {
+    file: Option<File>,
+    /// The identity last made durable in this slot's record.
+    synced: Option<FileKey>,
+    busy: bool,
+}
+
+impl JournalSlot {
+    /// Records that this thread is about to open `key`; durable when this returns.
+    pub fn enter(&self, key: &FileKey) -> std::io::Result<()> {
+        let mut inner = self.inner.lock();
+        let Some(file) = inner.file.as_ref() else {
+            return Ok(());
+        };
+        if inner.synced.as_ref() == Some(key) {
+            // The whole record is on disk already: flipping the state byte back to busy is enough.
+            file.write_all_at(b"B", 0)?;
+        } else {
+            file.write_all_at(&key.record(), 0)?;
+            file.sync_data()?;
+            inner.synced = Some(key.clone());
+        }
+        inner.busy = true;
+        Ok(())
+    }
+
+    /// Records a clean finish (an error the decoder returned is a clean finish too).
+    pub fn leave(&self) {
+        let mut inner = self.inner.lock();
+        if inner.busy {
+            if let Some(f) = inner.file.as_ref() {
+                if let Err(e) = f.write_all_at(b"I", 0) {
+                    tracing::warn!(slot = self.n, error = %e, "cannot update the crash journal");
+                }
+            }
+            inner.busy = false;
+        }
+    }
+
+    /// Records that the thread was abandoned past its deadline: a stall, not a crash.
+    pub fn mark_stalled(&self) {
+        let inner = self.inner.lock();
+        if inner.busy {
+            if let Some(f) = inner.file.as_ref() {
+                let _ = f.write_all_at(b"S", 0);
+            }
+        }
+    }
+}
+
+impl Drop for JournalSlot {
+    fn drop(&mut self) {
+        self.leave();
+        if let Some(file) = self.inner.lock().file.take() {
+            self.pool.free.lock().push((self.n, file));
+        }
+    }
+}
+
+/// A quarantined file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantined {
+    pub key: FileKey,
+    /// When it was quarantined (seconds since the epoch).
+    pub since: u64,
+}
+
+/// The files that crashed a daemon, by path.
+pub struct Quarantine {
+    /// Where the set is persisted (None: kept in memory only).
+    state: Option<StateDir>,
+    files: Mutex<HashMap<PathBuf, Quarantined>>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct QuarantineFile {
+    version: u32,
+    files: Vec<QuarantineEntry>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct QuarantineEntry {
+    /// For people reading the file (lossy for paths that are not UTF-8).
+    path: String,
+    /// The exact path bytes, hex: what is read back.
+    path_hex: String,
+    size: u64,
+    mtime_ns: i64,
+    since: u64,
+}
+
+impl Quarantine {
+    /// An empty quarantine kept in memory (no state directory).
+    pub fn in_memory() -> Quarantine {
+        Quarantine {
+            state: None,
+            files: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The quarantine record of `key`'s file, if it is that file (same identity). A quarantined path
+    /// whose file has changed leaves the quarantine here: it is tried again.
+    pub fn check(&self, key: &FileKey) -> Option<Quarantined> {
+        let mut files = self.files.lock();
+        let q = files.get(&key.path)?;
+        if q.key == *key {
+            return Some(q.clone());
+        }
+        tracing::info!(path = %key.path.display(), "quarantined file has changed; trying it again");
+        files.remove(&key.path);
+        let snapshot = self.serialise(&files);
+        drop(files);
+        self.persist(snapshot);
+        None
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the set is kept, for messages.
+    pub fn location(&self) -> String {
+        self.state.as_ref().map_or_else(
+            || "memory (no --state-dir)".to_owned(),
+            |s| s.path(QUARANTINE_FILE).display().to_string(),
+        )
+    }
+
+    fn add(&self, key: FileKey, since: u64) {
+        self.files
+            .lock()
+            .insert(key.path.clone(), Quarantined { key, since });
+    }
+
+    fn serialise(&self, files: &HashMap<PathBuf, Quarantined>) -> Vec<u8> {
+        let mut list: Vec<QuarantineEntry> = files
+            .values()
+            .map(|q| QuarantineEntry {
+                path: q.key.path.display().to_string(),
+                path_hex: hex(q.key.path.as_os_str().as_bytes()),
+                size: q.key.size,
+                mtime_ns: i64::try_from(q.key.mtime_ns).unwrap_or(i64::MAX),
+                since: q.since,
+            })
+            .collect();
+        list.sort_by(|a, b| a.path_hex.cmp(&b.path_hex));
+        let mut out = serde_json::to_vec_pretty(&QuarantineFile {
+            version: 1,
+            files: list,
+        })
+        .unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+
+    fn persist(&self, bytes: Vec<u8>) {
+        if let Some(state) = &self.state {
+            if let Err(e) = state.write_atomic(QUARANTINE_FILE, &bytes) {
+                tracing::warn!(error = %e, file = %state.path(QUARANTINE_FILE).display(), "cannot write the quarantine");
+            }
+        }
+    }
+
+    fn load(state: &StateDir) -> Quarantine {
+        let q = Quarantine {
+            state: Some(state.clone()),
+            files: Mutex::new(HashMap::new()),
+        };
+        let bytes = match state.read(QUARANTINE_FILE) {
+            Ok(Some(b)) => b,
+            Ok(None) => return q,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the quarantine; starting with none");
+                return q;
+            }
+        };
+        match serde_json::from_slice::<QuarantineFile>(&bytes) {
+            Ok(f) if f.version == 1 => {
+                for e in f.files {
+                    let Some(path) = unhex(&e.path_hex) else {
+                        continue;
+                    };
+                    q.add(
+                        FileKey {
+                            path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                            size: e.size,
+                            mtime_ns: e.mtime_ns as i128,
+                        },
+                        e.since,
+                    );
+                }
+            }
+            Ok(f) => {
+                tracing::warn!(
+                    version = f.version,
+                    "quarantine file of an unknown version ignored"
+                )
+            }
+            Err(e) => tracing::warn!(error = %e, "unreadable quarantine file ignored"),
+        }
+        q
+    }
+}
+
+/// Opens the journal in `state` and moves what a previous process left in it into the quarantine
+/// (persisted before the journal is cleared, so a crash now loses nothing). No journal (None) when
+/// another live process holds it.
+pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Quarantine>)> {
+    use std::os::fd::AsRawFd;
+    let dir = state.path(JOURNAL_DIR);
+    std::fs::create_dir_all(&dir)?;
+    let quarantine = Quarantine::load(state);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is involved.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            tracing::warn!(dir = %dir.display(), "another vserve process holds this crash journal; this one records nothing");
+            return Ok((None, Arc::new(quarantine)));
+        }
+        return Err(e);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut slots = Vec::new();
+    let mut added = 0;
+    for e in std::fs::read_dir(&dir)?.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("slot-") {
+            continue;
+        }
+        slots.push(e.path());
+        let Ok(bytes) = std::fs::read(e.path()) else {
+            continue;
+        };
+        match FileKey::parse_record(&bytes) {
+            Some((b'B', key)) => {
+                tracing::warn!(
+                    path = %key.path.display(),
+                    "quarantined: the previous daemon died while decoding this file; it is refused (DATA_LOSS) until it changes"
+                );
+                quarantine.add(key, now);
+                added += 1;
+            }
+            Some((b'S', key)) => {
+                tracing::info!(path = %key.path.display(), "the previous daemon had a read of this file stuck past its deadline; not quarantined");
+            }
+            _ => {}
+        }
+    }
+    if added > 0 {
+        let bytes = quarantine.serialise(&quarantine.files.lock());
+        state.write_atomic(QUARANTINE_FILE, &bytes)?;
+    }
+    for p in slots {
+        std::fs::remove_file(&p)?;
+    }
+    sync_dir(&dir)?;
+    if !quarantine.is_empty() {
+        tracing::info!(files = quarantine.len(), file = %quarantine.location(), "files in quarantine");
+    }
+    let journal = Arc::new(Journal {
+        _lock: lock,
+        pool: Arc::new(Pool {
+            dir,
+            free: Mutex::new(Vec::new()),
+            next: AtomicUsize::new(0),
+        }),
+    });
+    Ok((Some(journal), Arc::new(quarantine)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes a slot file by hand (a torn or empty record).
+    fn write_raw(path: &Path, bytes: &[u8]) {
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    fn key(path: &str, size: u64) -> FileKey {
+        FileKey {
+            path: PathBuf::from(path),
+            size,
+            mtime_ns: 1_700_000_000_123_456_789,
+        }
+    }
+
+    #[test]
+    fn files_left_busy_are_quarantined_until_they_change_and_the_set_persists() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let (journal, q) = recover(&state).unwrap();
+        let journal = journal.unwrap();
+        assert!(q.is_empty());
+        let poison = key("/data/bad\nname.mp4", 10);
+        let good = key("/data/good.mp4", 20);
+        let stuck = key("/data/stuck.mp4", 30);
+        let a = journal.slot().unwrap();
+        let b = journal.slot().unwrap();
+        let c = journal.slot().unwrap();
+        // a finished cleanly, b died inside, c was abandoned past its deadline.
+        a.enter(&good).unwrap();
+        a.leave();
+        b.enter(&good).unwrap();
+        b.leave();
+        b.enter(&poison).unwrap();
+        c.enter(&stuck).unwrap();
+        c.mark_stalled();
+        // The process dies: nothing is dropped.
+        std::mem::forget((a, b, c));
+        drop(journal);
+
+        let (journal, q) = recover(&state).unwrap();
+        assert_eq!(q.len(), 1);
+        // While this process holds the journal, another gets none and leaves its records alone.
+        let (other, seen) = recover(&state).unwrap();
+        assert!(other.is_none());
+        assert_eq!(seen.len(), 1);
+        assert_eq!(q.check(&poison).map(|x| x.key), Some(poison.clone()));
+        assert_eq!(q.check(&good), None);
+        assert_eq!(q.check(&stuck), None);
+        // The journal starts empty again.
+        let names: Vec<_> = std::fs::read_dir(state.path(JOURNAL_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, ["lock"]);
+        drop(journal);
+
+        // A restart with an empty journal keeps the quarantine (persisted).
+        let (_journal, q) = recover(&state).unwrap();
+        assert!(q.check(&poison).is_some());
+        // The file changes: it leaves the quarantine, for good.
+        let touched = FileKey {
+            mtime_ns: poison.mtime_ns + 1,
+            ..poison.clone()
+        };
+        assert_eq!(q.check(&touched), None);
+        assert_eq!(q.check(&poison), None);
+        let (_journal, q) = recover(&state).unwrap();
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_clean_exit_and_torn_records_quarantine_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let (journal, _) = recover(&state).unwrap();
+        let journal = journal.unwrap();
+        let a = journal.slot().unwrap();
+        a.enter(&key("/x.mp4", 1)).unwrap();
+        // Clean shutdown with a thread still inside (stuck): cleared.
+        journal.clear_all();
+        std::mem::forget(a);
+        drop(journal);
+        write_raw(&state.path("journal/slot-9"), b"B 12 34 zz");
+        write_raw(&state.path("journal/slot-8"), b"");
+        let (_, q) = recover(&state).unwrap();
+        assert!(q.is_empty());
+        // Garbage in the quarantine file is ignored.
+        state.write_atomic(QUARANTINE_FILE, b"{not json").unwrap();
+        let (_, q) = recover(&state).unwrap();
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn journal_cost_per_enter() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let (journal, _) = recover(&state).unwrap();
+        let slot = journal.unwrap().slot().unwrap();
+        let n = 50;
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            slot.enter(&key("/data/v.mp4", i)).unwrap();
+            slot.leave();
+        }
+        let new_file = t.elapsed() / n as u32;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            slot.enter(&key("/data/v.mp4", 0)).unwrap();
+            slot.leave();
+        }
+        let same_file = t.elapsed() / n as u32;
+        eprintln!("journal: enter+leave of a new file {new_file:?} (fdatasync), of the same file again {same_file:?}");
+        assert!(same_file < std::time::Duration::from_millis(5));
+    }
+}

