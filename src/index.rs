@@ -47,7 +47,7 @@ pub enum IndexMethod {
     Stored,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct VideoIndex {
     /// Container stream index.
     pub stream: usize,

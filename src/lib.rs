@@ -52,4 +52,5 @@ pub mod sample;
 pub mod server;
 pub mod shutdown;
 pub mod state;
+pub mod store;
 pub mod transport;

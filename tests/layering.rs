@@ -14,6 +14,7 @@ const PIPELINE: &[&str] = &[
     "manifest",
     "sample",
     "index",
+    "store",
     "plan",
     "gulp",
     "decode",
