@@ -8,9 +8,12 @@
 //! Invariants: a path is resolved inside its dataset's root before anything opens it; index builds run
 //! on blocking threads, at most one per decode thread at a time; a failed file is not scanned again for
 //! 30 s unless it changes (identity includes size and mtime); a file found damaged is indexed by decoding
-//! from then on.
+//! from then on. With a [`Store`], a table is looked up there before it is built and written there after,
+//! with the video's health: a restart re-indexes nothing unchanged, a damaged file stays damaged, and
+//! [`Catalog::resolve_for_sampling`] narrows a damaged video to the frames before its first bad one and
+//! refuses unreadable and quarantined ones.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -26,6 +29,7 @@ use crate::index::{IndexError, VideoIndex};
 use crate::manifest::Samples;
 use crate::metrics::{EngineMetrics, Timer};
 use crate::request::DatasetSummary;
+use crate::store::{Health, Key, Record, Store};
 
 /// A resolved, indexed video.
 pub type Resolved = (Arc<VideoId>, Arc<VideoIndex>, VideoSource);
@@ -52,6 +56,11 @@ pub struct Catalog {
     index_permits: Arc<tokio::sync::Semaphore>,
     index_builds: AtomicU64,
     metrics: EngineMetrics,
+    /// Frame tables and health remembered across restarts (the state directory's); None without one.
+    store: Option<Arc<Store>>,
+    /// Videos known not to decode whole (damaged, unreadable, quarantined), by identity without
+    /// `decode_table`: what [`Catalog::resolve_for_sampling`] consults.
+    health: Mutex<HashMap<VideoId, Health>>,
 }
 
 impl Catalog {
@@ -102,7 +111,19 @@ impl Catalog {
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             index_builds: AtomicU64::new(0),
             metrics,
+            store: None,
+            health: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Remembers frame tables and health in `store` (and consults it before indexing).
+    pub fn with_store(mut self, store: Option<Arc<Store>>) -> Catalog {
+        self.store = store;
+        self
+    }
+
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.as_ref()
     }
 
     pub fn datasets(&self) -> Vec<DatasetSummary> {
@@ -239,14 +260,21 @@ impl Catalog {
             decode_table: false,
         };
         id.decode_table = self.damaged.lock().contains(&id);
-        let id = Arc::new(id);
-        let force_decode = id.decode_table;
         if let Some(e) = self.failed.get(&id) {
             return Err(e.into());
         }
+        let mut stored = self.recall(&mut id);
+        if let Some(e) = self.refusal(&id) {
+            return Err(e);
+        }
+        let id = Arc::new(id);
+        let force_decode = id.decode_table;
         let index = self
             .indexes
             .try_get_with(id.clone(), || {
+                if let Some(table) = stored.take() {
+                    return Ok(table);
+                }
                 self.index_builds.fetch_add(1, Ordering::Relaxed);
                 let started = std::time::Instant::now();
                 let built = crate::decode::ffmpeg::build_index(
@@ -263,7 +291,9 @@ impl Catalog {
                         "indexed"
                     );
                 }
-                built.map(Arc::new)
+                let built = built.map(Arc::new);
+                self.remember(&id, &built);
+                built
             })
             .map_err(|e| {
                 self.metrics.index_failures.inc();
@@ -276,6 +306,130 @@ impl Catalog {
             gulp: None,
         };
         Ok((id, index, source))
+    }
+
+    /// The stored table for `id` when the index cache lacks it, learning the video's health on the way
+    /// (a record of a damaged file switches `id` to its decode table).
+    fn recall(&self, id: &mut VideoId) -> Option<Arc<VideoIndex>> {
+        let store = self.store.as_ref()?;
+        if self.indexes.contains_key(id) {
+            return None;
+        }
+        let record = store.get(&key_of(id))?;
+        self.learn(&record);
+        id.decode_table |= record.decode_table;
+        record
+            .table
+            .filter(|_| record.decode_table == id.decode_table)
+    }
+
+    /// Takes in what a record says about a video (from the store, or a check just run).
+    pub fn learn(&self, record: &Record) {
+        let k = &record.key;
+        let plain = VideoId {
+            path: k.path.clone(),
+            size: k.size,
+            mtime_ns: k.mtime_ns,
+            stream: k.stream,
+            decode_table: false,
+        };
+        if record.decode_table {
+            self.damaged.lock().insert(plain.clone());
+        }
+        match &record.health {
+            Health::Unchecked | Health::Ok { .. } => self.health.lock().remove(&plain),
+            h => self.health.lock().insert(plain, h.clone()),
+        };
+    }
+
+    /// Stores a build's outcome; a table that met decoder errors is decoded whole once more to find where
+    /// the damage starts.
+    fn remember(&self, id: &VideoId, built: &Result<Arc<VideoIndex>, IndexError>) {
+        let Some(store) = &self.store else { return };
+        let (health, table) = match built {
+            Ok(ix) if ix.damaged => (
+                crate::check::health_of(&id.path, id.stream),
+                Some(ix.clone()),
+            ),
+            Ok(ix) => (Health::Unchecked, Some(ix.clone())),
+            Err(IndexError::Corrupt { reason, .. }) => (
+                Health::Unreadable {
+                    reason: reason.clone(),
+                    corrupt: true,
+                },
+                None,
+            ),
+            Err(e @ IndexError::NoVideo { .. }) => (
+                Health::Unreadable {
+                    reason: e.to_string(),
+                    corrupt: false,
+                },
+                None,
+            ),
+            // Opening can fail for passing reasons (permissions, descriptors): not remembered.
+            Err(IndexError::Open { .. }) => return,
+        };
+        let record = Record {
+            key: key_of(id),
+            health,
+            decode_table: id.decode_table,
+            table,
+            written_ms: 0,
+        };
+        self.learn(&record);
+        if let Err(e) = store.put(&record) {
+            tracing::warn!(path = %id.path.display(), error = %e, "cannot write the store");
+        }
+    }
+
+    /// The error for a video the store knows not to open (unreadable, quarantined).
+    fn refusal(&self, id: &VideoId) -> Option<Error> {
+        let mut plain = id.clone();
+        plain.decode_table = false;
+        let health = self.health.lock();
+        let msg = |what: &str, reason: &str| format!("{:?} is {what}: {reason}", id.path.display());
+        match health.get(&plain)? {
+            Health::Unreadable { reason, corrupt } if *corrupt => {
+                Some(Error::DataLoss(msg("unreadable", reason)))
+            }
+            Health::Unreadable { reason, .. } => {
+                Some(Error::InvalidArgument(msg("unreadable", reason)))
+            }
+            Health::Quarantined { reason } => Some(Error::DataLoss(msg(
+                "quarantined (it crashed the daemon)",
+                reason,
+            ))),
+            _ => None,
+        }
+    }
+
+    /// [`Catalog::resolve`] as a sampler needs it: a damaged video's table stops before its first bad
+    /// frame (decoding still uses the whole table), one with no good frame is refused.
+    pub async fn resolve_for_sampling(
+        self: &Arc<Self>,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Result<Resolved, Error> {
+        let (id, index, source) = self.resolve(dataset, video, stream).await?;
+        let mut plain = (*id).clone();
+        plain.decode_table = false;
+        let usable = match self.health.lock().get(&plain) {
+            Some(h) => h.decodable_frames(index.frame_count() as u64) as usize,
+            None => return Ok((id, index, source)),
+        };
+        if usable >= index.frame_count() {
+            return Ok((id, index, source));
+        }
+        if usable == 0 {
+            return Err(Error::DataLoss(format!(
+                "{video:?} has no frame that decodes without errors"
+            )));
+        }
+        let mut view = (*index).clone();
+        view.frames.truncate(usable);
+        view.keyframes.retain(|&k| k < usable);
+        Ok((id, Arc::new(view), source))
     }
 
     /// A video of a gulp dataset, by id: its table comes from the meta file, its identity (cache key) is
@@ -303,5 +457,15 @@ impl Catalog {
             }),
         };
         Ok((id, index, source))
+    }
+}
+
+/// The store's key for a catalogue identity.
+fn key_of(id: &VideoId) -> Key {
+    Key {
+        path: id.path.clone(),
+        size: id.size,
+        mtime_ns: id.mtime_ns,
+        stream: id.stream,
     }
 }

@@ -15,6 +15,7 @@ use crate::frames::Frames;
 use crate::metrics::{EngineMetrics, Scraped};
 use crate::request::DatasetSummary;
 use crate::state::StateDir;
+use crate::store::Store;
 use crate::transport::shm::ShmRegistry;
 
 /// Counters since start-up.
@@ -88,7 +89,10 @@ impl Engine {
                     None
                 }
             });
-        let catalog = Arc::new(Catalog::open(config, metrics.clone())?);
+        let store = state
+            .as_ref()
+            .map(|s| Arc::new(Store::open(s, config.cache.store_bytes)));
+        let catalog = Arc::new(Catalog::open(config, metrics.clone())?.with_store(store));
         let shm = ShmRegistry::new(
             config.shm_dir.clone(),
             0o640,

@@ -31,6 +31,7 @@ pub mod auth;
 pub mod batch;
 pub mod cache;
 pub mod catalog;
+pub mod check;
 pub mod cli;
 pub mod commands;
 pub mod config;

@@ -48,6 +48,11 @@ pub const METHODS: &[(&str, &str, Kind)] = &[
     ),
     ("/vserve.v1.VServe/GetStats", "GetStats", Kind::Unary),
     (
+        "/vserve.v1.VServe/CheckDataset",
+        "CheckDataset",
+        Kind::OtherStream,
+    ),
+    (
         "/vserve.v1.VServe/ReleaseSlots",
         "ReleaseSlots",
         Kind::Unary,

@@ -11,7 +11,8 @@
 //!     48      4  identity: stream (u32::MAX = FFmpeg's best video stream)
 //!     52      1  health (0 unchecked, 1 ok, 2 damaged, 3 unreadable, 4 quarantined)
 //!     53      1  flags: 1 table present, 2 decode table, 4 seek from start, 8 table met decoder errors
-//!     54      1  index method (0 packet scan, 1 decode scan, 2 stored)      55 1 reserved (0)
+//!     54      1  index method (0 packet scan, 1 decode scan, 2 stored)
+//!     55      1  1 when an unreadable video is corrupt media (else: not media FFmpeg reads)
 //!     56      8  written, ms since the epoch (eviction order is the file's mtime; this is for humans)
 //!     64      8  frames the whole-video check decoded     72 8 first bad frame (u64::MAX: none)
 //!     80      8  n: frames in the table                   88 8 m: keyframes in the table
@@ -33,6 +34,7 @@
 //! table costs ~2.6 KB; irregular timestamps cost 4 bytes per frame per irregular column.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::{Health, Key, Record};
 use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
@@ -145,7 +147,7 @@ pub fn encode(r: &Record) -> Vec<u8> {
     put(&mut out, 32, &k.mtime_ns.to_le_bytes());
     put(&mut out, 48, &k.stream.unwrap_or(u32::MAX).to_le_bytes());
     out[52] = health_code(&r.health);
-    let t = r.table.as_ref();
+    let t = r.table.as_deref();
     let mut flags = 0u8;
     if let Some(t) = t {
         flags |= 1;
@@ -165,6 +167,7 @@ pub fn encode(r: &Record) -> Vec<u8> {
         flags |= 2;
     }
     out[53] = flags;
+    out[55] = u8::from(matches!(r.health, Health::Unreadable { corrupt: true, .. }));
     put(&mut out, 56, &r.written_ms.to_le_bytes());
     let (checked, first_bad, ranges, reason): (u64, u64, &[(u64, u64)], &str) = match &r.health {
         Health::Unchecked => (0, u64::MAX, &[], ""),
@@ -175,7 +178,7 @@ pub fn encode(r: &Record) -> Vec<u8> {
             bad_ranges,
             reason,
         } => (*frames, *first_bad_frame, bad_ranges, reason),
-        Health::Unreadable { reason } | Health::Quarantined { reason } => {
+        Health::Unreadable { reason, .. } | Health::Quarantined { reason } => {
             (0, u64::MAX, &[], reason)
         }
     };
@@ -404,7 +407,10 @@ pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
                 reason,
             }
         }
-        3 => Health::Unreadable { reason },
+        3 => Health::Unreadable {
+            reason,
+            corrupt: bytes[55] == 1,
+        },
         4 => Health::Quarantined { reason },
         _ => return Err(FormatError::Malformed("health")),
     };
@@ -433,7 +439,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
             })
             .collect();
         let nal = b.u32(136)?;
-        Some(VideoIndex {
+        Some(Arc::new(VideoIndex {
             stream: b.u32(104)? as usize,
             codec: strings[1].clone(),
             pixel_format: strings[2].clone(),
@@ -458,7 +464,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
             },
             h264_nal_length: (nal != 0).then_some(nal as usize),
             damaged: flags & 8 != 0,
-        })
+        }))
     } else {
         None
     };

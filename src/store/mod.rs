@@ -24,6 +24,7 @@ pub mod format;
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -84,8 +85,9 @@ pub enum Health {
         bad_ranges: Vec<(u64, u64)>,
         reason: String,
     },
-    /// Cannot be indexed or decoded at all (not a video, no video stream, unsupported, corrupt header).
-    Unreadable { reason: String },
+    /// Cannot be indexed or decoded at all: `corrupt` for damaged media (no decodable frame, corrupt
+    /// headers), else not media FFmpeg reads (not a video, no video stream, unsupported codec).
+    Unreadable { reason: String, corrupt: bool },
     /// Crashed the daemon (the poison-file journal's verdict): never opened again while unchanged.
     Quarantined { reason: String },
 }
@@ -116,7 +118,7 @@ impl Health {
     /// Why the video must not be opened, for unreadable and quarantined videos.
     pub fn refusal(&self) -> Option<&str> {
         match self {
-            Health::Unreadable { reason } | Health::Quarantined { reason } => Some(reason),
+            Health::Unreadable { reason, .. } | Health::Quarantined { reason } => Some(reason),
             _ => None,
         }
     }
@@ -129,7 +131,7 @@ pub struct Record {
     pub health: Health,
     /// The table was built by decoding because the file is damaged (the catalogue's `decode_table`).
     pub decode_table: bool,
-    pub table: Option<VideoIndex>,
+    pub table: Option<Arc<VideoIndex>>,
     /// When written, ms since the epoch (set by [`Store::put`]).
     pub written_ms: u64,
 }
@@ -142,8 +144,8 @@ pub struct Store {
     used: Mutex<Option<u64>>,
 }
 
-/// 64-bit FNV-1a.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
+/// 64-bit FNV-1a: stable across builds and platforms (names files, picks shards).
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
         for &b in *p {
@@ -354,6 +356,7 @@ mod tests {
     }
 
     fn record(path: &str, health: Health, t: Option<VideoIndex>) -> Record {
+        let t = t.map(Arc::new);
         Record {
             key: Key {
                 path: path.into(),
@@ -387,6 +390,7 @@ mod tests {
             Health::Ok { frames: 9 },
             Health::Unreadable {
                 reason: "no video stream".into(),
+                corrupt: false,
             },
             Health::Quarantined {
                 reason: "crashed the daemon".into(),
