@@ -18,6 +18,7 @@ const PIPELINE: &[&str] = &[
     "plan",
     "gulp",
     "decode",
+    "check",
     "cache",
     "batch",
     "transport",
