@@ -579,7 +579,7 @@ async fn ready_uncached(
     let (id, index, source) = ctx
         .engine
         .catalog()
-        .resolve(&ctx.req.dataset, &s.video, None)
+        .resolve_for_sampling(&ctx.req.dataset, &s.video, None)
         .await
         .map_err(|e| Failure::from_error(&e, true))?;
     let facts = facts_of(&index, s.start, s.end)?;

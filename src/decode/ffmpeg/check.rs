@@ -4,9 +4,10 @@
 //! Input: a path and an optional stream index. Output: a [`VideoCheck`]: the frames the decoder output,
 //! the first bad frame and the damaged ranges. Damage is anything the demuxer or decoder reports: a read
 //! error (truncated file), a packet flagged corrupt, a packet the decoder rejects, a frame it flags
-//! (concealment, `AV_FRAME_FLAG_CORRUPT`). A packet-level error is charged to the next frame to be output
-//! (frames already out are clean), which is what `ffmpeg -xerror` stops at; so the first bad frame is
-//! conservative: frames before it decoded without any error reported.
+//! (concealment, `AV_FRAME_FLAG_CORRUPT`), or a stream that ends well before the duration its container
+//! declares (a truncated Matroska file ends in a silent EOF). A packet-level error is charged to the next
+//! frame to be output (frames already out are clean), which is where `ffmpeg -xerror` stops; so the first
+//! bad frame is conservative: frames before it decoded without any error reported.
 
 use std::path::Path;
 
@@ -79,8 +80,15 @@ pub fn check_video(path: &Path, stream: Option<usize>) -> Result<VideoCheck, Dec
     };
     let mut frame = ff::frame::Video::empty();
     let mut packet = ff::Packet::empty();
+    // The decoded span, in the stream's time base.
+    let mut span: Option<(i64, i64)> = None;
     let mut drain = |decoder: &mut ff::decoder::Video, check: &mut VideoCheck| {
         while decoder.receive_frame(&mut frame).is_ok() {
+            if let Some(pts) = frame.timestamp() {
+                // SAFETY: `frame` holds a frame just returned by the decoder; a plain field.
+                let end = pts.saturating_add(unsafe { (*frame.as_ptr()).pkt_duration }.max(0));
+                span = Some(span.map_or((pts, end), |(a, b)| (a.min(pts), b.max(end))));
+            }
             if frame_damaged(&frame) {
                 let at = check.frames;
                 check.problem(at, || format!("frame {at} decoded with errors (concealed)"));
@@ -117,10 +125,34 @@ pub fn check_video(path: &Path, stream: Option<usize>) -> Result<VideoCheck, Dec
     }
     let _ = decoder.send_eof();
     drain(&mut decoder, &mut check);
+    if let (Some(declared), Some((first, end))) = (declared_seconds(&input, index), span) {
+        let tb = input
+            .stream(index)
+            .map_or(0.0, |st| f64::from(st.time_base()));
+        let decoded = (end - first) as f64 * tb;
+        if decoded + (declared * 0.1).max(1.0) < declared {
+            let at = check.frames;
+            check.problem(at, || {
+                format!("the stream ends at {decoded:.2} s of the {declared:.2} s its container declares (truncated?)")
+            });
+        }
+    }
     // Points charged to "the next frame" past the last one name no frame.
     for r in &mut check.bad_ranges {
         r.1 = r.1.min(check.frames);
     }
     check.bad_ranges.retain(|r| r.0 < r.1);
     Ok(check)
+}
+
+/// The stream's duration as its container declares it (the stream's own, else the file's), in seconds.
+fn declared_seconds(input: &ff::format::context::Input, index: usize) -> Option<f64> {
+    let st = input.stream(index)?;
+    let own = st.duration();
+    if own > 0 && own != ff::ffi::AV_NOPTS_VALUE {
+        return Some(own as f64 * f64::from(st.time_base()));
+    }
+    let file = input.duration();
+    (file > 0 && file != ff::ffi::AV_NOPTS_VALUE)
+        .then(|| file as f64 / f64::from(ff::ffi::AV_TIME_BASE))
 }
