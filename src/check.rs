@@ -10,7 +10,8 @@
 //! Invariants: a video's record is written only with a table that matches what decoding emits (a clean
 //! file's packet-scan table, or the decode table of a damaged one, with `decode_table` set as the
 //! catalogue sets it); a video that cannot be opened under the dataset (missing, outside it) gets a
-//! report but no record, having no file identity.
+//! report but no record, having no file identity; a video the store holds as quarantined (it crashed the
+//! daemon) is reported as such and not opened.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -130,6 +131,12 @@ pub fn check_one(
         }
     };
     let key = Key::new(&path, &meta, None);
+    // A file that crashed the daemon would crash this process too: not opened again while unchanged.
+    if let Some(known) = store.and_then(|s| s.get(&key)) {
+        if matches!(known.health, Health::Quarantined { .. }) {
+            return (VideoReport::of(video, &known.health, 0.0), Some(known));
+        }
+    }
     let record = examine(&path, key);
     if let Some(store) = store {
         if let Err(e) = store.put(&record) {

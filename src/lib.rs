@@ -5,8 +5,9 @@
 //! `tests/layering.rs`):
 //!
 //! ```text
-//! client ──gRPC──► api ──► handle::{probe, clips, stream} ──► catalog ──► dataset, manifest, gulp
-//!                                │                               └──► index (table) ◄── decode::ffmpeg::scan
+//! client ──gRPC──► api ──► handle::{probe, clips, stream, check} ──► catalog ──► dataset, manifest, gulp
+//!                                │                                      ├──► index (table) ◄── decode::ffmpeg::scan
+//!                                │                                      └──► store (tables, health) ◄── check
 //!                                ├──► request (types, validation, geometry)
 //!                                ├──► frames ──► cache, plan (GOP runs) ──► decode::fleet ──► backends
 //!                                └──► batch (crop, flip, dtype, layout) ──► transport (inline | shm)
@@ -14,8 +15,9 @@
 //! ```
 //!
 //! - Pure stages: [`config`], [`state`] (the state directory), [`dataset`], [`manifest`], [`sample`] (what to read), [`index`] (frame
-//!   tables), [`plan`] (how: GOP runs), [`gulp`] (the GulpIO format), [`decode`] (backends and the fleet of
-//!   named threads), [`cache`], [`batch`], [`transport`].
+//!   tables), [`store`] (frame tables and health kept in the state directory), [`plan`] (how: GOP runs),
+//!   [`gulp`] (the GulpIO format), [`decode`] (backends and the fleet of named threads), [`check`] (a
+//!   dataset's health: every video decoded whole, into the store), [`cache`], [`batch`], [`transport`].
 //! - [`error`]: one `Error` and the one [`error::Code`] table (gRPC statuses, skipped-sample reports).
 //! - [`request`]: domain request types, validation, geometry. [`catalog`]: datasets, frame tables, failure
 //!   memory. [`frames`]: cache + single flight + fleet. [`engine`]: wires them. [`handle`]: one module per
@@ -23,7 +25,7 @@
 //! - Operating: [`metrics`] (one registry), [`limits`] (`--max-streams` admission), [`rpc`] (per-call
 //!   metrics), [`auth`] (bearer token on TCP), [`admin`] (`/metrics`, `/livez`, `/readyz`), [`server`]
 //!   (listeners, `run(config, shutdown)`, drain), [`shutdown`] (signals).
-//! - [`cli`] (flags) and [`commands`] (client subcommands, `doctor`, `ingest`, `gulp-check`).
+//! - [`cli`] (flags) and [`commands`] (client subcommands, `doctor`, `ingest`, `gulp-check`, `check`).
 
 pub mod admin;
 pub mod api;

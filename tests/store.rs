@@ -325,4 +325,25 @@ async fn damaged_videos_are_sampled_before_their_first_bad_frame_and_stay_damage
     let videos: BTreeSet<String> = clips(&b).into_iter().map(|c| c.0).collect();
     assert!(!videos.contains(OK), "{videos:?}");
     assert_eq!(index_builds(&mut c).await, 0);
+    // `vserve check` over the same state directory reports it and leaves it unopened.
+    let out = std::process::Command::new(vserve_bin())
+        .args([
+            "check",
+            "--json",
+            "--dataset",
+            &format!("d={}", dir.path().display()),
+        ])
+        .args(["--state-dir", state.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains(OK))
+        .expect("a line for the quarantined video");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["status"], "quarantined", "{line}");
+    assert_eq!(v["reason"], "SIGSEGV while decoding");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(store.get(&key).unwrap().health.status(), "quarantined");
 }

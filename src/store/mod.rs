@@ -285,10 +285,15 @@ impl Store {
             };
             for f in files.flatten() {
                 let p = f.path();
+                let Ok(m) = f.metadata() else { continue };
+                let modified = m.modified().unwrap_or(UNIX_EPOCH);
                 if p.extension().is_some_and(|e| e == "vidx") {
-                    if let Ok(m) = f.metadata() {
-                        out.push((m.modified().unwrap_or(UNIX_EPOCH), m.len(), p));
-                    }
+                    out.push((modified, m.len(), p));
+                } else if f.file_name().to_string_lossy().contains(".tmp-")
+                    && modified.elapsed().is_ok_and(|age| age.as_secs() > 3600)
+                {
+                    // A temp file of a writer that died before its rename.
+                    let _ = std::fs::remove_file(&p);
                 }
             }
         }
