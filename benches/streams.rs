@@ -29,12 +29,15 @@
 //! Prints a table and writes `target/bench-results/streams.json`. Nothing is asserted.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use vserve_client::{proto, Client};
+
+#[path = "common/daemon.rs"]
+mod daemon;
+use daemon::Daemon;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -68,69 +71,22 @@ struct Args {
     _filters: Vec<String>,
 }
 
-struct Daemon {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    async fn start(bin: &Path, root: &Path, args: &Args) -> Result<Daemon> {
-        let threads = args.threads;
-        let dir = tempfile::tempdir()?;
-        let socket = dir.path().join("vserve.sock");
-        let addr = format!("unix:{}", socket.display());
-        let log = std::fs::File::create(dir.path().join("daemon.log"))?;
-        let child = Command::new(bin)
-            .args(["serve", "--listen", &addr, "--dataset"])
-            // No admin listener: benches may run beside other daemons on the default admin port.
-            .env("VSERVE_ADMIN_LISTEN", "none")
-            .arg(format!("bench={}", root.display()))
-            .args([
-                "--decode-threads",
-                &threads.to_string(),
-                "--cache-bytes",
-                "8GiB",
-                "--gpus",
-                &args.gpus,
-            ])
-            .args(
-                args.nvdec_sessions
-                    .map(|n| vec!["--nvdec-sessions".to_owned(), n.to_string()])
-                    .unwrap_or_default(),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if socket.exists() {
-                if let Ok(mut c) = Client::connect(&addr).await {
-                    if c.list_datasets().await.is_ok() {
-                        break;
-                    }
-                }
-            }
-            if Instant::now() > deadline {
-                bail!("daemon not ready after 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(Daemon {
-            child,
-            addr,
-            _dir: dir,
-        })
+/// The daemon of a bench run, over `root` as dataset `bench`.
+async fn start_daemon(bin: &Path, root: &Path, args: &Args) -> Result<Daemon> {
+    let mut extra = vec![
+        "--decode-threads".to_owned(),
+        args.threads.to_string(),
+        "--cache-bytes".to_owned(),
+        "8GiB".to_owned(),
+        "--gpus".to_owned(),
+        args.gpus.clone(),
+    ];
+    if let Some(n) = args.nvdec_sessions {
+        extra.extend(["--nvdec-sessions".to_owned(), n.to_string()]);
     }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    let mut d = Daemon::spawn(bin, &[("bench", root)], &extra, None)?;
+    d.connect(Duration::from_secs(30)).await?;
+    Ok(d)
 }
 
 fn train(
@@ -240,21 +196,22 @@ async fn phase(
     root: &Path,
     reqs: Vec<proto::StreamBatchesRequest>,
 ) -> Result<(Vec<Reader>, proto::GetStatsResponse, f64, f64)> {
-    let d = Daemon::start(bin, root, args).await?;
-    let cpu_before = cpu_seconds(d.child.id());
+    let d = start_daemon(bin, root, args).await?;
+    let pid = d.pid().context("daemon pid")?;
+    let cpu_before = cpu_seconds(pid);
     let step = Duration::from_millis(args.step_ms);
     let started = Instant::now();
     let tasks: Vec<_> = reqs
         .into_iter()
-        .map(|r| tokio::spawn(read(d.addr.clone(), r, step, started)))
+        .map(|r| tokio::spawn(read(d.addr(), r, step, started)))
         .collect();
     let mut readers = Vec::new();
     for t in tasks {
         readers.push(t.await??);
     }
     let wall = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(d.child.id()) - cpu_before;
-    let stats = Client::connect(&d.addr).await?.stats().await?;
+    let cpu = cpu_seconds(pid) - cpu_before;
+    let stats = Client::connect(&d.addr()).await?.stats().await?;
     Ok((readers, stats, wall, cpu))
 }
 

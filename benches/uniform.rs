@@ -54,7 +54,7 @@
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -65,6 +65,9 @@ use ffmpeg_next as ffmpeg;
 use vserve_client::proto::{self, transform};
 use vserve_client::Client;
 
+#[path = "common/daemon.rs"]
+mod daemon;
+use daemon::Daemon;
 #[path = "common/floor.rs"]
 mod floor;
 use floor::{floor_pass, hash_rows, FloorMode, FloorPass, FloorVideo, Run};
@@ -259,7 +262,25 @@ struct Trial {
 
 fn run_trial(setup: &Setup, workload: &mut Option<Workload>) -> Result<Trial> {
     let args = setup.args;
-    let mut daemon = Daemon::start(setup.daemon_bin, &setup.corpus.root, args, setup.paths)?;
+    let log = setup
+        .paths
+        .json
+        .parent()
+        .unwrap_or(&setup.paths.target)
+        .join("uniform-daemon.log");
+    let mut extra = vec![
+        "--decode-threads".to_owned(),
+        args.threads.to_string(),
+        "--cache-bytes".to_owned(),
+        args.cache_bytes.to_string(),
+    ];
+    extra.extend(args.daemon_args.iter().cloned());
+    let mut daemon = Daemon::spawn(
+        setup.daemon_bin,
+        &[(DATASET, setup.corpus.root.as_path())],
+        &extra,
+        Some(log),
+    )?;
     let rt = match args.client_threads {
         0 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -271,7 +292,7 @@ fn run_trial(setup: &Setup, workload: &mut Option<Workload>) -> Result<Trial> {
     .enable_all()
     .build()
     .context("building the client runtime")?;
-    let client = rt.block_on(daemon.connect())?;
+    let client = rt.block_on(daemon.connect(Duration::from_secs(60)))?;
     let mut clients = vec![client.clone()];
     for _ in 1..args.connections {
         clients.push(rt.block_on(Client::connect(&daemon.addr()))?);
@@ -643,142 +664,6 @@ fn list_videos(root: &Path) -> Result<Vec<PathBuf>> {
     }
     out.sort();
     Ok(out)
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Daemon
-
-struct Daemon {
-    child: Option<Child>,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(bin: &Path, root: &Path, args: &Args, paths: &Paths) -> Result<Self> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let socket = std::env::temp_dir().join(format!(
-            "vserve-bench-{}-{nanos:x}.sock",
-            std::process::id()
-        ));
-        let log_dir = paths.json.parent().unwrap_or(&paths.target).to_path_buf();
-        std::fs::create_dir_all(&log_dir)?;
-        let log = log_dir.join("uniform-daemon.log");
-        let log_file = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
-            .arg("--dataset")
-            .arg(format!("{DATASET}={}", root.display()))
-            .arg("--decode-threads")
-            .arg(args.threads.to_string())
-            .arg("--cache-bytes")
-            .arg(args.cache_bytes.to_string())
-            .args(&args.daemon_args)
-            // No admin listener (env, so older binaries without the flag still start).
-            .env("VSERVE_ADMIN_LISTEN", "none")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file);
-        eprintln!("uniform: starting {:?}", cmd);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        Ok(Daemon {
-            child: Some(child),
-            socket,
-            log,
-        })
-    }
-
-    fn addr(&self) -> String {
-        format!("unix:{}", self.socket.display())
-    }
-
-    /// Waits (up to 60 s) until the daemon answers on its socket.
-    async fn connect(&mut self) -> Result<Client> {
-        let addr = self.addr();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut last_err = String::from("socket never appeared");
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Some(status) = child.try_wait()? {
-                    bail!(
-                        "the daemon exited ({status}) before serving; log {}:\n{}",
-                        self.log.display(),
-                        self.log_tail()
-                    );
-                }
-            }
-            if self.socket.exists() {
-                match Client::connect(&addr).await {
-                    Ok(mut c) => match c.list_datasets().await {
-                        Ok(_) => return Ok(c),
-                        Err(e) => last_err = e.to_string(),
-                    },
-                    Err(e) => last_err = e.to_string(),
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the daemon did not answer on {addr} within 60 s ({last_err}); log {}:\n{}",
-                    self.log.display(),
-                    self.log_tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-
-    /// SIGTERM, then SIGKILL after 10 s. Returns the seconds the daemon took to exit (None: killed).
-    fn stop(&mut self) -> Option<f64> {
-        let mut child = self.child.take()?;
-        let start = Instant::now();
-        let mut exited = None;
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => {
-                    exited = Some(start.elapsed().as_secs_f64());
-                    break;
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    eprintln!("uniform: the daemon ignored SIGTERM for 10 s; killing it");
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-            }
-        }
-        let _ = std::fs::remove_file(&self.socket);
-        exited
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_file(&self.socket);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------

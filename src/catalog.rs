@@ -34,6 +34,14 @@ use crate::store::{Health, Key, Record, Store};
 /// A resolved, indexed video.
 pub type Resolved = (Arc<VideoId>, Arc<VideoIndex>, VideoSource);
 
+/// One walk of a directory dataset.
+#[derive(Clone)]
+struct Listing {
+    /// The videos found, as samples (unused for datasets with a manifest).
+    samples: Arc<Samples>,
+    videos: u64,
+}
+
 pub struct Catalog {
     datasets: BTreeMap<String, Dataset>,
     /// Datasets whose root holds GulpIO chunks: videos are ids, frames stored JPEGs.
@@ -48,9 +56,12 @@ pub struct Catalog {
     /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
     /// by decoding from then on.
     damaged: Mutex<HashSet<VideoId>>,
-    /// Dataset scans of the last seconds: every rank and data-loader worker opening a stream at an
-    /// epoch's start shares one directory walk.
-    recent_scans: moka::sync::Cache<String, Arc<Samples>>,
+    /// What the last walk of each directory dataset found: its samples (for datasets without a
+    /// manifest) and video count. Built in the background at start, refreshed every `--rescan-interval`
+    /// and on SIGHUP, swapped whole; streams and ListDatasets read it and never walk.
+    listings: parking_lot::RwLock<BTreeMap<String, Listing>>,
+    /// One walk at a time (a stream opening before the first walk finished waits for it).
+    walking: Mutex<()>,
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
     /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
     index_permits: Arc<tokio::sync::Semaphore>,
@@ -104,10 +115,8 @@ impl Catalog {
                 .time_to_live(std::time::Duration::from_secs(30))
                 .build(),
             damaged: Mutex::new(HashSet::new()),
-            recent_scans: moka::sync::Cache::builder()
-                .max_capacity(64)
-                .time_to_live(std::time::Duration::from_secs(10))
-                .build(),
+            listings: parking_lot::RwLock::new(BTreeMap::new()),
+            walking: Mutex::new(()),
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             index_builds: AtomicU64::new(0),
             metrics,
@@ -126,24 +135,110 @@ impl Catalog {
         self.store.as_ref()
     }
 
+    /// The datasets served, from the catalogue (a dataset not walked yet is walked now, once).
     pub fn datasets(&self) -> Vec<DatasetSummary> {
         self.datasets
             .values()
             .map(|d| {
                 let manifest = self.manifests.get(&d.name);
+                let gulp = self.gulps.get(&d.name);
+                let listing = match gulp {
+                    Some(_) => None,
+                    None => Some(self.listing(&d.name)),
+                };
                 DatasetSummary {
                     name: d.name.clone(),
                     root: d.root.display().to_string(),
-                    video_count: self
-                        .gulps
-                        .get(&d.name)
-                        .map_or_else(|| d.count_videos(), |g| g.len() as u64),
-                    samples: manifest.map_or_else(|| Samples::scan(&d.root).len(), |m| m.len())
-                        as u64,
+                    video_count: match (gulp, &listing) {
+                        (Some(g), _) => g.len() as u64,
+                        (None, Some(l)) => l.videos,
+                        (None, None) => 0,
+                    },
+                    samples: match (manifest, &listing) {
+                        (Some(m), _) => m.len() as u64,
+                        (None, Some(l)) => l.samples.len() as u64,
+                        (None, None) => 0,
+                    },
                     classes: manifest.map(|m| m.classes()).unwrap_or_default(),
                 }
             })
             .collect()
+    }
+
+    /// The current walk of directory dataset `name`, walking it now if it never was (blocking).
+    fn listing(&self, name: &str) -> Listing {
+        if let Some(l) = self.listings.read().get(name) {
+            return l.clone();
+        }
+        let _one = self.walking.lock();
+        if let Some(l) = self.listings.read().get(name) {
+            return l.clone();
+        }
+        let l = self.walk(name);
+        self.listings.write().insert(name.to_owned(), l.clone());
+        l
+    }
+
+    fn walk(&self, name: &str) -> Listing {
+        let Some(d) = self.datasets.get(name) else {
+            return Listing {
+                samples: Arc::new(Samples::from_labeled(Vec::new())),
+                videos: 0,
+            };
+        };
+        let found = crate::dataset::walk_videos(&d.root);
+        let videos = found.len() as u64;
+        Listing {
+            samples: Arc::new(Samples::from_paths(&d.root, found)),
+            videos,
+        }
+    }
+
+    /// Walks every directory dataset again and swaps each listing whole (blocking). Returns the
+    /// datasets whose video count changed.
+    pub fn rescan(&self) -> Vec<String> {
+        let mut changed = Vec::new();
+        for (name, _) in self
+            .datasets
+            .iter()
+            .filter(|(n, _)| !self.gulps.contains_key(*n))
+        {
+            let _one = self.walking.lock();
+            let fresh = self.walk(name);
+            let before = self.listings.read().get(name).map(|l| l.videos);
+            if before != Some(fresh.videos) {
+                tracing::info!(dataset = %name, videos = fresh.videos, "dataset listed");
+                changed.push(name.clone());
+            }
+            self.listings.write().insert(name.clone(), fresh);
+        }
+        changed
+    }
+
+    /// Lists every directory dataset now on a named thread, then again every `every` (zero: only on
+    /// [`Catalog::rescan`] calls, as on SIGHUP), until the catalogue is dropped.
+    pub fn start_rescans(catalog: &Arc<Catalog>, every: std::time::Duration) {
+        let weak = Arc::downgrade(catalog);
+        let spawned = std::thread::Builder::new()
+            .name("vserve-catalogue".into())
+            .spawn(move || {
+                let mut first = true;
+                loop {
+                    let Some(cat) = weak.upgrade() else { return };
+                    if first || !every.is_zero() {
+                        cat.rescan();
+                    }
+                    drop(cat);
+                    if every.is_zero() {
+                        return;
+                    }
+                    first = false;
+                    std::thread::sleep(every);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no catalogue thread: datasets are listed when first asked for");
+        }
     }
 
     /// Video indexes built since start-up.
@@ -157,21 +252,17 @@ impl Catalog {
             .ok_or_else(|| Error::NotFound(format!("dataset {name:?} not served here")))
     }
 
-    /// A dataset's samples: its manifest (or gulp set), else a scan of its root shared by the streams
-    /// that open within seconds of each other.
-    pub async fn samples(&self, dataset: &str) -> Result<Arc<Samples>, Error> {
+    /// A dataset's samples: its manifest (or gulp set), else the catalogue's listing of its root.
+    pub async fn samples(self: &Arc<Self>, dataset: &str) -> Result<Arc<Samples>, Error> {
         self.dataset(dataset)?;
         if let Some(s) = self.manifests.get(dataset) {
             return Ok(s.clone());
         }
-        if let Some(s) = self.recent_scans.get(dataset) {
-            return Ok(s);
+        if let Some(l) = self.listings.read().get(dataset) {
+            return Ok(l.samples.clone());
         }
-        let root = self.dataset(dataset)?.root.clone();
-        let scanned = blocking(move || Ok(Arc::new(Samples::scan(&root)))).await?;
-        self.recent_scans
-            .insert(dataset.to_owned(), scanned.clone());
-        Ok(scanned)
+        let (this, name) = (self.clone(), dataset.to_owned());
+        blocking(move || Ok(this.listing(&name).samples)).await
     }
 
     /// Resolves and indexes one video on a blocking thread, within the index-build bound.

@@ -14,7 +14,7 @@ use crate::config::{
 };
 use crate::config::{
     parse_bytes, parse_dataset, parse_listen, CacheConfig, Config, ConfigError, DecodeConfig,
-    Limits,
+    Limits, Tenancy,
 };
 
 #[derive(Parser, Debug)]
@@ -204,6 +204,33 @@ pub struct ServeArgs {
     /// Bound on the state directory's store of frame tables and health (least recently used go first).
     #[arg(long, env = "VSERVE_STORE_BYTES", value_name = "SIZE")]
     pub store_bytes: Option<String>,
+    /// Seconds between listings of directory datasets (new and removed files); 0: at start and on
+    /// SIGHUP only (default 60).
+    #[arg(long, env = "VSERVE_RESCAN_INTERVAL", value_name = "SECONDS")]
+    pub rescan_interval: Option<f64>,
+    /// Streaming calls one client (a process on the Unix socket, an address on TCP) may hold at once
+    /// (default: half of --max-streams).
+    #[arg(long, env = "VSERVE_CLIENT_STREAMS", value_name = "N")]
+    pub client_streams: Option<usize>,
+    /// Unary calls that do work (Probe, ListDatasets) in flight at once (default 64).
+    #[arg(long, env = "VSERVE_MAX_UNARY", value_name = "N")]
+    pub max_unary: Option<usize>,
+    /// ... of them from one client (default 16).
+    #[arg(long, env = "VSERVE_CLIENT_UNARY", value_name = "N")]
+    pub client_unary: Option<usize>,
+    /// Shared-memory bytes of all clients' arenas (default: 3/4 of the shm directory's filesystem).
+    #[arg(long, env = "VSERVE_SHM_BYTES", value_name = "SIZE")]
+    pub shm_bytes: Option<String>,
+    /// Shared-memory bytes of one client's arenas (default: half of --shm-bytes).
+    #[arg(long, env = "VSERVE_CLIENT_SHM_BYTES", value_name = "SIZE")]
+    pub client_shm_bytes: Option<String>,
+    /// Seconds a stream may go without its client taking a batch or releasing a slot before it is
+    /// ended with DEADLINE_EXCEEDED (default 600; 0: never).
+    #[arg(long, env = "VSERVE_STREAM_IDLE_TIMEOUT", value_name = "SECONDS")]
+    pub stream_idle_timeout: Option<f64>,
+    /// Serve a TCP listener on a non-loopback address without --auth-token-file (otherwise refused).
+    #[arg(long, env = "VSERVE_ALLOW_INSECURE_TCP")]
+    pub allow_insecure_tcp: bool,
     /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
     #[arg(long, env = "VSERVE_MAX_STREAMS", value_name = "N")]
     pub max_streams: Option<usize>,
@@ -447,6 +474,14 @@ struct FileConfig {
     shm_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     store_bytes: Option<toml::Value>,
+    rescan_interval: Option<f64>,
+    client_streams: Option<usize>,
+    max_unary: Option<usize>,
+    client_unary: Option<usize>,
+    shm_bytes: Option<toml::Value>,
+    client_shm_bytes: Option<toml::Value>,
+    stream_idle_timeout: Option<f64>,
+    allow_insecure_tcp: Option<bool>,
     max_streams: Option<usize>,
     admin_listen: Option<String>,
     log_format: Option<String>,
@@ -591,6 +626,23 @@ impl ServeArgs {
         if limits.max_side == 0 {
             return Err(ConfigError::new("max-side", "0", "must be at least 1"));
         }
+        let ops = self.ops_config(&file)?;
+        let tenancy = self.tenancy(&file)?;
+        // An open TCP port anyone on the network can reach serves every dataset: say so or refuse.
+        for l in &listen {
+            if let crate::config::ListenAddr::Tcp(sa) = l {
+                if !sa.ip().is_loopback()
+                    && ops.auth_token_file.is_none()
+                    && !ops.allow_insecure_tcp
+                {
+                    return Err(ConfigError::new(
+                        "listen",
+                        sa.to_string(),
+                        "a TCP listener on a non-loopback address needs --auth-token-file (or --allow-insecure-tcp to serve it without one)",
+                    ));
+                }
+            }
+        }
         let grace = self.shutdown_grace.or(file.shutdown_grace).unwrap_or(10.0);
         if !grace.is_finite() || !(0.0..=3600.0).contains(&grace) {
             return Err(ConfigError::new(
@@ -599,7 +651,6 @@ impl ServeArgs {
                 "must be 0..=3600 seconds",
             ));
         }
-        let ops = self.ops_config(&file)?;
         // Default: /dev/shm, the tmpfs every Linux has; the temp dir where it is missing (some containers).
         let shm_dir = self.shm_dir.clone().or(file.shm_dir).unwrap_or_else(|| {
             let shm = PathBuf::from("/dev/shm");
@@ -621,9 +672,22 @@ impl ServeArgs {
             Some(d) => Some(d),
             None => crate::state::default_dir(),
         };
+        let rescan = self
+            .rescan_interval
+            .or(file.rescan_interval)
+            .unwrap_or(60.0);
+        if !rescan.is_finite() || !(0.0..=86_400.0).contains(&rescan) {
+            return Err(ConfigError::new(
+                "rescan-interval",
+                rescan.to_string(),
+                "must be 0..=86400 seconds",
+            ));
+        }
         Ok(Config {
+            rescan_interval: std::time::Duration::from_secs_f64(rescan),
             shm_dir,
             state_dir,
+            tenancy,
             shutdown_grace: std::time::Duration::from_secs_f64(grace),
             listen,
             datasets,
@@ -715,6 +779,54 @@ impl ServeArgs {
             socket_group,
             auth_token_file,
             tls,
+            allow_insecure_tcp: self.allow_insecure_tcp || file.allow_insecure_tcp == Some(true),
+        })
+    }
+
+    fn tenancy(&self, file: &FileConfig) -> Result<Tenancy, ConfigError> {
+        let defaults = Tenancy::default();
+        let size =
+            |key: &str, flag: &Option<String>, value: &Option<toml::Value>| match (flag, value) {
+                (Some(s), _) => parse_bytes(key, s).map(Some),
+                (None, Some(v)) => size_value(key, v).map(Some),
+                (None, None) => Ok(None),
+            };
+        let at_least_one = |key: &str, n: Option<usize>| match n {
+            Some(0) => Err(ConfigError::new(key, "0", "must be at least 1")),
+            n => Ok(n),
+        };
+        let idle = self
+            .stream_idle_timeout
+            .or(file.stream_idle_timeout)
+            .unwrap_or(defaults.stream_idle.as_secs_f64());
+        if !idle.is_finite() || !(0.0..=86_400.0).contains(&idle) {
+            return Err(ConfigError::new(
+                "stream-idle-timeout",
+                idle.to_string(),
+                "must be 0..=86400 seconds",
+            ));
+        }
+        let shm_bytes = size("shm-bytes", &self.shm_bytes, &file.shm_bytes)?;
+        let client_shm_bytes = size(
+            "client-shm-bytes",
+            &self.client_shm_bytes,
+            &file.client_shm_bytes,
+        )?;
+        if shm_bytes == Some(0) || client_shm_bytes == Some(0) {
+            return Err(ConfigError::new("shm-bytes", "0", "must be at least 1"));
+        }
+        Ok(Tenancy {
+            client_streams: at_least_one(
+                "client-streams",
+                self.client_streams.or(file.client_streams),
+            )?,
+            max_unary: at_least_one("max-unary", self.max_unary.or(file.max_unary))?
+                .unwrap_or(defaults.max_unary),
+            client_unary: at_least_one("client-unary", self.client_unary.or(file.client_unary))?
+                .unwrap_or(defaults.client_unary),
+            shm_bytes,
+            client_shm_bytes,
+            stream_idle: std::time::Duration::from_secs_f64(idle),
         })
     }
 }
@@ -763,7 +875,31 @@ fn ops_to_toml(c: &Config) -> String {
         Some(p) => format!("{key} = {:?}\n", p.display().to_string()),
         None => format!("# {key} = (not set)\n"),
     };
-    let mut out = format!(
+    let t = &c.tenancy;
+    let mut out = format!("rescan-interval = {}\n", c.rescan_interval.as_secs_f64());
+    out += &match t.client_streams {
+        Some(n) => format!("client-streams = {n}\n"),
+        None => "# client-streams = (half of max-streams)\n".to_owned(),
+    };
+    out += &format!(
+        "max-unary = {}\nclient-unary = {}\nstream-idle-timeout = {}\n",
+        t.max_unary,
+        t.client_unary,
+        t.stream_idle.as_secs_f64(),
+    );
+    for (key, v) in [
+        ("shm-bytes", t.shm_bytes),
+        ("client-shm-bytes", t.client_shm_bytes),
+    ] {
+        out += &match v {
+            Some(b) => format!("{key} = {b}\n"),
+            None => format!("# {key} = (derived from the shm directory's size)\n"),
+        };
+    }
+    if o.allow_insecure_tcp {
+        out += "allow-insecure-tcp = true\n";
+    }
+    out += &format!(
         "max-streams = {}\nadmin-listen = {:?}\nlog-format = {:?}\nsocket-mode = \"{:04o}\"\n",
         c.limits.max_streams,
         o.admin_listen

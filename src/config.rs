@@ -162,6 +162,47 @@ impl Default for Limits {
     }
 }
 
+/// What one client may hold of the shared daemon, and what all of them may hold of shared memory.
+/// A client is a process on a Unix socket (peer credentials) or an address on TCP ([`crate::peer`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tenancy {
+    /// Streaming calls (GetClips, StreamBatches) of one client at once; `None`: half of `max-streams`.
+    pub client_streams: Option<usize>,
+    /// Unary calls that do work (Probe, ListDatasets) in flight at once, from everyone...
+    pub max_unary: usize,
+    /// ... and from one client.
+    pub client_unary: usize,
+    /// Shared-memory arena bytes of all clients; `None`: 3/4 of the shm directory's filesystem.
+    pub shm_bytes: Option<u64>,
+    /// Arena bytes of one client; `None`: half of `shm-bytes`.
+    pub client_shm_bytes: Option<u64>,
+    /// A stream whose client takes no batch and releases no slot for this long is ended
+    /// (DEADLINE_EXCEEDED); zero never ends one.
+    pub stream_idle: std::time::Duration,
+}
+
+impl Default for Tenancy {
+    fn default() -> Self {
+        Tenancy {
+            client_streams: None,
+            max_unary: 64,
+            client_unary: 16,
+            shm_bytes: None,
+            client_shm_bytes: None,
+            stream_idle: std::time::Duration::from_secs(600),
+        }
+    }
+}
+
+impl Tenancy {
+    /// Streams one client may hold under `max_streams`.
+    pub fn client_streams(&self, max_streams: usize) -> usize {
+        self.client_streams
+            .unwrap_or((max_streams / 2).max(1))
+            .clamp(1, max_streams.max(1))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub listen: Vec<ListenAddr>,
@@ -169,10 +210,13 @@ pub struct Config {
     pub cache: CacheConfig,
     pub decode: DecodeConfig,
     pub limits: Limits,
+    pub tenancy: Tenancy,
     /// How long calls in flight may take to finish after SIGTERM/SIGINT.
     pub shutdown_grace: std::time::Duration,
     /// Where shared-memory arenas are created (transport SHM).
     pub shm_dir: PathBuf,
+    /// How often directory datasets are listed again (zero: at start and on SIGHUP only).
+    pub rescan_interval: std::time::Duration,
     /// What the daemon remembers across restarts ([`crate::state`]); `None` keeps nothing.
     pub state_dir: Option<PathBuf>,
     /// Admin listener, logs and access control.
@@ -210,6 +254,8 @@ pub struct OpsConfig {
     pub auth_token_file: Option<PathBuf>,
     /// Certificate chain and private key (PEM) for TLS on the TCP listeners.
     pub tls: Option<TlsFiles>,
+    /// Serve a non-loopback TCP listener with no token (`--allow-insecure-tcp`); refused otherwise.
+    pub allow_insecure_tcp: bool,
 }
 
 impl Default for OpsConfig {
@@ -221,6 +267,7 @@ impl Default for OpsConfig {
             socket_group: None,
             auth_token_file: None,
             tls: None,
+            allow_insecure_tcp: false,
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::metrics::{EngineMetrics, Scraped};
 use crate::request::DatasetSummary;
 use crate::state::StateDir;
 use crate::store::Store;
-use crate::transport::shm::ShmRegistry;
+use crate::transport::shm::{ShmBudget, ShmRegistry};
 
 /// Counters since start-up.
 #[derive(Debug, Default, Clone)]
@@ -51,7 +51,7 @@ pub struct Engine {
     catalog: Arc<Catalog>,
     frames: Frames,
     /// Shared-memory arenas (transport SHM).
-    shm: ShmRegistry,
+    shm: Arc<ShmRegistry>,
     /// What is remembered across restarts; `None` when configured off or not writable.
     state: Option<StateDir>,
     /// Probe and GetClips requests since start-up, and those in progress.
@@ -93,11 +93,25 @@ impl Engine {
             .as_ref()
             .map(|s| Arc::new(Store::open(s, config.cache.store_bytes)));
         let catalog = Arc::new(Catalog::open(config, metrics.clone())?.with_store(store));
-        let shm = ShmRegistry::new(
-            config.shm_dir.clone(),
-            0o640,
-            std::time::Duration::from_secs(60),
+        Catalog::start_rescans(&catalog, config.rescan_interval);
+        let fs_bytes = crate::transport::shm::filesystem_bytes(&config.shm_dir).unwrap_or(1 << 30);
+        let total = config.tenancy.shm_bytes.unwrap_or(fs_bytes / 4 * 3).max(1) as usize;
+        let budget = ShmBudget {
+            total,
+            per_client: config
+                .tenancy
+                .client_shm_bytes
+                .map_or((total / 2).max(1), |b| b as usize),
+        };
+        let shm = Arc::new(
+            ShmRegistry::new(
+                config.shm_dir.clone(),
+                std::time::Duration::from_secs(60),
+                budget,
+            )
+            .map_err(|e| e.to_string())?,
         );
+        ShmRegistry::start_reaper(&shm);
         let stale = shm.remove_stale();
         if stale > 0 {
             tracing::info!(removed = stale, dir = %config.shm_dir.display(), "removed shared-memory arenas of daemons no longer running");
@@ -131,7 +145,7 @@ impl Engine {
         &self.frames
     }
 
-    pub fn shm(&self) -> &ShmRegistry {
+    pub fn shm(&self) -> &Arc<ShmRegistry> {
         &self.shm
     }
 

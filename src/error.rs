@@ -133,7 +133,15 @@ impl From<BatchError> for Error {
 
 impl From<crate::transport::shm::ShmError> for Error {
     fn from(e: crate::transport::shm::ShmError) -> Self {
-        Error::Internal(e.to_string())
+        use crate::transport::shm::ShmError as S;
+        let msg = e.to_string();
+        match e {
+            S::UnknownArena(_) => Error::NotFound(msg),
+            S::BadSlot { .. } => Error::InvalidArgument(msg),
+            S::NotOwner { .. } => Error::PermissionDenied(msg),
+            S::NoSpace { .. } | S::Budget { .. } => Error::Overloaded(msg),
+            S::Create { .. } | S::TooLarge { .. } => Error::Internal(msg),
+        }
     }
 }
 

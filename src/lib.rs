@@ -22,12 +22,13 @@
 //! - [`request`]: domain request types, validation, geometry. [`catalog`]: datasets, frame tables, failure
 //!   memory. [`frames`]: cache + single flight + fleet. [`engine`]: wires them. [`handle`]: one module per
 //!   RPC's logic. [`api`]: proto ↔ domain, statuses at the edge.
-//! - Operating: [`metrics`] (one registry), [`limits`] (`--max-streams` admission), [`rpc`] (per-call
+//! - Operating: [`metrics`] (one registry), [`admission`] (per-client and global limits), [`rpc`] (per-call
 //!   metrics), [`auth`] (bearer token on TCP), [`admin`] (`/metrics`, `/livez`, `/readyz`), [`server`]
 //!   (listeners, `run(config, shutdown)`, drain), [`shutdown`] (signals).
 //! - [`cli`] (flags) and [`commands`] (client subcommands, `doctor`, `ingest`, `gulp-check`, `check`).
 
 pub mod admin;
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod batch;
@@ -45,9 +46,9 @@ pub mod frames;
 pub mod gulp;
 pub mod handle;
 pub mod index;
-pub mod limits;
 pub mod manifest;
 pub mod metrics;
+pub mod peer;
 pub mod plan;
 pub mod request;
 pub mod rpc;

@@ -68,7 +68,12 @@ impl Samples {
 
     /// Lists the video files under `root` (by extension, symlinks not followed), sorted.
     pub fn scan(root: &Path) -> Samples {
-        let mut found: Vec<String> = crate::dataset::walk_videos(root)
+        Samples::from_paths(root, crate::dataset::walk_videos(root))
+    }
+
+    /// Samples for video files found under `root` (sorted by relative path; no labels).
+    pub fn from_paths(root: &Path, paths: Vec<std::path::PathBuf>) -> Samples {
+        let mut found: Vec<String> = paths
             .iter()
             .filter_map(|p| p.strip_prefix(root).ok()?.to_str().map(str::to_owned))
             .collect();

@@ -19,13 +19,16 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
 
-use crate::limits::{Admission, StreamPermit};
+use crate::admission::{Admission, Class, Permit};
 use crate::metrics::{MethodCodeLabels, MethodLabel, RpcMetrics, TransportLabel};
+use crate::peer::Peer;
 
 /// What a method's calls are, for the in-flight gauges, admission and byte counting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Unary,
+    /// A unary call that does work (walks, scans): admitted against `--max-unary`.
+    Work,
     /// A reply stream that carries arrays: admitted against `--max-streams`, bytes counted.
     DataStream,
     /// Another streaming call (health Watch, reflection, CheckDataset's progress).
@@ -34,18 +37,14 @@ pub enum Kind {
 
 /// The methods the server answers: (path, label, kind).
 pub const METHODS: &[(&str, &str, Kind)] = &[
-    ("/vserve.v1.VServe/Probe", "Probe", Kind::Unary),
+    ("/vserve.v1.VServe/Probe", "Probe", Kind::Work),
     ("/vserve.v1.VServe/GetClips", "GetClips", Kind::DataStream),
     (
         "/vserve.v1.VServe/StreamBatches",
         "StreamBatches",
         Kind::DataStream,
     ),
-    (
-        "/vserve.v1.VServe/ListDatasets",
-        "ListDatasets",
-        Kind::Unary,
-    ),
+    ("/vserve.v1.VServe/ListDatasets", "ListDatasets", Kind::Work),
     ("/vserve.v1.VServe/GetStats", "GetStats", Kind::Unary),
     (
         "/vserve.v1.VServe/CheckDataset",
@@ -126,14 +125,21 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
         let (method, kind) = classify(req.uri().path());
-        let permit = if kind == Kind::DataStream {
-            match self.admission.try_admit() {
+        let peer = Peer::from_extensions(req.extensions());
+        req.extensions_mut().insert(peer.clone());
+        let class = match kind {
+            Kind::DataStream => Some(Class::Stream),
+            Kind::Work => Some(Class::Unary),
+            Kind::Unary | Kind::OtherStream => None,
+        };
+        let permit = if let Some(class) = class {
+            match self.admission.try_admit(class, &peer) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     let status = tonic::Status::from(e);
-                    tracing::warn!(method, message = status.message(), "request refused");
+                    tracing::warn!(method, client = %peer.describe(), message = status.message(), "request refused");
                     self.metrics
                         .requests
                         .get_or_create(&MethodCodeLabels {
@@ -173,7 +179,7 @@ struct Call {
     first_data: Option<Instant>,
     code: Option<tonic::Code>,
     finished: bool,
-    permit: Option<StreamPermit>,
+    permit: Option<Permit>,
 }
 
 impl Call {
@@ -181,10 +187,10 @@ impl Call {
         metrics: RpcMetrics,
         method: &'static str,
         kind: Kind,
-        permit: Option<StreamPermit>,
+        permit: Option<Permit>,
     ) -> Call {
         match kind {
-            Kind::Unary => metrics.in_flight_requests.inc(),
+            Kind::Unary | Kind::Work => metrics.in_flight_requests.inc(),
             Kind::DataStream | Kind::OtherStream => metrics.in_flight_streams.inc(),
         };
         Call {
@@ -207,7 +213,7 @@ impl Call {
         self.permit.take();
         let m = &self.metrics;
         match self.kind {
-            Kind::Unary => m.in_flight_requests.dec(),
+            Kind::Unary | Kind::Work => m.in_flight_requests.dec(),
             Kind::DataStream | Kind::OtherStream => m.in_flight_streams.dec(),
         };
         let code = self.code.unwrap_or(tonic::Code::Cancelled);
@@ -324,7 +330,11 @@ mod tests {
             // Reply streams carry arrays, but CheckDataset's, which carries a line per video checked.
             let carries_arrays = streams_reply && name != "CheckDataset";
             assert_eq!(kind == Kind::DataStream, carries_arrays, "{name}");
-            assert_eq!(kind == Kind::Unary, !streams_reply, "{name}");
+            assert_eq!(
+                matches!(kind, Kind::Unary | Kind::Work),
+                !streams_reply,
+                "{name}"
+            );
             seen += 1;
         }
         assert!(seen >= 5, "no rpc lines found");

@@ -15,12 +15,12 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Identity, ServerTlsConfig};
 
 use crate::admin::AdminState;
+use crate::admission::{Admission, ClassLimits};
 use crate::api::{Api, VServeServer};
 use crate::auth::TokenCheck;
 use crate::config::{Config, ListenAddr, OpsConfig};
 use crate::decode::select::{select, Backends};
 use crate::engine::Engine;
-use crate::limits::Admission;
 use crate::metrics::Metrics;
 use crate::rpc::RpcLayer;
 
@@ -107,7 +107,16 @@ pub async fn serve_engine(
     let metrics = Arc::new(metrics);
     let layer = RpcLayer::new(
         metrics.rpc.clone(),
-        Admission::new(config.limits.max_streams),
+        Admission::new(
+            ClassLimits {
+                total: config.limits.max_streams,
+                per_client: config.tenancy.client_streams(config.limits.max_streams),
+            },
+            ClassLimits {
+                total: config.tenancy.max_unary,
+                per_client: config.tenancy.client_unary.min(config.tenancy.max_unary),
+            },
+        ),
     );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<VServeServer<Api>>().await;
@@ -117,6 +126,16 @@ pub async fn serve_engine(
         .map_err(|e| ServerError::Setup(format!("reflection: {e}")))?;
     let access = tcp_access(&config.ops)?;
     let admin_state = Arc::new(AdminState::new(metrics.clone()));
+    // SIGHUP: list the directory datasets again now (new and removed videos), without a restart.
+    let rescan_task = crate::shutdown::on_hangup({
+        let weak = Arc::downgrade(&engine);
+        move || {
+            if let Some(e) = weak.upgrade() {
+                let changed = e.catalog().rescan();
+                tracing::info!(changed = ?changed, "SIGHUP: datasets listed again");
+            }
+        }
+    });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
@@ -272,6 +291,9 @@ pub async fn serve_engine(
     let _ = admin_stop_tx.send(true);
     if let Some(task) = admin_task {
         let _ = task.await;
+    }
+    if let Some(t) = rescan_task {
+        t.abort();
     }
     tracing::info!("stopped");
     result

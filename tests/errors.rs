@@ -356,3 +356,32 @@ async fn truncated_file_serves_what_decodes() {
     );
     ctl.check(&mut d, &c, "truncated file").await;
 }
+
+#[tokio::test]
+async fn list_datasets_reads_the_catalogue_and_sighup_lists_again() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let count = |r: &vserve_client::proto::ListDatasetsResponse| {
+        let s = r.datasets.iter().find(|x| x.name == SCRATCH).unwrap();
+        (s.video_count, s.samples)
+    };
+    let before = count(&c.list_datasets().await.unwrap());
+    // A new video after start: ListDatasets answers from the catalogue, so it is not seen yet...
+    std::fs::copy(media_path(CONTROL_VIDEO), d.scratch.join("new.mov")).unwrap();
+    assert_eq!(count(&c.list_datasets().await.unwrap()), before);
+    // ... until the daemon lists its datasets again (SIGHUP; also every --rescan-interval).
+    d.signal("HUP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = count(&c.list_datasets().await.unwrap());
+        if now == (before.0 + 1, before.1 + 1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP did not list the dataset again: {now:?} (before {before:?})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(d.log_text().contains("SIGHUP: datasets listed again"));
+}

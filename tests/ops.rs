@@ -453,7 +453,15 @@ async fn tls_on_tcp_with_a_ca_the_client_trusts() {
 
 #[tokio::test]
 async fn streams_beyond_max_streams_are_refused_while_admitted_ones_complete() {
-    let d = Daemon::start_with(&["--listen", "127.0.0.1:0", "--max-streams", "2"]).await;
+    let d = Daemon::start_with(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--max-streams",
+        "2",
+        "--client-streams",
+        "2",
+    ])
+    .await;
     let tcp = d.tcp_addr();
     // Two admitted streams whose replies (16 MB each) are left unread on connections with 64 KiB
     // windows: HTTP/2 flow control keeps them open, so the daemon holds both slots until we read them.
@@ -520,6 +528,57 @@ async fn streams_beyond_max_streams_are_refused_while_admitted_ones_complete() {
         4.0
     );
     assert_eq!(s.get("vserve_rpc_in_flight_streams", ""), 0.0);
+}
+
+/// A GetClips reply (16 MB for 30 frames) left unread on a connection with 64 KiB windows: the daemon holds the call
+/// (and its admission) until it is read.
+async fn held_get_clips(
+    tcp: &str,
+    frames: &[u64],
+) -> Result<tonic::Streaming<proto::GetClipsResponse>, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{tcp}"))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut raw =
+        proto::v_serve_client::VServeClient::new(channel).max_decoding_message_size(64 << 20);
+    raw.get_clips(bikes(frames)).await.map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn one_client_hoarding_streams_leaves_room_for_another() {
+    // Defaults: --max-streams 64, --client-streams half of it.
+    let d = Daemon::start_with(&["--listen", "127.0.0.1:0"]).await;
+    let tcp = d.tcp_addr();
+    let reference = get(&mut d.client().await, bikes(&[3, 4, 5, 6])).await;
+    // The hoarder (everything from 127.0.0.1 over TCP is one client) asks for 64 streams it never reads.
+    let mut held = Vec::new();
+    let mut refused = Vec::new();
+    for _ in 0..64 {
+        match held_get_clips(&tcp, &(0..30).collect::<Vec<u64>>()).await {
+            Ok(s) => held.push(s),
+            Err(status) => refused.push(status),
+        }
+    }
+    assert_eq!(held.len(), 32, "half of max-streams for one client");
+    assert_eq!(refused.len(), 32);
+    for status in &refused {
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            status.message().contains("client-streams") && status.message().contains("127.0.0.1"),
+            "{}",
+            status.message()
+        );
+    }
+    // Another client (this process, on the Unix socket) is served, byte for byte.
+    let mut c = d.client().await;
+    let b = get(&mut c, bikes(&[3, 4, 5, 6])).await;
+    assert_bytes_eq(&b.data, &reference.data, None, "served beside a hoarder");
+    d.client().await.list_datasets().await.unwrap();
+    drop(held);
 }
 
 #[tokio::test]
@@ -644,6 +703,13 @@ fn operating_settings_print_and_bad_values_exit_64_naming_the_key() {
             "xml",
         ),
         (vec!["--max-streams", "0"], vec![], "max-streams", "0"),
+        // An open port on the network with no token is refused unless asked for.
+        (
+            vec!["--listen", "0.0.0.0:7070"],
+            vec![],
+            "auth-token-file",
+            "0.0.0.0:7070",
+        ),
         (
             vec![],
             vec![("VSERVE_MAX_STREAMS", "many")],

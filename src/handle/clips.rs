@@ -14,22 +14,31 @@ use crate::decode::Frame;
 use crate::engine::Engine;
 use crate::error::{blocking, Error};
 use crate::metrics::Timer;
+use crate::peer::Peer;
 use crate::request::{
     display_dims, resolve_positions, ClipMeta, ClipsReply, ClipsRequest, RequestStats,
 };
 
 /// Serves one GetClips request.
-pub async fn get_clips(engine: &Arc<Engine>, req: ClipsRequest) -> Result<ClipsReply, Error> {
+pub async fn get_clips(
+    engine: &Arc<Engine>,
+    req: ClipsRequest,
+    peer: &Peer,
+) -> Result<ClipsReply, Error> {
     let _inflight = engine.request_started();
-    match get_clips_once(engine, &req).await {
+    match get_clips_once(engine, &req, peer).await {
         // The damaged video is now indexed by decoding; frame numbers may have changed, so the whole
         // request is resolved again.
-        Err(Error::Damaged(_)) => get_clips_once(engine, &req).await,
+        Err(Error::Damaged(_)) => get_clips_once(engine, &req, peer).await,
         other => other,
     }
 }
 
-async fn get_clips_once(engine: &Arc<Engine>, req: &ClipsRequest) -> Result<ClipsReply, Error> {
+async fn get_clips_once(
+    engine: &Arc<Engine>,
+    req: &ClipsRequest,
+    peer: &Peer,
+) -> Result<ClipsReply, Error> {
     let limits = engine.limits();
     req.validate(limits)?;
     let tenant = engine.frames().new_tenant(true);
@@ -149,7 +158,7 @@ async fn get_clips_once(engine: &Arc<Engine>, req: &ClipsRequest) -> Result<Clip
     }
     let spec = req.transform.batch.clone();
     let assembly_timer = Timer::start();
-    let (to_shm, reuse, shared) = (req.shm, req.shm_reuse, engine.clone());
+    let (to_shm, reuse, shared, owner) = (req.shm, req.shm_reuse, engine.clone(), peer.clone());
     let (shape, data, shm) = blocking(move || {
         if !to_shm {
             let (shape, data) = batch::assemble(&frames_by_clip, &spec)?;
@@ -158,7 +167,7 @@ async fn get_clips_once(engine: &Arc<Engine>, req: &ClipsRequest) -> Result<Clip
         let augs = batch::centre_augs(&frames_by_clip, &spec)?;
         let shape = batch::augmented_shape(&frames_by_clip, &augs, &spec)?;
         let nbytes = batch::shape_bytes(&shape, &spec);
-        let (shape, r) = shared.shm().one_shot_with(nbytes, reuse, |buf| {
+        let (shape, r) = shared.shm().one_shot_with(nbytes, reuse, &owner, |buf| {
             Ok::<_, Error>(batch::assemble_augmented_into(
                 &frames_by_clip,
                 &augs,
@@ -221,6 +230,8 @@ mod tests {
             shutdown_grace: std::time::Duration::from_secs(1),
             shm_dir: std::env::temp_dir(),
             state_dir: None,
+            rescan_interval: std::time::Duration::ZERO,
+            tenancy: Default::default(),
             ops: Default::default(),
         };
         let factory: BackendFactory = Arc::new(move |_slot| {
@@ -301,7 +312,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn decodes_gop_runs_once_then_serves_from_cache() {
         let e = engine(0);
-        let first = get_clips(&e, request(&[250, 5, 7])).await.unwrap();
+        let first = get_clips(&e, request(&[250, 5, 7]), &Peer::local())
+            .await
+            .unwrap();
         // Runs: keyframe 0 → 7 (8 frames) and keyframe 240 → 250 (11 frames).
         assert_eq!(first.stats.frames_decoded, 8 + 11);
         assert_eq!(first.stats.gop_runs, 2);
@@ -312,7 +325,9 @@ mod tests {
                 .iter()
                 .all(|&v| v == fake_value(*k)));
         }
-        let second = get_clips(&e, request(&[250, 5, 7])).await.unwrap();
+        let second = get_clips(&e, request(&[250, 5, 7]), &Peer::local())
+            .await
+            .unwrap();
         assert_eq!(second.stats.frames_decoded, 0);
         assert_eq!(second.stats.cache_hits, 3);
         assert_eq!(second.data, first.data);
@@ -325,7 +340,7 @@ mod tests {
         for _ in 0..4 {
             let e = e.clone();
             tasks.push(tokio::spawn(async move {
-                get_clips(&e, request(&[3, 9])).await
+                get_clips(&e, request(&[3, 9]), &Peer::local()).await
             }));
         }
         let mut decoded = 0;
@@ -352,7 +367,7 @@ mod tests {
         let e = engine_with(500, 1);
         let blocker = {
             let e = e.clone();
-            tokio::spawn(async move { get_clips(&e, request(&[250])).await })
+            tokio::spawn(async move { get_clips(&e, request(&[250]), &Peer::local()).await })
         };
         // Wait (not sleep) for each state, so a loaded machine cannot reorder the steps.
         let until = |cond: &dyn Fn() -> bool| {
@@ -366,14 +381,14 @@ mod tests {
         until(&|| e.frames().inflight_started() == [true]);
         let first = {
             let e = e.clone();
-            tokio::spawn(async move { get_clips(&e, request(&[3])).await })
+            tokio::spawn(async move { get_clips(&e, request(&[3]), &Peer::local()).await })
         };
         // The first request's run is registered and queued behind the blocker.
         until(&|| {
             let started = e.frames().inflight_started();
             started.len() == 2 && started.iter().filter(|s| !**s).count() == 1
         });
-        let second = get_clips(&e, request(&[9])).await.unwrap();
+        let second = get_clips(&e, request(&[9]), &Peer::local()).await.unwrap();
         let first = first.await.unwrap().unwrap();
         blocker.await.unwrap().unwrap();
         // The queued run 0 → 3 grew to 0 → 9 before it started: one pass served both.
@@ -390,7 +405,7 @@ mod tests {
         let e = engine(0);
         let many = vec![0u64; 1_000_000];
         assert!(matches!(
-            get_clips(&e, request(&many)).await,
+            get_clips(&e, request(&many), &Peer::local()).await,
             Err(Error::InvalidArgument(_))
         ));
         let mut huge = request(&[0]);
@@ -399,20 +414,20 @@ mod tests {
             height: 100_000,
         };
         assert!(matches!(
-            get_clips(&e, huge).await,
+            get_clips(&e, huge, &Peer::local()).await,
             Err(Error::InvalidArgument(_))
         ));
         assert!(matches!(
-            get_clips(&e, request(&[390])).await,
+            get_clips(&e, request(&[390]), &Peer::local()).await,
             Err(Error::OutOfRange(_))
         ));
         let mut outside = request(&[0]);
         outside.clips[0].video = "../demo/nasa_13013.mp4".into();
         assert!(matches!(
-            get_clips(&e, outside).await,
+            get_clips(&e, outside, &Peer::local()).await,
             Err(Error::PermissionDenied(_))
         ));
         assert_eq!(e.stats().frames_decoded, 0);
-        assert!(get_clips(&e, request(&[1])).await.is_ok());
+        assert!(get_clips(&e, request(&[1]), &Peer::local()).await.is_ok());
     }
 }

@@ -38,6 +38,7 @@ use crate::error::{blocking, Code, Error};
 use crate::frames::Tenant;
 use crate::index::VideoIndex;
 use crate::manifest::{Sample, Samples};
+use crate::peer::Peer;
 use crate::request::{
     display_dims, resolve_positions, ClipMeta, Positions, RequestStats, Transform,
 };
@@ -183,6 +184,8 @@ struct Ready {
 /// What a stream keeps between batches.
 struct Context {
     engine: Arc<Engine>,
+    /// The client the stream's arenas belong to.
+    peer: Peer,
     req: StreamRequest,
     samples: Arc<Samples>,
     shard: Vec<usize>,
@@ -205,10 +208,11 @@ impl Context {
         let per_clip = nbytes.div_ceil(clips.max(1));
         // Slots: the batches in preparation (prefetch), one in the channel, one on the wire, one the
         // client reads and one it may keep.
-        let a = self
-            .engine
-            .shm()
-            .stream_arena(per_clip * self.req.batch_size, self.req.prefetch + 3)?;
+        let a = self.engine.shm().stream_arena(
+            per_clip * self.req.batch_size,
+            self.req.prefetch + 3,
+            &self.peer,
+        )?;
         arenas.push(a.clone());
         Ok(a)
     }
@@ -231,6 +235,7 @@ impl Drop for ActiveGuard {
 pub async fn start(
     engine: &Arc<Engine>,
     req: StreamRequest,
+    peer: Peer,
 ) -> Result<mpsc::Receiver<Result<StreamBatch, Error>>, Error> {
     validate(engine, &req)?;
     let samples = engine.catalog().samples(&req.dataset).await?;
@@ -240,6 +245,7 @@ pub async fn start(
     let prefetch = req.prefetch;
     let ctx = Arc::new(Context {
         engine: engine.clone(),
+        peer,
         tenant: engine.frames().new_tenant(false),
         req,
         samples,

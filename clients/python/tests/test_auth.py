@@ -83,3 +83,14 @@ def test_tls_arguments_are_checked(tmp_path):
         vserve_client.Client("localhost:1", tls_ca=b"pem")
     with pytest.raises(vserve_client.InvalidArgument, match="tls_ca="):
         vserve_client.Client("https://localhost:1", tls_ca=tmp_path / "missing.pem")
+
+
+def test_token_is_never_sent_in_clear_to_another_host():
+    # Refused before any connection is made: no daemon is needed.
+    with pytest.raises(vserve_client.InvalidArgument, match="unencrypted"):
+        vserve_client.Client("10.1.2.3:7070", token="secret")
+    with pytest.raises(vserve_client.InvalidArgument, match="unencrypted"):
+        vserve_client.Client("http://trainer-7.example:7070", token="secret")
+    # Loopback, Unix sockets and TLS are fine (channels connect lazily).
+    for addr in ("127.0.0.1:7070", "localhost:7070", "[::1]:7070", "unix:/tmp/x.sock", "https://10.1.2.3:7070"):
+        vserve_client.Client(addr, token="secret").close()

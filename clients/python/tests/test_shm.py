@@ -23,9 +23,15 @@ KW = dict(num_clips=2, num_frames_per_clip=3, num_indices_between_frames=2, batc
 
 
 def arenas_of(daemon) -> list:
-    """The daemon's arena files in /dev/shm (named after its pid)."""
+    """The daemon's arena files: in its instance directory under /dev/shm (named after its pid)."""
     prefix = f"vserve-{daemon.proc.pid}-"
-    return sorted(p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefix))
+    return sorted(
+        f.name
+        for d in Path("/dev/shm").iterdir()
+        if d.name.startswith(prefix) and d.is_dir()
+        for f in d.iterdir()
+        if f.name.startswith("vserve-")
+    )
 
 
 def test_transports_give_identical_arrays(daemon):

@@ -8,6 +8,7 @@ the transport chosen at construction (see :mod:`vserve_client.transport`).
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import os
 from typing import TYPE_CHECKING, Any, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -47,6 +48,19 @@ def _target(addr: str) -> Tuple[str, bool]:
     if not sep or not host or not port.isdigit():
         raise InvalidArgument(f"addr={addr!r}: expected unix:/path.sock, host:port or https://host:port")
     return rest, secure
+
+
+def _is_loopback(target: str) -> bool:
+    """Whether a ``host:port`` target (or a Unix socket) stays on this host."""
+    if target.startswith("unix:"):
+        return True
+    host = target.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _pem(tls_ca: Union[None, str, bytes, "os.PathLike[str]"]) -> Optional[bytes]:
@@ -117,8 +131,14 @@ class Client:
         self.addr = addr
         self._transport: Transport = select(transport, addr, self._release_slots)
         self._timeout = timeout
-        self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
         target, secure = _target(addr)
+        if token and not secure and not _is_loopback(target):
+            # A bearer token in clear text over the network is a token given away.
+            raise InvalidArgument(
+                f"addr={addr!r}: refusing to send the token over an unencrypted connection to another host; "
+                "use https://host:port (the daemon's --tls-cert) or a Unix socket"
+            )
+        self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
         options: List[Tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

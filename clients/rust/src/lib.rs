@@ -274,6 +274,11 @@ impl Client {
             .into_inner())
     }
 
+    /// The generated gRPC client, for callers that manage replies and slots themselves.
+    pub fn raw(&mut self) -> &mut VServeClient<Authed> {
+        &mut self.inner
+    }
+
     /// Gives back shared-memory slots (the batch methods do this themselves).
     pub async fn release_slots(&mut self, arena: &str, slots: &[u32]) -> Result<(), ClientError> {
         self.inner

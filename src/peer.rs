@@ -1,0 +1,158 @@
+//! Who is calling: the identity a call's resources are charged to and owned by.
+//!
+//! Input: the connection a call came on (the kernel's peer credentials of a Unix socket, or a TCP
+//! peer's address), read once per call from the request's extensions. Output: a [`Peer`], whose
+//! [`PeerKey`] keys per-client limits and owns shared-memory arenas.
+//!
+//! - On a Unix socket a client is a process: its pid, with the process's start time so a reused pid is
+//!   another client. [`Peer::is_alive`] says when that process has gone, which is how the arenas of a
+//!   SIGKILLed client are reclaimed without waiting for its next request.
+//! - A Unix peer whose pid the kernel cannot name in this pid namespace (pid 0) is keyed by its uid.
+//! - On TCP a client is its IP address (a reconnect from another port is the same client; clients behind
+//!   one address share its limits). Liveness is unknowable there: its arenas expire by time.
+//! - A call with no connection (in-process tests) is [`PeerKey::Local`].
+
+use std::net::IpAddr;
+
+/// The key limits are counted by and arenas owned by.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PeerKey {
+    /// A process on this host, by pid and start time (clock ticks after boot, from /proc).
+    Process { pid: i32, start: u64 },
+    /// A local user whose process this pid namespace cannot see.
+    User(u32),
+    /// A TCP client.
+    Address(IpAddr),
+    /// No connection (calls made in-process).
+    Local,
+}
+
+/// One calling client.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub key: PeerKey,
+    /// The peer's uid on a Unix socket.
+    pub uid: Option<u32>,
+}
+
+impl Peer {
+    /// A Unix-socket peer from its kernel credentials.
+    pub fn unix(pid: Option<i32>, uid: u32) -> Peer {
+        let key = match pid.filter(|&p| p > 0) {
+            Some(pid) => match process_start(pid) {
+                Some(start) => PeerKey::Process { pid, start },
+                None => PeerKey::User(uid),
+            },
+            None => PeerKey::User(uid),
+        };
+        Peer {
+            key,
+            uid: Some(uid),
+        }
+    }
+
+    pub fn tcp(ip: IpAddr) -> Peer {
+        Peer {
+            key: PeerKey::Address(ip),
+            uid: None,
+        }
+    }
+
+    pub fn local() -> Peer {
+        Peer {
+            key: PeerKey::Local,
+            uid: None,
+        }
+    }
+
+    /// The peer of a call, from the connection information tonic puts in its extensions.
+    pub fn from_extensions(ext: &http::Extensions) -> Peer {
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
+        if let Some(uds) = ext.get::<UdsConnectInfo>() {
+            return match &uds.peer_cred {
+                Some(cred) => Peer::unix(cred.pid(), cred.uid()),
+                None => Peer::local(),
+            };
+        }
+        let tcp = ext.get::<TcpConnectInfo>().or_else(|| {
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                .map(|t| t.get_ref())
+        });
+        match tcp.and_then(|t| t.remote_addr()) {
+            Some(addr) => Peer::tcp(addr.ip()),
+            None => Peer::local(),
+        }
+    }
+
+    /// Whether the client still runs: `Some(false)` once its process has exited (or its pid now names
+    /// another process), `None` when that cannot be known (TCP, unseen pids).
+    pub fn is_alive(&self) -> Option<bool> {
+        match self.key {
+            PeerKey::Process { pid, start } => Some(process_start(pid) == Some(start)),
+            _ => None,
+        }
+    }
+
+    /// For messages and logs: `pid 4242 (uid 1000)`, `10.0.0.7`, `uid 1000`, `in-process`.
+    pub fn describe(&self) -> String {
+        match &self.key {
+            PeerKey::Process { pid, .. } => match self.uid {
+                Some(uid) => format!("pid {pid} (uid {uid})"),
+                None => format!("pid {pid}"),
+            },
+            PeerKey::User(uid) => format!("uid {uid}"),
+            PeerKey::Address(ip) => ip.to_string(),
+            PeerKey::Local => "in-process".into(),
+        }
+    }
+}
+
+/// A process's start time (field 22 of /proc/PID/stat), `None` when there is no such process.
+fn process_start(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces or ')': split after the last one.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the name: state is field 3, so start time (field 22) is the 20th field of the rest.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_peer_lives_as_long_as_its_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let peer = Peer::unix(Some(child.id() as i32), 1000);
+        assert!(
+            matches!(peer.key, PeerKey::Process { pid, .. } if pid == child.id() as i32),
+            "{peer:?}"
+        );
+        assert_eq!(peer.is_alive(), Some(true));
+        assert_eq!(peer.describe(), format!("pid {} (uid 1000)", child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(peer.is_alive(), Some(false));
+        // Our own process: its start time parses, and two reads agree.
+        let me = Peer::unix(Some(std::process::id() as i32), 0);
+        assert_eq!(me.is_alive(), Some(true));
+        assert_eq!(me, Peer::unix(Some(std::process::id() as i32), 0));
+    }
+
+    #[test]
+    fn unseen_pids_fall_back_to_the_user_and_tcp_to_the_address() {
+        assert_eq!(Peer::unix(Some(0), 7).key, PeerKey::User(7));
+        assert_eq!(Peer::unix(None, 7).key, PeerKey::User(7));
+        assert_eq!(Peer::unix(Some(0), 7).is_alive(), None);
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(Peer::tcp(ip).key, PeerKey::Address(ip));
+        assert_eq!(Peer::tcp(ip).is_alive(), None);
+        assert_eq!(
+            Peer::from_extensions(&http::Extensions::new()).key,
+            PeerKey::Local
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! One arena: a file of equal slots in the instance's shm directory, mapped into the daemon, with its
+//! owner and its share of the byte budget. Slots are written only by whoever acquired them; the file is
+//! removed and its bytes given back when the arena is dropped.
+
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::{ShmError, ShmRef};
+use crate::peer::{Peer, PeerKey};
+
+/// Who may open an arena's file: its mode and, when the daemon gives it away, the owner's uid.
+pub(super) type Access = (u32, Option<u32>);
+
+/// A file of `slots` slots of `slot_bytes`, mapped into the daemon.
+pub struct Arena {
+    pub(super) name: String,
+    pub(super) path: PathBuf,
+    pub(super) map: memmap2::MmapRaw,
+    pub(super) slot_bytes: usize,
+    /// Per slot: free to write.
+    pub(super) free: Mutex<Vec<bool>>,
+    pub(super) released: Notify,
+    /// The client that may release slots (changes when a spare arena is lent to another reply).
+    pub(super) owner: Mutex<Peer>,
+    pub(super) access: Access,
+    /// The registry's count of arena bytes, decremented when this arena goes.
+    pub(super) live: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("name", &self.name)
+            .field("slot_bytes", &self.slot_bytes)
+            .field("bytes", &self.map.len())
+            .finish()
+    }
+}
+
+// SAFETY: the mapping is written only through `write`, into a slot its caller acquired (owned exclusively
+// until released); MmapRaw hands out raw pointers and holds no Rust references to the memory.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    pub(super) fn create(
+        dir: &Path,
+        access: Access,
+        slot_bytes: usize,
+        slots: usize,
+        owner: &Peer,
+        live: Arc<AtomicUsize>,
+    ) -> Result<Arena, ShmError> {
+        let name = format!("vserve-{}", random_hex());
+        let path = dir.join(&name);
+        let err = |e: std::io::Error| ShmError::Create {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let total = slot_bytes.max(1) * slots.max(1);
+        let available = free_bytes(dir).unwrap_or(u64::MAX);
+        if total as u64 > available {
+            return Err(ShmError::NoSpace {
+                needed: total as u64,
+                available,
+                dir: dir.display().to_string(),
+            });
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(access.0)
+            .open(&path)
+            .map_err(err)?;
+        let made = (|| {
+            if let Some(uid) = access.1 {
+                std::os::unix::fs::fchown(&file, Some(uid), None)?;
+            }
+            allocate(&file, total as u64)?;
+            memmap2::MmapRaw::map_raw(&file)
+        })();
+        let map = match made {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                if e.raw_os_error() == Some(libc::ENOSPC) {
+                    return Err(ShmError::NoSpace {
+                        needed: total as u64,
+                        available: free_bytes(dir).unwrap_or(0),
+                        dir: dir.display().to_string(),
+                    });
+                }
+                return Err(err(e));
+            }
+        };
+        live.fetch_add(total, Ordering::Relaxed);
+        Ok(Arena {
+            name,
+            path,
+            map,
+            slot_bytes: slot_bytes.max(1),
+            free: Mutex::new(vec![true; slots.max(1)]),
+            released: Notify::new(),
+            owner: Mutex::new(owner.clone()),
+            access,
+            live,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Bytes of the file.
+    pub fn bytes(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(super) fn owner_key(&self) -> PeerKey {
+        self.owner.lock().key.clone()
+    }
+
+    /// Waits for a free slot and takes it.
+    pub async fn acquire(&self) -> u32 {
+        loop {
+            let notified = self.released.notified();
+            if let Some(slot) = self.try_acquire() {
+                return slot;
+            }
+            notified.await;
+        }
+    }
+
+    pub(super) fn try_acquire(&self) -> Option<u32> {
+        let mut free = self.free.lock();
+        let slot = free.iter().position(|&f| f)?;
+        free[slot] = false;
+        Some(slot as u32)
+    }
+    /// Copies `data` into a slot the caller acquired.
+    pub fn write(&self, slot: u32, data: &[u8]) -> Result<ShmRef, ShmError> {
+        if data.len() > self.slot_bytes {
+            return Err(ShmError::TooLarge {
+                nbytes: data.len(),
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        let offset = slot as usize * self.slot_bytes;
+        if offset + self.slot_bytes > self.map.len() {
+            return Err(ShmError::BadSlot {
+                arena: self.name.clone(),
+                slot,
+            });
+        }
+        // SAFETY: [offset, offset + len) lies inside the mapping (checked above) and inside the slot
+        // the caller acquired, which nothing else writes until it is released.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.map.as_mut_ptr().add(offset),
+                data.len(),
+            );
+        }
+        Ok(ShmRef {
+            path: self.path.clone(),
+            arena: self.name.clone(),
+            slot,
+            offset: offset as u64,
+            arena_bytes: self.map.len() as u64,
+        })
+    }
+
+    /// Runs `f` on the first `nbytes` of a slot the caller acquired (assembling a batch in place); on
+    /// failure the slot is released again.
+    pub fn fill<T, E>(
+        &self,
+        slot: u32,
+        nbytes: usize,
+        f: impl FnOnce(&mut [u8]) -> Result<T, E>,
+    ) -> Result<(T, ShmRef), E>
+    where
+        E: From<ShmError>,
+    {
+        let offset = slot as usize * self.slot_bytes;
+        if nbytes > self.slot_bytes || offset + self.slot_bytes > self.map.len() {
+            let _ = self.release(&[slot]);
+            return Err(ShmError::TooLarge {
+                nbytes,
+                slot_bytes: self.slot_bytes,
+            }
+            .into());
+        }
+        // SAFETY: the range lies inside the mapping (checked above) and inside the slot the caller
+        // acquired, which nothing else reads or writes in this process until it is released; the client
+        // reads it only after the reply announcing it.
+        let buf =
+            unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset), nbytes) };
+        match f(buf) {
+            Ok(v) => Ok((
+                v,
+                ShmRef {
+                    path: self.path.clone(),
+                    arena: self.name.clone(),
+                    slot,
+                    offset: offset as u64,
+                    arena_bytes: self.map.len() as u64,
+                },
+            )),
+            Err(e) => {
+                let _ = self.release(&[slot]);
+                Err(e)
+            }
+        }
+    }
+
+    /// Marks slots free again: all of them, or (one not in the arena) none.
+    pub(super) fn release(&self, slots: &[u32]) -> Result<(), ShmError> {
+        {
+            let mut free = self.free.lock();
+            if let Some(&bad) = slots.iter().find(|&&s| s as usize >= free.len()) {
+                return Err(ShmError::BadSlot {
+                    arena: self.name.clone(),
+                    slot: bad,
+                });
+            }
+            for &s in slots {
+                free[s as usize] = true;
+            }
+        }
+        self.released.notify_waiters();
+        Ok(())
+    }
+
+    pub(super) fn all_free(&self) -> bool {
+        self.free.lock().iter().all(|&f| f)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        self.live.fetch_sub(self.map.len(), Ordering::Relaxed);
+    }
+}
+
+/// Free bytes of the filesystem holding `dir` (for an unprivileged writer).
+pub(super) fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes only into `st`, a plain struct we own; `c` is a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Size of the filesystem holding `dir`, for the default budget.
+pub fn filesystem_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes only into `st`, a plain struct we own; `c` is a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_blocks as u64 * st.f_frsize as u64)
+}
+
+/// Gives the file `len` bytes backed by pages now, so a later write cannot fault on a full tmpfs.
+/// Filesystems without fallocate get a sparse length (as before).
+fn allocate(file: &std::fs::File, len: u64) -> std::io::Result<()> {
+    // SAFETY: posix_fallocate on a descriptor we own; it returns an errno value and touches no memory of
+    // ours.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(len),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// 128 random bits as hex, from the kernel's generator.
+pub(super) fn random_hex() -> String {
+    let mut bytes = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_err() {
+        // Without /dev/urandom (never on Linux): time and address entropy, still unique per process.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let a = &bytes as *const _ as usize as u128;
+        bytes = (t ^ a.rotate_left(64)).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,572 @@
+//! Shared-memory arenas: files under the shm directory (default /dev/shm) holding batch bytes for clients
+//! on the daemon's host.
+//!
+//! Input: batches' bytes and the [`Peer`] that asked. Output: [`ShmRef`]s (file, slot, offset) the api
+//! puts in the batch header instead of the bytes.
+//!
+//! - A stream owns one arena of `slots` equal slots, created at its first batch. A slot is written only
+//!   after the client released it ([`Arena::acquire`] waits), so a client's mapped view never changes under
+//!   it until it says so; a client that releases nothing stalls only its own stream.
+//! - A GetClips reply gets a one-slot arena, removed when released or, unreleased, after the registry's
+//!   time to live.
+//! - **Ownership.** Every arena belongs to the peer that asked for it: only that peer may release its
+//!   slots ([`ShmError::NotOwner`] otherwise). Files live in this instance's own directory
+//!   (`vserve-<pid>-<random>`, mode 0710: the group may open a file it knows the name of, nobody but the
+//!   daemon may list it) under unguessable names (128 random bits, sent only to the owner). A file is
+//!   0600 when the owner runs as the daemon's user (or the daemon, as root, gives it to the owner's uid);
+//!   otherwise 0640 for the daemon's group.
+//! - **Reclaim.** A reaper runs every second ([`ShmRegistry::reap`]): arenas whose owning process has
+//!   exited are dropped at once, and unreleased replies after the time to live, with no further request
+//!   needed.
+//! - **Budget.** Arena bytes count against a global limit and a per-client one; before a file is made the
+//!   shm directory's free space is checked and the file's pages are allocated (`posix_fallocate`), so a
+//!   full tmpfs is RESOURCE_EXHAUSTED for that request, never a SIGBUS for the daemon.
+//! - **Instances.** Each daemon holds an exclusive `flock` on its directory's `.lock` for its whole life.
+//!   At start-up, directories whose lock nobody holds (their daemon is gone, whatever its pid was) are
+//!   removed; a running instance's are never touched. Files of the older layout (`vserve-<pid>-<hex>` at
+//!   the top level) are removed when that pid is not running.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::peer::{Peer, PeerKey};
+
+mod arena;
+#[cfg(test)]
+mod tests;
+
+pub use arena::{filesystem_bytes, Arena};
+use arena::{random_hex, Access};
+
+/// Released reusable GetClips arenas kept for later replies: at most this many...
+pub const SPARE_ARENAS: usize = 4;
+/// ... holding at most this many bytes together.
+pub const SPARE_BYTES: usize = 512 << 20;
+/// Reusable GetClips arenas are sized in multiples of this, so replies of similar sizes share them.
+pub const SPARE_ROUND: usize = 1 << 20;
+/// How often the reaper looks for arenas of exited clients and expired replies.
+pub const REAP_EVERY: Duration = Duration::from_secs(1);
+
+/// Where a batch's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShmRef {
+    pub path: PathBuf,
+    pub arena: String,
+    pub slot: u32,
+    pub offset: u64,
+    pub arena_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("cannot create shared-memory arena {path}: {reason}")]
+    Create { path: String, reason: String },
+    #[error("{nbytes} bytes do not fit a slot of {slot_bytes}")]
+    TooLarge { nbytes: usize, slot_bytes: usize },
+    #[error("no shared-memory arena {0:?} (released, expired, or not this daemon's)")]
+    UnknownArena(String),
+    #[error("arena {arena:?} has no slot {slot}")]
+    BadSlot { arena: String, slot: u32 },
+    #[error("arena {arena:?} belongs to another client ({caller} may release only its own)")]
+    NotOwner { arena: String, caller: String },
+    #[error("shared memory full: {needed} bytes needed, {available} free in {dir}")]
+    NoSpace {
+        needed: u64,
+        available: u64,
+        dir: String,
+    },
+    #[error("shared-memory budget: {needed} bytes needed, {used} of {limit} in use by {whose}; release slots or retry later")]
+    Budget {
+        needed: usize,
+        used: usize,
+        limit: usize,
+        whose: String,
+    },
+}
+
+/// A GetClips reply's arena until released: (arena, when it was sent, whether the client lets it be
+/// reused after releasing it).
+type OneShot = (Arc<Arena>, Instant, bool);
+
+/// Byte limits of a registry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmBudget {
+    /// All arenas together.
+    pub total: usize,
+    /// The arenas of one client.
+    pub per_client: usize,
+}
+
+/// The daemon's arenas: streams' (weakly: a stream's end drops its arena) and GetClips' one-shot ones
+/// (held until released or expired).
+pub struct ShmRegistry {
+    /// This instance's directory, inside the configured shm directory.
+    dir: PathBuf,
+    /// The configured shm directory (where other instances' directories are).
+    parent: PathBuf,
+    /// Held for the registry's life: its `flock` tells other instances this directory is in use.
+    _lock: Option<std::fs::File>,
+    ttl: Duration,
+    budget: ShmBudget,
+    /// Bytes of every arena file alive.
+    live: Arc<AtomicUsize>,
+    streams: Mutex<HashMap<String, Weak<Arena>>>,
+    /// GetClips replies not released yet.
+    one_shot: Mutex<HashMap<String, OneShot>>,
+    /// Released reusable GetClips arenas, ready for the next reply that fits (at most [`SPARE_ARENAS`] and
+    /// [`SPARE_BYTES`]; each dropped after the time to live unused).
+    spare: Mutex<Vec<(Arc<Arena>, Instant)>>,
+    /// Arenas of streams that ended with slots the client has not released yet: kept until it does,
+    /// or for the time to live, or until the client exits.
+    retired: Mutex<HashMap<String, (Arc<Arena>, Instant)>>,
+}
+
+impl Drop for ShmRegistry {
+    fn drop(&mut self) {
+        // Arenas still referenced elsewhere remove their own files; the directory goes when empty.
+        self.one_shot.lock().clear();
+        self.spare.lock().clear();
+        self.retired.lock().clear();
+        let _ = std::fs::remove_file(self.dir.join(".lock"));
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+impl ShmRegistry {
+    /// Opens this instance's directory under `parent` (created 0710 and locked).
+    pub fn new(parent: PathBuf, ttl: Duration, budget: ShmBudget) -> Result<ShmRegistry, ShmError> {
+        let dir = parent.join(format!("vserve-{}-{}", std::process::id(), random_hex()));
+        let err = |e: std::io::Error| ShmError::Create {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        };
+        std::fs::DirBuilder::new()
+            .mode(0o710)
+            .create(&dir)
+            .map_err(err)?;
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(dir.join(".lock"))
+            .map_err(err)?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+        Ok(ShmRegistry {
+            dir,
+            parent,
+            _lock: Some(lock),
+            ttl,
+            budget,
+            live: Arc::new(AtomicUsize::new(0)),
+            streams: Mutex::new(HashMap::new()),
+            one_shot: Mutex::new(HashMap::new()),
+            spare: Mutex::new(Vec::new()),
+            retired: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// This instance's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn budget(&self) -> ShmBudget {
+        self.budget
+    }
+
+    /// Removes what daemons no longer running left in the shm directory: directories whose lock nobody
+    /// holds, and files of the older layout whose pid is not running. Returns how many.
+    pub fn remove_stale(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.parent) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !name.starts_with("vserve-") || e.path() == self.dir {
+                continue;
+            }
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if meta.is_dir() {
+                if instance_is_gone(&e.path()) && std::fs::remove_dir_all(e.path()).is_ok() {
+                    removed += 1;
+                }
+                continue;
+            }
+            let Some(pid) = name
+                .strip_prefix("vserve-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+            if !alive && std::fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// The mode (and new owner) of a file for `owner`: private to it where the kernel lets us say so.
+    fn access_for(&self, owner: &Peer) -> Access {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        match owner.uid {
+            Some(uid) if uid == euid => (0o600, None),
+            Some(uid) if euid == 0 => (0o600, Some(uid)),
+            _ => (0o640, None),
+        }
+    }
+
+    /// Bytes of arenas `owner` holds now (streams', replies', retired).
+    fn bytes_of(&self, owner: &PeerKey) -> usize {
+        let streams: usize = self
+            .streams
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|a| &a.owner_key() == owner)
+            .map(|a| a.bytes())
+            .sum();
+        let one_shot: usize = self
+            .one_shot
+            .lock()
+            .values()
+            .filter(|(a, _, _)| &a.owner_key() == owner)
+            .map(|(a, _, _)| a.bytes())
+            .sum();
+        let retired: usize = self
+            .retired
+            .lock()
+            .iter()
+            .filter(|(k, (a, _))| {
+                &a.owner_key() == owner && !self.streams.lock().contains_key(k.as_str())
+            })
+            .map(|(_, (a, _))| a.bytes())
+            .sum();
+        streams + one_shot + retired
+    }
+
+    /// Refuses `nbytes` more for `owner` beyond the budgets (spare arenas are given up first).
+    fn admit(&self, nbytes: usize, owner: &Peer) -> Result<(), ShmError> {
+        let mine = self.bytes_of(&owner.key);
+        if mine + nbytes > self.budget.per_client {
+            return Err(ShmError::Budget {
+                needed: nbytes,
+                used: mine,
+                limit: self.budget.per_client,
+                whose: format!(
+                    "{} (per-client limit, --client-shm-bytes)",
+                    owner.describe()
+                ),
+            });
+        }
+        let over = |live: usize| live + nbytes > self.budget.total;
+        if over(self.live.load(Ordering::Relaxed)) {
+            self.spare.lock().clear();
+        }
+        let live = self.live.load(Ordering::Relaxed);
+        if over(live) {
+            return Err(ShmError::Budget {
+                needed: nbytes,
+                used: live,
+                limit: self.budget.total,
+                whose: "all clients (--shm-bytes)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn create(&self, slot_bytes: usize, slots: usize, owner: &Peer) -> Result<Arena, ShmError> {
+        self.admit(slot_bytes.max(1) * slots.max(1), owner)?;
+        Arena::create(
+            &self.dir,
+            self.access_for(owner),
+            slot_bytes,
+            slots,
+            owner,
+            self.live.clone(),
+        )
+    }
+
+    /// A stream's arena, owned by `owner`; dropped (and its file removed) with the last reference.
+    pub fn stream_arena(
+        &self,
+        slot_bytes: usize,
+        slots: usize,
+        owner: &Peer,
+    ) -> Result<Arc<Arena>, ShmError> {
+        let arena = Arc::new(self.create(slot_bytes, slots, owner)?);
+        let mut map = self.streams.lock();
+        map.retain(|_, w| w.strong_count() > 0);
+        map.insert(arena.name.clone(), Arc::downgrade(&arena));
+        Ok(arena)
+    }
+
+    /// Puts one reply's bytes in a one-slot arena kept until released or expired.
+    pub fn one_shot(&self, data: &[u8], owner: &Peer) -> Result<ShmRef, ShmError> {
+        self.one_shot_with(data.len(), false, owner, |buf| {
+            buf.copy_from_slice(data);
+            Ok::<_, ShmError>(())
+        })
+        .map(|((), r)| r)
+    }
+
+    /// A one-slot arena of `nbytes` that `f` fills in place (a reply assembled straight into shared
+    /// memory, with no intermediate buffer), owned by `owner`, kept until released or expired; nothing is
+    /// kept if `f` fails.
+    ///
+    /// `reusable`: the client releases the slot only once it reads nothing of it any more, so after the
+    /// release the arena goes to the spare pool and a later reusable reply that fits takes it (its pages
+    /// are already there: no new file, no zero-filling). Such arenas are made a little larger than asked
+    /// (rounded up to [`SPARE_ROUND`]) so that replies of similar sizes share them.
+    pub fn one_shot_with<T, E>(
+        &self,
+        nbytes: usize,
+        reusable: bool,
+        owner: &Peer,
+        f: impl FnOnce(&mut [u8]) -> Result<T, E>,
+    ) -> Result<(T, ShmRef), E>
+    where
+        E: From<ShmError>,
+    {
+        self.expire();
+        let arena = match reusable.then(|| self.take_spare(nbytes, owner)).flatten() {
+            Some(a) => a,
+            None => {
+                let size = if reusable {
+                    nbytes.div_ceil(SPARE_ROUND).max(1) * SPARE_ROUND
+                } else {
+                    nbytes
+                };
+                Arc::new(self.create(size, 1, owner)?)
+            }
+        };
+        let slot = arena.try_acquire().ok_or_else(|| ShmError::BadSlot {
+            arena: arena.name.clone(),
+            slot: 0,
+        })?;
+        let (v, r) = match arena.fill(slot, nbytes, f) {
+            Ok(done) => done,
+            Err(e) => {
+                // fill() freed the slot again; a reusable arena goes back to the pool.
+                if reusable {
+                    self.put_spare(arena);
+                }
+                return Err(e);
+            }
+        };
+        self.one_shot
+            .lock()
+            .insert(arena.name.clone(), (arena, Instant::now(), reusable));
+        Ok((v, r))
+    }
+
+    /// The smallest spare arena that holds `nbytes` without wasting more than half of itself and whose
+    /// file `owner` may open; it becomes `owner`'s.
+    fn take_spare(&self, nbytes: usize, owner: &Peer) -> Option<Arc<Arena>> {
+        let access = self.access_for(owner);
+        let mut spare = self.spare.lock();
+        let fits = |a: &Arena| {
+            a.access == access
+                && a.slot_bytes >= nbytes
+                && a.slot_bytes / 2 <= nbytes.max(SPARE_ROUND)
+        };
+        let best = spare
+            .iter()
+            .enumerate()
+            .filter(|(_, (a, _))| fits(a))
+            .min_by_key(|(_, (a, _))| a.slot_bytes)
+            .map(|(i, _)| i)?;
+        let arena = spare.swap_remove(best).0;
+        *arena.owner.lock() = owner.clone();
+        Some(arena)
+    }
+
+    /// Keeps a released reusable arena for later replies, within the pool's bounds (the newest stay).
+    fn put_spare(&self, arena: Arc<Arena>) {
+        if arena.slot_bytes > SPARE_BYTES {
+            return;
+        }
+        let mut spare = self.spare.lock();
+        spare.push((arena, Instant::now()));
+        while spare.len() > SPARE_ARENAS
+            || spare.iter().map(|(a, _)| a.slot_bytes).sum::<usize>() > SPARE_BYTES
+        {
+            spare.remove(0);
+        }
+    }
+
+    /// Drops one-shot and retired arenas older than the time to live, and spare ones unused that long.
+    /// (An expired one-shot reply is dropped, never pooled: its client may still be reading it.)
+    pub fn expire(&self) {
+        let ttl = self.ttl;
+        self.one_shot
+            .lock()
+            .retain(|_, (_, at, _)| at.elapsed() < ttl);
+        self.spare.lock().retain(|(_, at)| at.elapsed() < ttl);
+        self.retired.lock().retain(|_, (_, at)| at.elapsed() < ttl);
+    }
+
+    /// The reaper's round: expires by time, and drops the replies and retired stream arenas of clients
+    /// whose process has exited (their streams end by themselves when the connection goes). Returns how
+    /// many arenas were dropped for exited clients.
+    pub fn reap(&self) -> usize {
+        self.expire();
+        let mut verdicts: HashMap<PeerKey, bool> = HashMap::new();
+        let mut gone = |a: &Arena| {
+            let owner = a.owner.lock().clone();
+            *verdicts
+                .entry(owner.key.clone())
+                .or_insert_with(|| owner.is_alive() == Some(false))
+        };
+        let mut dropped = 0;
+        self.one_shot.lock().retain(|_, (a, _, _)| {
+            let keep = !gone(a);
+            dropped += usize::from(!keep);
+            keep
+        });
+        self.retired.lock().retain(|_, (a, _)| {
+            let keep = !gone(a);
+            dropped += usize::from(!keep);
+            keep
+        });
+        dropped
+    }
+
+    /// Runs [`ShmRegistry::reap`] every [`REAP_EVERY`] on a named thread until the registry is dropped.
+    pub fn start_reaper(registry: &Arc<ShmRegistry>) {
+        let weak = Arc::downgrade(registry);
+        let spawned = std::thread::Builder::new()
+            .name("vserve-shm-reaper".into())
+            .spawn(move || loop {
+                std::thread::sleep(REAP_EVERY);
+                let Some(reg) = weak.upgrade() else { return };
+                let n = reg.reap();
+                if n > 0 {
+                    tracing::info!(
+                        arenas = n,
+                        "released the shared memory of clients that exited"
+                    );
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no shared-memory reaper thread: unreleased arenas expire only on later requests");
+        }
+    }
+
+    /// A stream ended: its arena stays until the client has released every slot (it may not have read
+    /// the last batches yet), for the time to live, or until the client exits.
+    pub fn retire(&self, arena: Arc<Arena>) {
+        if arena.all_free() && Arc::strong_count(&arena) == 1 {
+            return;
+        }
+        if arena.owner.lock().is_alive() == Some(false) {
+            return;
+        }
+        self.retired
+            .lock()
+            .insert(arena.name.clone(), (arena, Instant::now()));
+    }
+
+    /// Frees `slots` of `arena` for `by`, which must own it.
+    pub fn release(&self, arena: &str, slots: &[u32], by: &Peer) -> Result<(), ShmError> {
+        let not_owner = || ShmError::NotOwner {
+            arena: arena.to_owned(),
+            caller: by.describe(),
+        };
+        {
+            let mut one_shot = self.one_shot.lock();
+            if let Some((a, _, reusable)) = one_shot.get(arena) {
+                if a.owner_key() != by.key {
+                    return Err(not_owner());
+                }
+                let (a, reusable) = (a.clone(), *reusable);
+                if reusable {
+                    a.release(slots)?;
+                }
+                one_shot.remove(arena);
+                drop(one_shot);
+                if reusable && a.all_free() {
+                    self.put_spare(a);
+                }
+                return Ok(());
+            }
+        }
+        let retired = self.retired.lock().get(arena).map(|(a, _)| a.clone());
+        if let Some(a) = retired {
+            if a.owner_key() != by.key {
+                return Err(not_owner());
+            }
+            a.release(slots)?;
+            if a.all_free() {
+                self.retired.lock().remove(arena);
+            }
+            return Ok(());
+        }
+        let found = self.streams.lock().get(arena).and_then(Weak::upgrade);
+        match found {
+            Some(a) if a.owner_key() != by.key => Err(not_owner()),
+            Some(a) => a.release(slots),
+            None => Err(ShmError::UnknownArena(arena.to_owned())),
+        }
+    }
+
+    /// Arenas open now.
+    pub fn open_arenas(&self) -> u64 {
+        self.expire();
+        let streams = self
+            .streams
+            .lock()
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count();
+        let retired_only = self
+            .retired
+            .lock()
+            .keys()
+            .filter(|k| !self.streams.lock().contains_key(*k))
+            .count();
+        (streams + self.one_shot.lock().len() + self.spare.lock().len() + retired_only) as u64
+    }
+
+    /// Bytes of every arena file alive now.
+    pub fn bytes_in_use(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether the instance directory `dir` was left by a daemon that is gone: nobody holds its lock (and it
+/// is not a directory being set up this instant).
+fn instance_is_gone(dir: &Path) -> bool {
+    let young = std::fs::metadata(dir)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age < Duration::from_secs(5));
+    let Ok(lock) = std::fs::OpenOptions::new()
+        .read(true)
+        .open(dir.join(".lock"))
+    else {
+        // No lock file: a directory being set up (young) or a broken one (old).
+        return !young;
+    };
+    // SAFETY: flock on a descriptor we own; the lock (if taken) goes when `lock` is closed.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}

@@ -1,0 +1,273 @@
+//! The registry's and arenas' unit tests.
+
+use super::arena::free_bytes;
+use super::*;
+
+fn registry(dir: &Path, ttl: Duration) -> ShmRegistry {
+    ShmRegistry::new(
+        dir.into(),
+        ttl,
+        ShmBudget {
+            total: usize::MAX / 2,
+            per_client: usize::MAX / 2,
+        },
+    )
+    .unwrap()
+}
+
+fn me() -> Peer {
+    Peer::local()
+}
+
+#[tokio::test]
+async fn slots_are_reused_only_after_release_and_files_go_with_their_arena() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let arena = reg.stream_arena(4, 2, &me()).unwrap();
+    let path = reg.dir().join(arena.name());
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 8);
+    let a = arena.acquire().await;
+    let b = arena.acquire().await;
+    let ra = arena.write(a, &[1, 2, 3, 4]).unwrap();
+    arena.write(b, &[5, 6]).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(&bytes[ra.offset as usize..][..4], &[1, 2, 3, 4]);
+    assert!(matches!(
+        arena.write(a, &[0; 5]),
+        Err(ShmError::TooLarge { .. })
+    ));
+    // Both slots taken: a third acquire waits until a release.
+    let waiter = {
+        let arena = arena.clone();
+        tokio::spawn(async move { arena.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!waiter.is_finished());
+    reg.release(arena.name(), &[b], &me()).unwrap();
+    assert_eq!(waiter.await.unwrap(), b);
+    assert_eq!(reg.open_arenas(), 1);
+    drop(arena);
+    assert!(!path.exists(), "file removed with its arena");
+    assert_eq!(reg.open_arenas(), 0);
+
+    let r = reg.one_shot(&[9; 10], &me()).unwrap();
+    assert_eq!(std::fs::read(&r.path).unwrap(), vec![9; 10]);
+    reg.release(&r.arena, &[0], &me()).unwrap();
+    assert!(!r.path.exists());
+    assert!(matches!(
+        reg.release(&r.arena, &[0], &me()),
+        Err(ShmError::UnknownArena(_))
+    ));
+}
+
+#[test]
+fn released_reusable_replies_lend_their_arena_to_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let fill = |reg: &ShmRegistry, n: usize, v: u8, reusable: bool| {
+        reg.one_shot_with(n, reusable, &me(), |b| {
+            b.fill(v);
+            Ok::<_, ShmError>(())
+        })
+        .unwrap()
+        .1
+    };
+    let a = fill(&reg, 1000, 1, true);
+    // Not released yet: a second reply gets its own arena.
+    let b = fill(&reg, 1000, 2, true);
+    assert_ne!(a.arena, b.arena);
+    reg.release(&a.arena, &[0], &me()).unwrap();
+    assert!(a.path.exists(), "a released reusable arena is kept");
+    assert_eq!(reg.open_arenas(), 2);
+    // The next reply that fits takes it, with its own bytes.
+    let c = fill(&reg, 900, 3, true);
+    assert_eq!(c.arena, a.arena);
+    let bytes = std::fs::read(&c.path).unwrap();
+    assert_eq!(&bytes[..900], &[3; 900][..]);
+    // Released twice is unknown, as before.
+    reg.release(&c.arena, &[0], &me()).unwrap();
+    assert!(matches!(
+        reg.release(&c.arena, &[0], &me()),
+        Err(ShmError::UnknownArena(_))
+    ));
+    // A reply far larger than every spare gets a new arena; a non-reusable reply never takes a
+    // spare, and its arena goes with its release.
+    let big = fill(&reg, 3 * SPARE_ROUND, 4, true);
+    assert_ne!(big.arena, a.arena);
+    let plain = fill(&reg, 10, 5, false);
+    assert_ne!(plain.arena, a.arena);
+    reg.release(&plain.arena, &[0], &me()).unwrap();
+    assert!(!plain.path.exists());
+    // The pool is bounded.
+    for i in 0..SPARE_ARENAS + 2 {
+        let r = fill(&reg, (i + 1) * SPARE_ROUND + 1, 6, true);
+        reg.release(&r.arena, &[0], &me()).unwrap();
+    }
+    assert!(reg.spare.lock().len() <= SPARE_ARENAS);
+}
+
+#[test]
+fn spare_arenas_expire_unused() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_millis(50));
+    let (_, r) = reg
+        .one_shot_with(10, true, &me(), |_| Ok::<_, ShmError>(()))
+        .unwrap();
+    reg.release(&r.arena, &[0], &me()).unwrap();
+    assert!(r.path.exists());
+    std::thread::sleep(Duration::from_millis(80));
+    assert_eq!(reg.open_arenas(), 0);
+    assert!(!r.path.exists());
+}
+
+#[test]
+fn stale_instances_go_and_live_ones_stay_whatever_their_pids() {
+    let dir = tempfile::tempdir().unwrap();
+    // Older layout: pid 0 is never a user process; our own pid is alive.
+    std::fs::write(dir.path().join("vserve-0-abc"), b"x").unwrap();
+    let mine = format!("vserve-{}-abc", std::process::id());
+    std::fs::write(dir.path().join(&mine), b"x").unwrap();
+    std::fs::write(dir.path().join("other-file"), b"x").unwrap();
+    // A live instance whose pid says nothing (as in a container where every daemon is pid 1): it
+    // holds its lock, so it stays with its arenas.
+    let live = registry(dir.path(), Duration::from_secs(60));
+    let live_arena = live.stream_arena(8, 1, &me()).unwrap();
+    // A crashed instance with the same pid in its name: its lock is free (set its age past the
+    // grace for directories being set up).
+    let dead = dir.path().join("vserve-1-feedface");
+    std::fs::create_dir(&dead).unwrap();
+    std::fs::write(dead.join(".lock"), b"").unwrap();
+    std::fs::write(dead.join("vserve-0123"), b"batch").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(60);
+    std::fs::File::open(&dead)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    assert_eq!(reg.remove_stale(), 2);
+    assert!(!dead.exists());
+    assert!(!dir.path().join("vserve-0-abc").exists());
+    assert!(dir.path().join(&mine).exists());
+    assert!(dir.path().join("other-file").exists());
+    assert!(
+        live.dir().join(live_arena.name()).exists(),
+        "a running instance's arena stays"
+    );
+    // Dropping a registry removes its directory.
+    let d = reg.dir().to_path_buf();
+    drop(reg);
+    assert!(!d.exists());
+}
+
+#[test]
+fn only_the_owner_releases_and_bad_slots_free_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let owner = Peer::unix(Some(std::process::id() as i32), 0);
+    let other = Peer::tcp("10.0.0.9".parse().unwrap());
+    let arena = reg.stream_arena(4, 2, &owner).unwrap();
+    let (a, b) = (arena.try_acquire().unwrap(), arena.try_acquire().unwrap());
+    let e = reg.release(arena.name(), &[a], &other).unwrap_err();
+    assert!(matches!(e, ShmError::NotOwner { .. }), "{e:?}");
+    assert!(
+        arena.try_acquire().is_none(),
+        "a foreign release freed nothing"
+    );
+    // A valid and an out-of-range slot: nothing is freed.
+    let e = reg.release(arena.name(), &[a, 7], &owner).unwrap_err();
+    assert!(matches!(e, ShmError::BadSlot { slot: 7, .. }), "{e:?}");
+    assert!(arena.try_acquire().is_none());
+    reg.release(arena.name(), &[a, b], &owner).unwrap();
+    assert_eq!(arena.try_acquire(), Some(0));
+    // Replies too.
+    let r = reg.one_shot(&[1; 8], &owner).unwrap();
+    assert!(matches!(
+        reg.release(&r.arena, &[0], &other),
+        Err(ShmError::NotOwner { .. })
+    ));
+    assert!(r.path.exists());
+    reg.release(&r.arena, &[0], &owner).unwrap();
+    assert!(!r.path.exists());
+}
+
+#[test]
+fn budgets_refuse_with_the_numbers_and_give_back_on_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = ShmRegistry::new(
+        dir.path().into(),
+        Duration::from_secs(60),
+        ShmBudget {
+            total: 1000,
+            per_client: 600,
+        },
+    )
+    .unwrap();
+    let (x, y) = (
+        Peer::tcp("10.0.0.1".parse().unwrap()),
+        Peer::tcp("10.0.0.2".parse().unwrap()),
+    );
+    let a = reg.stream_arena(500, 1, &x).unwrap();
+    let e = reg.stream_arena(200, 1, &x).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ShmError::Budget {
+                needed: 200,
+                used: 500,
+                limit: 600,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let b = reg.stream_arena(400, 1, &y).unwrap();
+    let e = reg.stream_arena(200, 1, &y).unwrap_err();
+    assert!(matches!(e, ShmError::Budget { limit: 1000, .. }), "{e:?}");
+    assert_eq!(reg.bytes_in_use(), 900);
+    drop(a);
+    drop(b);
+    assert_eq!(reg.bytes_in_use(), 0);
+    reg.stream_arena(600, 1, &x).unwrap();
+}
+
+#[test]
+fn a_full_shm_directory_is_an_error_not_a_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let free = free_bytes(reg.dir()).unwrap();
+    let e = reg
+        .stream_arena(free as usize + (1 << 20), 1, &me())
+        .unwrap_err();
+    assert!(matches!(e, ShmError::NoSpace { .. }), "{e:?}");
+    assert_eq!(reg.open_arenas(), 0);
+    assert_eq!(
+        std::fs::read_dir(reg.dir()).unwrap().count(),
+        1,
+        "only .lock"
+    );
+}
+
+#[test]
+fn the_reaper_drops_what_exited_clients_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(3600));
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let client = Peer::unix(Some(child.id() as i32), 0);
+    let reply = reg.one_shot(&[5; 16], &client).unwrap();
+    let arena = reg.stream_arena(4, 2, &client).unwrap();
+    let slot = arena.try_acquire().unwrap();
+    arena.write(slot, &[1]).unwrap();
+    let stream_file = reg.dir().join(arena.name());
+    reg.retire(arena);
+    assert_eq!(reg.reap(), 0, "alive: nothing reaped");
+    assert!(reply.path.exists() && stream_file.exists());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(reg.reap(), 2);
+    assert!(!reply.path.exists());
+    assert!(!stream_file.exists());
+    assert_eq!(reg.bytes_in_use(), 0);
+}
