@@ -53,6 +53,42 @@ pub enum Command {
     Ingest(IngestArgs),
     /// Check a GulpIO directory (GulpIO's sanity checks plus JPEG validity); exit 1 on any problem.
     GulpCheck(GulpCheckArgs),
+    /// Decode every video of a dataset whole, report each one's health, record it in the state directory;
+    /// exit 1 when any video is not ok.
+    Check(CheckArgs),
+}
+
+/// `vserve check`: a dataset's health, without a daemon (or inside one with --daemon).
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// NAME=DIR or NAME=DIR:manifest=FILE (as `vserve serve` takes it); with --daemon, NAME of a dataset
+    /// the daemon serves.
+    #[arg(long, value_name = "NAME=DIR")]
+    pub dataset: String,
+    /// One JSON object per line (each video, then the summary) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Videos decoded at once (default: the cores; with --daemon, 1).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Only shard I of N (videos by a hash of their path; the N shards together are the dataset).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<String>,
+    /// State directory whose store receives the results (as `vserve serve --state-dir`), or none.
+    #[arg(long, env = "VSERVE_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Bound on the store's size (as `vserve serve --store-bytes`).
+    #[arg(long, env = "VSERVE_STORE_BYTES", value_name = "SIZE")]
+    pub store_bytes: Option<String>,
+    /// Run the check inside the daemon at ADDR (unix:/path.sock or HOST:PORT); its store gets the results.
+    #[arg(long, value_name = "ADDR")]
+    pub daemon: Option<String>,
+    /// With --daemon: file with the bearer token to send (default: the VSERVE_TOKEN environment variable).
+    #[arg(long, value_name = "FILE", requires = "daemon")]
+    pub token_file: Option<PathBuf>,
+    /// With --daemon: CA certificate (PEM) to verify an https:// daemon with.
+    #[arg(long, env = "VSERVE_TLS_CA", value_name = "FILE", requires = "daemon")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// `vserve doctor`: what this host decodes with.
@@ -177,6 +213,9 @@ pub struct ServeArgs {
     /// /var/lib/vserve for root, else ~/.local/state/vserve.
     #[arg(long, env = "VSERVE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Bound on the state directory's store of frame tables and health (least recently used go first).
+    #[arg(long, env = "VSERVE_STORE_BYTES", value_name = "SIZE")]
+    pub store_bytes: Option<String>,
     /// Seconds between listings of directory datasets (new and removed files); 0: at start and on
     /// SIGHUP only (default 60).
     #[arg(long, env = "VSERVE_RESCAN_INTERVAL", value_name = "SECONDS")]
@@ -258,6 +297,10 @@ pub struct ProbeArgs {
     /// Include every frame's pts.
     #[arg(long)]
     pub pts: bool,
+    /// Print the frame table as TorchCodec's `custom_frame_mappings` JSON instead:
+    /// {"frames": [{"pts", "duration", "key_frame"}, ...]}, in the stream's time base.
+    #[arg(long, conflicts_with = "pts")]
+    pub frame_mappings: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -445,6 +488,7 @@ struct FileConfig {
     shutdown_grace: Option<f64>,
     shm_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
+    store_bytes: Option<toml::Value>,
     rescan_interval: Option<f64>,
     client_streams: Option<usize>,
     max_unary: Option<usize>,
@@ -517,6 +561,11 @@ impl ServeArgs {
             (Some(s), _) => parse_bytes("cache-bytes", s)?,
             (None, Some(v)) => size_value("cache-bytes", v)?,
             (None, None) => 2 << 30,
+        };
+        let store_bytes = match (&self.store_bytes, &file.store_bytes) {
+            (Some(s), _) => parse_bytes("store-bytes", s)?,
+            (None, Some(v)) => size_value("store-bytes", v)?,
+            (None, None) => crate::store::DEFAULT_MAX_BYTES,
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = self.decode_threads.or(file.decode_threads).unwrap_or(cores);
@@ -674,6 +723,7 @@ impl ServeArgs {
             cache: CacheConfig {
                 bytes: cache_bytes,
                 index_bytes,
+                store_bytes,
             },
             decode: DecodeConfig {
                 threads,
@@ -829,7 +879,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ndecode-deadline = {}\nindex-deadline = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-inflight-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ndecode-deadline = {}\nindex-deadline = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-inflight-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\nstore-bytes = {}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -858,6 +908,7 @@ pub fn config_to_toml(c: &Config) -> String {
             .as_ref()
             .map(|d| d.display().to_string())
             .unwrap_or_else(|| "none".into()),
+        c.cache.store_bytes,
     ) + &ops_to_toml(c)
 }
 

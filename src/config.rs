@@ -41,6 +41,8 @@ pub struct CacheConfig {
     pub bytes: u64,
     /// Video-index cache budget.
     pub index_bytes: u64,
+    /// Bound on the state directory's store of frame tables and health ([`crate::state`]).
+    pub store_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

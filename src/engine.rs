@@ -17,6 +17,7 @@ use crate::journal::Journal;
 use crate::metrics::{EngineMetrics, Scraped};
 use crate::request::DatasetSummary;
 use crate::state::StateDir;
+use crate::store::Store;
 use crate::transport::shm::{ShmBudget, ShmRegistry};
 
 /// Counters since start-up.
@@ -102,7 +103,10 @@ impl Engine {
             }
             None => (None, None),
         };
-        let mut catalog = Catalog::open(config, metrics.clone())?;
+        let store = state
+            .as_ref()
+            .map(|s| Arc::new(Store::open(s, config.cache.store_bytes)));
+        let mut catalog = Catalog::open(config, metrics.clone())?.with_store(store);
         if let Some(q) = quarantine {
             catalog.set_crash_guard(journal.clone(), q);
         }

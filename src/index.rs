@@ -54,7 +54,7 @@ pub enum IndexMethod {
     Stored,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct VideoIndex {
     /// Container stream index.
     pub stream: usize,

@@ -5,8 +5,9 @@
 //! `tests/layering.rs`):
 //!
 //! ```text
-//! client ──gRPC──► api ──► handle::{probe, clips, stream} ──► catalog ──► dataset, manifest, gulp
-//!                                │                               └──► index (table) ◄── decode::ffmpeg::scan
+//! client ──gRPC──► api ──► handle::{probe, clips, stream, check} ──► catalog ──► dataset, manifest, gulp
+//!                                │                                      ├──► index (table) ◄── decode::ffmpeg::scan
+//!                                │                                      └──► store (tables, health) ◄── check
 //!                                ├──► request (types, validation, geometry)
 //!                                ├──► frames ──► cache, plan (GOP runs) ──► decode::fleet ──► backends
 //!                                └──► batch (crop, flip, dtype, layout) ──► transport (inline | shm)
@@ -14,9 +15,11 @@
 //! ```
 //!
 //! - Pure stages: [`config`], [`state`] (the state directory), [`dataset`] (paths checked and opened
-//!   beneath the root), [`journal`] (crash journal and quarantine), [`manifest`], [`sample`] (what to read), [`index`] (frame
-//!   tables), [`plan`] (how: GOP runs), [`gulp`] (the GulpIO format), [`decode`] (backends and the fleet of
-//!   named threads), [`cache`], [`batch`], [`transport`].
+//!   beneath the root), [`journal`] (crash journal and quarantine), [`manifest`], [`sample`] (what to
+//!   read), [`index`] (frame tables), [`store`] (frame tables and health kept in the state directory),
+//!   [`plan`] (how: GOP runs), [`gulp`] (the GulpIO format), [`decode`] (backends and the fleet of named
+//!   threads), [`check`] (a dataset's health: every video decoded whole, into the store), [`cache`],
+//!   [`batch`], [`transport`].
 //! - [`error`]: one `Error` and the one [`error::Code`] table (gRPC statuses, skipped-sample reports).
 //!   [`budget`]: the in-flight memory budget (`--max-inflight-bytes`) every request and stream reserves
 //!   its bytes from before any work.
@@ -26,7 +29,7 @@
 //! - Operating: [`metrics`] (one registry), [`admission`] (per-client and global limits), [`rpc`] (per-call
 //!   metrics), [`auth`] (bearer token on TCP), [`admin`] (`/metrics`, `/livez`, `/readyz`), [`server`]
 //!   (listeners, `run(config, shutdown)`, drain), [`shutdown`] (signals).
-//! - [`cli`] (flags) and [`commands`] (client subcommands, `doctor`, `ingest`, `gulp-check`).
+//! - [`cli`] (flags) and [`commands`] (client subcommands, `doctor`, `ingest`, `gulp-check`, `check`).
 
 pub mod admin;
 pub mod admission;
@@ -36,6 +39,7 @@ pub mod batch;
 pub mod budget;
 pub mod cache;
 pub mod catalog;
+pub mod check;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -58,4 +62,5 @@ pub mod sample;
 pub mod server;
 pub mod shutdown;
 pub mod state;
+pub mod store;
 pub mod transport;

@@ -2,7 +2,9 @@
 //!
 //! Exit codes: 0 success; 1 a client command's request failed (the gRPC status name starts stderr);
 //! 64 invalid flags or configuration (names the key and value); 69 hardware the configuration names is
-//! missing (`--gpus` with no CUDA driver or no such GPU); 70 the server failed.
+//! missing (`--gpus` with no CUDA driver or no such GPU); 70 the server failed. `vserve check`: 1 when a
+//! video is not ok, 69 when the daemon of `--daemon` could not run the check, 74 an unusable state
+//! directory.
 
 use clap::Parser;
 use vserve::cli::{Cli, Command};
@@ -105,6 +107,10 @@ fn main() -> std::process::ExitCode {
         Command::Doctor(a) => vserve::commands::doctor::run(&a),
         Command::Ingest(a) => vserve::commands::ingest(&a),
         Command::GulpCheck(a) => vserve::commands::gulp_check(&a),
+        Command::Check(a) => {
+            init_logging(vserve::config::LogFormat::Text);
+            vserve::commands::check::run(&a)
+        }
         client_command => {
             let rt = match runtime() {
                 Ok(rt) => rt,
@@ -124,7 +130,8 @@ fn main() -> std::process::ExitCode {
                     | Command::Config(_)
                     | Command::Doctor(_)
                     | Command::Ingest(_)
-                    | Command::GulpCheck(_) => Ok(()),
+                    | Command::GulpCheck(_)
+                    | Command::Check(_) => Ok(()),
                 }
             });
             match result {

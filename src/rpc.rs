@@ -31,7 +31,7 @@ pub enum Kind {
     Work,
     /// A reply stream that carries arrays: admitted against `--max-streams`, bytes counted.
     DataStream,
-    /// Another streaming call (health Watch, reflection).
+    /// Another streaming call (health Watch, reflection, CheckDataset's progress).
     OtherStream,
 }
 
@@ -46,6 +46,11 @@ pub const METHODS: &[(&str, &str, Kind)] = &[
     ),
     ("/vserve.v1.VServe/ListDatasets", "ListDatasets", Kind::Work),
     ("/vserve.v1.VServe/GetStats", "GetStats", Kind::Unary),
+    (
+        "/vserve.v1.VServe/CheckDataset",
+        "CheckDataset",
+        Kind::OtherStream,
+    ),
     (
         "/vserve.v1.VServe/ReleaseSlots",
         "ReleaseSlots",
@@ -322,7 +327,14 @@ mod tests {
             let (label, kind) = classify(&format!("/vserve.v1.VServe/{name}"));
             assert_eq!(label, name, "add {name} to METHODS");
             let streams_reply = line.contains("returns (stream");
-            assert_eq!(kind == Kind::DataStream, streams_reply, "{name}");
+            // Reply streams carry arrays, but CheckDataset's, which carries a line per video checked.
+            let carries_arrays = streams_reply && name != "CheckDataset";
+            assert_eq!(kind == Kind::DataStream, carries_arrays, "{name}");
+            assert_eq!(
+                matches!(kind, Kind::Unary | Kind::Work),
+                !streams_reply,
+                "{name}"
+            );
             seen += 1;
         }
         assert!(seen >= 5, "no rpc lines found");

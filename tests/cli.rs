@@ -346,3 +346,59 @@ async fn datasets_lists_the_served_datasets() {
     );
     assert_eq!(list.len(), 2, "exactly the two datasets given: {v}");
 }
+
+/// ffprobe's frame list of one stream: (pts, key_frame, pkt_duration) per frame.
+fn ffprobe_frames(video: &str, stream: &str) -> Vec<(i64, u64, i64)> {
+    let out = Command::new("ffprobe")
+        .args(["-v", "error", "-threads", "1", "-select_streams", stream])
+        .args([
+            "-show_entries",
+            "frame=pts,key_frame,pkt_duration",
+            "-of",
+            "json",
+        ])
+        .arg(media_path(video))
+        .output()
+        .expect("run ffprobe");
+    let v = json(&String::from_utf8_lossy(&out.stdout));
+    array(&v["frames"], "ffprobe frames")
+        .iter()
+        .map(|f| {
+            (
+                i64_of(&f["pts"], "pts"),
+                u64_of(&f["key_frame"], "key_frame"),
+                i64_of(&f["pkt_duration"], "pkt_duration"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn frame_mappings_are_ffprobes_frame_list_in_torchcodecs_format() {
+    let d = Daemon::start().await;
+    // B-frames and a second video stream; a 1 ms Matroska time base with 33/34 ms steps; a truncated
+    // file (its table holds what decodes).
+    for (video, stream) in [
+        ("torchcodec/nasa_13013.mp4", "3"),
+        (BIKES, "v:0"),
+        ("decord/flipping_a_pancake.mkv", "v:0"),
+        ("fate/white_zombie_scrunch-part.mov", "v:0"),
+    ] {
+        let v = json(&probe_json(&d.addr, video, &["--frame-mappings"]));
+        let obj = v.as_object().unwrap();
+        assert_eq!(obj.keys().collect::<Vec<_>>(), ["frames"], "{video}");
+        let got: Vec<(i64, u64, i64)> = array(&v["frames"], "frames")
+            .iter()
+            .map(|f| {
+                let keys: Vec<&String> = f.as_object().unwrap().keys().collect();
+                assert_eq!(keys, ["duration", "key_frame", "pts"], "{video}");
+                (
+                    i64_of(&f["pts"], "pts"),
+                    u64_of(&f["key_frame"], "key_frame"),
+                    i64_of(&f["duration"], "duration"),
+                )
+            })
+            .collect();
+        assert_eq!(got, ffprobe_frames(video, stream), "{video}");
+    }
+}

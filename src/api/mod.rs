@@ -562,6 +562,60 @@ impl pb::v_serve_server::VServe for Api {
         }))
     }
 
+    type CheckDatasetStream =
+        Pin<Box<dyn Stream<Item = Result<pb::CheckDatasetResponse, Status>> + Send>>;
+
+    async fn check_dataset(
+        &self,
+        request: Request<pb::CheckDatasetRequest>,
+    ) -> Result<Response<Self::CheckDatasetStream>, Status> {
+        let req = request.into_inner();
+        let shard = match req.shard_count {
+            0 => crate::check::Shard::ALL,
+            count if req.shard_index < count => crate::check::Shard {
+                index: req.shard_index,
+                count,
+            },
+            count => {
+                return Err(fail(
+                    "CheckDataset",
+                    Error::InvalidArgument(format!(
+                        "shard_index {} is not below shard_count {count}",
+                        req.shard_index
+                    )),
+                ))
+            }
+        };
+        let rx = handle::check::check_dataset(
+            &self.engine,
+            handle::check::CheckRequest {
+                dataset: req.dataset,
+                jobs: req.jobs as usize,
+                shard,
+            },
+        )
+        .await
+        .map_err(|e| fail("CheckDataset", e))?;
+        let messages = tokio_stream::wrappers::ReceiverStream::new(rx).map(|item| {
+            let p = item.map_err(|e| fail("CheckDataset", e))?;
+            let r = p.report;
+            Ok(pb::CheckDatasetResponse {
+                video: Some(pb::VideoHealth {
+                    video: r.video,
+                    status: r.status,
+                    frames: r.frames,
+                    decodable_frames: r.decodable_frames,
+                    first_bad_frame: r.first_bad_frame,
+                    reason: r.reason.unwrap_or_default(),
+                    seconds: r.seconds,
+                }),
+                done: p.done,
+                total: p.total,
+            })
+        });
+        Ok(Response::new(Box::pin(messages)))
+    }
+
     async fn get_stats(
         &self,
         _request: Request<pb::GetStatsRequest>,

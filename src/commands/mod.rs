@@ -3,6 +3,7 @@
 //! Output goes to stdout as JSON (or to the .npy file for `get`). Failures return the client error, whose
 //! text starts with the gRPC status name (`NOT_FOUND: ...`), for `main` to print and exit non-zero.
 
+pub mod check;
 pub mod doctor;
 pub mod ingest;
 
@@ -92,10 +93,14 @@ pub async fn probe(args: &ProbeArgs) -> Result<(), ClientError> {
         .probe(proto::ProbeRequest {
             dataset: args.dataset.clone(),
             video: args.video.clone(),
-            include_pts: args.pts,
+            include_pts: args.pts || args.frame_mappings,
             stream: args.stream,
         })
         .await?;
+    if args.frame_mappings {
+        println!("{}", frame_mappings(&r));
+        return Ok(());
+    }
     let tb = r.time_base.unwrap_or_default();
     let mut v = json!({
         "codec": r.codec,
@@ -118,6 +123,33 @@ pub async fn probe(args: &ProbeArgs) -> Result<(), ClientError> {
     }
     println!("{v}");
     Ok(())
+}
+
+/// A probe's frame table as TorchCodec's `custom_frame_mappings` JSON: `{"frames": [{"pts", "duration",
+/// "key_frame"}]}` in presentation order, integers in the stream's time base (TorchCodec reads the first
+/// frame's pts as the stream's start and the last one's pts + duration as its end). Durations are the
+/// stream's stated ones (ffprobe's); where none is stated, the gap to the next frame (the average frame
+/// duration for the last).
+pub fn frame_mappings(r: &proto::ProbeResponse) -> serde_json::Value {
+    let tb = r.time_base.unwrap_or_default();
+    let avg = if r.avg_fps > 0.0 && tb.num > 0 {
+        (tb.den as f64 / tb.num as f64 / r.avg_fps).round() as i64
+    } else {
+        0
+    };
+    let keys: std::collections::HashSet<u64> = r.keyframes.iter().copied().collect();
+    let frames: Vec<serde_json::Value> = r
+        .pts
+        .iter()
+        .enumerate()
+        .map(|(k, &pts)| {
+            let stated = r.durations.get(k).copied().unwrap_or(0);
+            let gap = r.pts.get(k + 1).map_or(avg, |&next| next - pts);
+            let duration = if stated > 0 { stated } else { gap.max(0) };
+            json!({"pts": pts, "duration": duration, "key_frame": u8::from(keys.contains(&(k as u64)))})
+        })
+        .collect();
+    json!({ "frames": frames })
 }
 
 pub async fn get(args: &GetArgs) -> Result<(), ClientError> {

@@ -232,6 +232,7 @@ mod tests {
             cache: CacheConfig {
                 bytes: 64 << 20,
                 index_bytes: 1 << 20,
+                store_bytes: 1 << 20,
             },
             decode: DecodeConfig {
                 threads,

@@ -250,6 +250,14 @@ impl Client {
         Ok(self.inner.probe(req).await?.into_inner())
     }
 
+    /// Checks a dataset inside the daemon (CheckDataset): one message per video as it finishes.
+    pub async fn check_dataset(
+        &mut self,
+        req: proto::CheckDatasetRequest,
+    ) -> Result<tonic::Streaming<proto::CheckDatasetResponse>, ClientError> {
+        Ok(self.inner.check_dataset(req).await?.into_inner())
+    }
+
     pub async fn list_datasets(&mut self) -> Result<proto::ListDatasetsResponse, ClientError> {
         Ok(self
             .inner

@@ -20,6 +20,7 @@
 //! copied to host memory (`av_hwframe_transfer_data`, NV12 or P010/P016) before the same swscale
 //! conversion, so seeking, frame numbering and skipping are one code path for CPU and GPU.
 
+pub mod check;
 mod convert;
 pub mod h264;
 mod hw;
@@ -37,6 +38,7 @@ use super::faults::Stage;
 use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
 use crate::dataset::CheckedFile;
 use crate::index::{IndexMethod, SeekMode, VideoIndex};
+pub use check::{check_video, VideoCheck};
 use convert::convert_frame;
 use convert::Converter;
 pub use hw::HwDevice;

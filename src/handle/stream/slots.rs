@@ -194,7 +194,7 @@ async fn ready_uncached(
     let (id, index, source) = ctx
         .engine
         .catalog()
-        .resolve(&ctx.req.dataset, &s.video, None)
+        .resolve_for_sampling(&ctx.req.dataset, &s.video, None)
         .await
         .map_err(|e| Failure::from_error(&e, true))?;
     // Placing clips is as large as the sampler makes it (bounded by sample::MAX_SAMPLE_POSITIONS):

@@ -48,6 +48,7 @@ fn engine_with(dir: &std::path::Path, limits: Limits) -> Arc<Engine> {
         cache: CacheConfig {
             bytes: 64 << 20,
             index_bytes: 1 << 20,
+            store_bytes: 1 << 20,
         },
         decode: DecodeConfig {
             threads: 2,

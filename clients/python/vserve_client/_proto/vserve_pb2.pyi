@@ -486,3 +486,43 @@ class StreamBatchesResponse(_message.Message):
     offset: int
     data: bytes
     def __init__(self, header: _Optional[_Union[BatchHeader, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class CheckDatasetRequest(_message.Message):
+    __slots__ = ("dataset", "jobs", "shard_index", "shard_count")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    jobs: int
+    shard_index: int
+    shard_count: int
+    def __init__(self, dataset: _Optional[str] = ..., jobs: _Optional[int] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ...) -> None: ...
+
+class VideoHealth(_message.Message):
+    __slots__ = ("video", "status", "frames", "decodable_frames", "first_bad_frame", "reason", "seconds")
+    VIDEO_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    DECODABLE_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BAD_FRAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    video: str
+    status: str
+    frames: int
+    decodable_frames: int
+    first_bad_frame: int
+    reason: str
+    seconds: float
+    def __init__(self, video: _Optional[str] = ..., status: _Optional[str] = ..., frames: _Optional[int] = ..., decodable_frames: _Optional[int] = ..., first_bad_frame: _Optional[int] = ..., reason: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class CheckDatasetResponse(_message.Message):
+    __slots__ = ("video", "done", "total")
+    VIDEO_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    video: VideoHealth
+    done: int
+    total: int
+    def __init__(self, video: _Optional[_Union[VideoHealth, _Mapping]] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,11 @@ class VServeStub:
                 request_serializer=vserve_dot_v1_dot_vserve__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=vserve_dot_v1_dot_vserve__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.CheckDataset = channel.unary_stream(
+                '/vserve.v1.VServe/CheckDataset',
+                request_serializer=vserve_dot_v1_dot_vserve__pb2.CheckDatasetRequest.SerializeToString,
+                response_deserializer=vserve_dot_v1_dot_vserve__pb2.CheckDatasetResponse.FromString,
+                _registered_method=True)
 
 
 class VServeServicer:
@@ -115,6 +120,15 @@ class VServeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckDataset(self, request, context):
+        """Decodes every video of a dataset (or one shard of it) whole, frame by frame, and records each one's
+        frame table and health in the daemon's store, where streams consult it: one message per video, in
+        the order they finish (`vserve check --daemon`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VServeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +161,11 @@ def add_VServeServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=vserve_dot_v1_dot_vserve__pb2.GetStatsRequest.FromString,
                     response_serializer=vserve_dot_v1_dot_vserve__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'CheckDataset': grpc.unary_stream_rpc_method_handler(
+                    servicer.CheckDataset,
+                    request_deserializer=vserve_dot_v1_dot_vserve__pb2.CheckDatasetRequest.FromString,
+                    response_serializer=vserve_dot_v1_dot_vserve__pb2.CheckDatasetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +330,33 @@ class VServe:
             '/vserve.v1.VServe/GetStats',
             vserve_dot_v1_dot_vserve__pb2.GetStatsRequest.SerializeToString,
             vserve_dot_v1_dot_vserve__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vserve.v1.VServe/CheckDataset',
+            vserve_dot_v1_dot_vserve__pb2.CheckDatasetRequest.SerializeToString,
+            vserve_dot_v1_dot_vserve__pb2.CheckDatasetResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,9 +13,12 @@
 //! (identity includes size and mtime); a stalled one (index or decode past its deadline) for 5 minutes;
 //! a quarantined one (it crashed a daemon, [`crate::journal`]) never, until it changes: DATA_LOSS. A file
 //! found damaged is indexed by decoding from then on. Index builds record their file in the crash journal
-//! before opening it.
+//! before opening it. With a [`Store`], a table is looked up there before it is built and written there after,
+//! with the video's health: a restart re-indexes nothing unchanged, a damaged file stays damaged, and
+//! [`Catalog::resolve_for_sampling`] narrows a damaged video to the frames before its first bad one and
+//! refuses unreadable and quarantined ones.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -32,7 +35,10 @@ use crate::index::{IndexError, VideoIndex};
 use crate::journal::{FileKey, Journal, JournalSlot, Quarantine};
 use crate::manifest::Samples;
 use crate::metrics::{EngineMetrics, Timer};
-use crate::request::DatasetSummary;
+use crate::store::{Health, Key, Record, Store};
+
+mod listing;
+use listing::Listing;
 
 /// A resolved, indexed video.
 pub type Resolved = (Arc<VideoId>, Arc<VideoIndex>, VideoSource);
@@ -67,14 +73,6 @@ struct Build {
     started: Instant,
     dataset: String,
     video: String,
-}
-
-/// One walk of a directory dataset.
-#[derive(Clone)]
-struct Listing {
-    /// The videos found, as samples (unused for datasets with a manifest).
-    samples: Arc<Samples>,
-    videos: u64,
 }
 
 pub struct Catalog {
@@ -115,6 +113,11 @@ pub struct Catalog {
     quarantine: Arc<Quarantine>,
     /// Where index builds record the file they open (None: no state directory).
     journal: Option<Arc<Journal>>,
+    /// Frame tables and health remembered across restarts (the state directory's); None without one.
+    store: Option<Arc<Store>>,
+    /// Videos known not to decode whole (damaged, unreadable, quarantined), by identity without
+    /// `decode_table`: what [`Catalog::resolve_for_sampling`] consults.
+    health: Mutex<HashMap<VideoId, Health>>,
 }
 
 impl Catalog {
@@ -173,7 +176,19 @@ impl Catalog {
                 .build(),
             quarantine: Arc::new(Quarantine::in_memory()),
             journal: None,
+            store: None,
+            health: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Remembers frame tables and health in `store` (and consults it before indexing).
+    pub fn with_store(mut self, store: Option<Arc<Store>>) -> Catalog {
+        self.store = store;
+        self
+    }
+
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.as_ref()
     }
 
     /// Gives the catalogue the crash journal its index builds record in and the quarantine it refuses
@@ -220,112 +235,6 @@ impl Catalog {
         };
         self.stalled
             .insert(key, (Instant::now(), detail.to_owned()));
-    }
-
-    /// The datasets served, from the catalogue (a dataset not walked yet is walked now, once).
-    pub fn datasets(&self) -> Vec<DatasetSummary> {
-        self.datasets
-            .values()
-            .map(|d| {
-                let manifest = self.manifests.get(&d.name);
-                let gulp = self.gulps.get(&d.name);
-                let listing = match gulp {
-                    Some(_) => None,
-                    None => Some(self.listing(&d.name)),
-                };
-                DatasetSummary {
-                    name: d.name.clone(),
-                    root: d.root.display().to_string(),
-                    video_count: match (gulp, &listing) {
-                        (Some(g), _) => g.len() as u64,
-                        (None, Some(l)) => l.videos,
-                        (None, None) => 0,
-                    },
-                    samples: match (manifest, &listing) {
-                        (Some(m), _) => m.len() as u64,
-                        (None, Some(l)) => l.samples.len() as u64,
-                        (None, None) => 0,
-                    },
-                    classes: manifest.map(|m| m.classes()).unwrap_or_default(),
-                }
-            })
-            .collect()
-    }
-
-    /// The current walk of directory dataset `name`, walking it now if it never was (blocking).
-    fn listing(&self, name: &str) -> Listing {
-        if let Some(l) = self.listings.read().get(name) {
-            return l.clone();
-        }
-        let _one = self.walking.lock();
-        if let Some(l) = self.listings.read().get(name) {
-            return l.clone();
-        }
-        let l = self.walk(name);
-        self.listings.write().insert(name.to_owned(), l.clone());
-        l
-    }
-
-    fn walk(&self, name: &str) -> Listing {
-        let Some(d) = self.datasets.get(name) else {
-            return Listing {
-                samples: Arc::new(Samples::from_labeled(Vec::new())),
-                videos: 0,
-            };
-        };
-        let found = crate::dataset::walk_videos(&d.root);
-        let videos = found.len() as u64;
-        Listing {
-            samples: Arc::new(Samples::from_paths(&d.root, found)),
-            videos,
-        }
-    }
-
-    /// Walks every directory dataset again and swaps each listing whole (blocking). Returns the
-    /// datasets whose video count changed.
-    pub fn rescan(&self) -> Vec<String> {
-        let mut changed = Vec::new();
-        for (name, _) in self
-            .datasets
-            .iter()
-            .filter(|(n, _)| !self.gulps.contains_key(*n))
-        {
-            let _one = self.walking.lock();
-            let fresh = self.walk(name);
-            let before = self.listings.read().get(name).map(|l| l.videos);
-            if before != Some(fresh.videos) {
-                tracing::info!(dataset = %name, videos = fresh.videos, "dataset listed");
-                changed.push(name.clone());
-            }
-            self.listings.write().insert(name.clone(), fresh);
-        }
-        changed
-    }
-
-    /// Lists every directory dataset now on a named thread, then again every `every` (zero: only on
-    /// [`Catalog::rescan`] calls, as on SIGHUP), until the catalogue is dropped.
-    pub fn start_rescans(catalog: &Arc<Catalog>, every: std::time::Duration) {
-        let weak = Arc::downgrade(catalog);
-        let spawned = std::thread::Builder::new()
-            .name("vserve-catalogue".into())
-            .spawn(move || {
-                let mut first = true;
-                loop {
-                    let Some(cat) = weak.upgrade() else { return };
-                    if first || !every.is_zero() {
-                        cat.rescan();
-                    }
-                    drop(cat);
-                    if every.is_zero() {
-                        return;
-                    }
-                    first = false;
-                    std::thread::sleep(every);
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no catalogue thread: datasets are listed when first asked for");
-        }
     }
 
     /// Video indexes built since start-up.
@@ -521,14 +430,21 @@ impl Catalog {
             decode_table: false,
         };
         id.decode_table = self.damaged.lock().contains(&id);
-        let id = Arc::new(id);
-        let force_decode = id.decode_table;
         if let Some(e) = self.failed.get(&id) {
             return Err(e.into());
         }
+        let mut stored = self.recall(&mut id);
+        if let Some(e) = self.refusal(&id) {
+            return Err(e);
+        }
+        let id = Arc::new(id);
+        let force_decode = id.decode_table;
         let index = self
             .indexes
             .try_get_with(id.clone(), || {
+                if let Some(table) = stored.take() {
+                    return Ok(table);
+                }
                 self.index_builds.fetch_add(1, Ordering::Relaxed);
                 let started = std::time::Instant::now();
                 // Recorded before FFmpeg opens the file; cleared when the build returns.
@@ -555,7 +471,9 @@ impl Catalog {
                         "indexed"
                     );
                 }
-                built.map(Arc::new)
+                let built = built.map(Arc::new);
+                self.remember(&id, &built);
+                built
             })
             .map_err(|e| {
                 self.metrics.index_failures.inc();
@@ -569,6 +487,130 @@ impl Catalog {
             file: Some(file),
         };
         Ok((id, index, source))
+    }
+
+    /// The stored table for `id` when the index cache lacks it, learning the video's health on the way
+    /// (a record of a damaged file switches `id` to its decode table).
+    fn recall(&self, id: &mut VideoId) -> Option<Arc<VideoIndex>> {
+        let store = self.store.as_ref()?;
+        if self.indexes.contains_key(id) {
+            return None;
+        }
+        let record = store.get(&key_of(id))?;
+        self.learn(&record);
+        id.decode_table |= record.decode_table;
+        record
+            .table
+            .filter(|_| record.decode_table == id.decode_table)
+    }
+
+    /// Takes in what a record says about a video (from the store, or a check just run).
+    pub fn learn(&self, record: &Record) {
+        let k = &record.key;
+        let plain = VideoId {
+            path: k.path.clone(),
+            size: k.size,
+            mtime_ns: k.mtime_ns,
+            stream: k.stream,
+            decode_table: false,
+        };
+        if record.decode_table {
+            self.damaged.lock().insert(plain.clone());
+        }
+        match &record.health {
+            Health::Unchecked | Health::Ok { .. } => self.health.lock().remove(&plain),
+            h => self.health.lock().insert(plain, h.clone()),
+        };
+    }
+
+    /// Stores a build's outcome; a table that met decoder errors is decoded whole once more to find where
+    /// the damage starts.
+    fn remember(&self, id: &VideoId, built: &Result<Arc<VideoIndex>, IndexError>) {
+        let Some(store) = &self.store else { return };
+        let (health, table) = match built {
+            Ok(ix) if ix.damaged => (
+                crate::check::health_of(&id.path, id.stream),
+                Some(ix.clone()),
+            ),
+            Ok(ix) => (Health::Unchecked, Some(ix.clone())),
+            Err(IndexError::Corrupt { reason, .. }) => (
+                Health::Unreadable {
+                    reason: reason.clone(),
+                    corrupt: true,
+                },
+                None,
+            ),
+            Err(e @ IndexError::NoVideo { .. }) => (
+                Health::Unreadable {
+                    reason: e.to_string(),
+                    corrupt: false,
+                },
+                None,
+            ),
+            // Opening can fail for passing reasons (permissions, descriptors): not remembered.
+            Err(IndexError::Open { .. }) => return,
+        };
+        let record = Record {
+            key: key_of(id),
+            health,
+            decode_table: id.decode_table,
+            table,
+            written_ms: 0,
+        };
+        self.learn(&record);
+        if let Err(e) = store.put(&record) {
+            tracing::warn!(path = %id.path.display(), error = %e, "cannot write the store");
+        }
+    }
+
+    /// The error for a video the store knows not to open (unreadable, quarantined).
+    fn refusal(&self, id: &VideoId) -> Option<Error> {
+        let mut plain = id.clone();
+        plain.decode_table = false;
+        let health = self.health.lock();
+        let msg = |what: &str, reason: &str| format!("{:?} is {what}: {reason}", id.path.display());
+        match health.get(&plain)? {
+            Health::Unreadable { reason, corrupt } if *corrupt => {
+                Some(Error::DataLoss(msg("unreadable", reason)))
+            }
+            Health::Unreadable { reason, .. } => {
+                Some(Error::InvalidArgument(msg("unreadable", reason)))
+            }
+            Health::Quarantined { reason } => Some(Error::DataLoss(msg(
+                "quarantined (it crashed the daemon)",
+                reason,
+            ))),
+            _ => None,
+        }
+    }
+
+    /// [`Catalog::resolve`] as a sampler needs it: a damaged video's table stops before its first bad
+    /// frame (decoding still uses the whole table), one with no good frame is refused.
+    pub async fn resolve_for_sampling(
+        self: &Arc<Self>,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Result<Resolved, Error> {
+        let (id, index, source) = self.resolve(dataset, video, stream).await?;
+        let mut plain = (*id).clone();
+        plain.decode_table = false;
+        let usable = match self.health.lock().get(&plain) {
+            Some(h) => h.decodable_frames(index.frame_count() as u64) as usize,
+            None => return Ok((id, index, source)),
+        };
+        if usable >= index.frame_count() {
+            return Ok((id, index, source));
+        }
+        if usable == 0 {
+            return Err(Error::DataLoss(format!(
+                "{video:?} has no frame that decodes without errors"
+            )));
+        }
+        let mut view = (*index).clone();
+        view.frames.truncate(usable);
+        view.keyframes.retain(|&k| k < usable);
+        Ok((id, Arc::new(view), source))
     }
 
     /// A video of a gulp dataset, by id: its table comes from the meta file, its identity (cache key) is
@@ -597,5 +639,15 @@ impl Catalog {
             file: None,
         };
         Ok((id, index, source))
+    }
+}
+
+/// The store's key for a catalogue identity.
+fn key_of(id: &VideoId) -> Key {
+    Key {
+        path: id.path.clone(),
+        size: id.size,
+        mtime_ns: id.mtime_ns,
+        stream: id.stream,
     }
 }

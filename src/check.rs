@@ -1,0 +1,357 @@
+//! Dataset health: every video of a dataset (or one shard of it) decoded whole with the daemon's own
+//! FFmpeg code ([`crate::decode::ffmpeg::check_video`]), each result recorded in the [`Store`] with the
+//! video's frame table, so the daemon that later serves the dataset re-indexes nothing and places no clip
+//! where frames do not decode.
+//!
+//! Input: a [`Dataset`], its video list ([`videos`]), a [`Shard`], a job count and the store. Output: one
+//! [`VideoReport`] per video, in completion order, to a callback; [`Summary`] totals them. Used by
+//! `vserve check` (no daemon) and by the daemon's CheckDataset RPC.
+//!
+//! Invariants: a video's record is written only with a table that matches what decoding emits (a clean
+//! file's packet-scan table, or the decode table of a damaged one, with `decode_table` set as the
+//! catalogue sets it); a video that cannot be opened under the dataset (missing, outside it) gets a
+//! report but no record, having no file identity; a video the store holds as quarantined (it crashed the
+//! daemon) is reported as such and not opened.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+
+use crate::dataset::Dataset;
+use crate::decode::ffmpeg::{build_index, check_video};
+use crate::manifest::Samples;
+use crate::store::{Health, Key, Record, Store};
+
+/// One video's verdict, as `vserve check` prints it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct VideoReport {
+    /// Path relative to the dataset root.
+    pub video: String,
+    /// ok, damaged, unreadable or quarantined.
+    pub status: String,
+    /// Frames the decoder output.
+    pub frames: u64,
+    /// Frames a sampler may use (those before the first bad frame).
+    pub decodable_frames: u64,
+    pub first_bad_frame: Option<u64>,
+    pub reason: Option<String>,
+    /// Seconds of video (first frame's pts to the end of the last), 0 when unreadable.
+    pub seconds: f64,
+}
+
+impl VideoReport {
+    pub fn is_ok(&self) -> bool {
+        self.status == "ok"
+    }
+
+    /// The report for a video whose record says `health` (with `seconds` of table).
+    pub fn of(video: &str, health: &Health, seconds: f64) -> VideoReport {
+        let (frames, first_bad, reason) = match health {
+            Health::Unchecked => (0, None, None),
+            Health::Ok { frames } => (*frames, None, None),
+            Health::Damaged {
+                frames,
+                first_bad_frame,
+                reason,
+                ..
+            } => (*frames, Some(*first_bad_frame), Some(reason.clone())),
+            Health::Unreadable { reason, .. } | Health::Quarantined { reason } => {
+                (0, None, Some(reason.clone()))
+            }
+        };
+        VideoReport {
+            video: video.to_owned(),
+            status: health.status().to_owned(),
+            frames,
+            decodable_frames: health.decodable_frames(frames),
+            first_bad_frame: first_bad,
+            reason,
+            seconds: if frames > 0 { seconds } else { 0.0 },
+        }
+    }
+}
+
+/// `I/N`: the videos whose path hashes to I modulo N. The N shards of a dataset partition it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Shard {
+    pub const ALL: Shard = Shard { index: 0, count: 1 };
+
+    /// Parses `I/N` with 0 <= I < N.
+    pub fn parse(s: &str) -> Result<Shard, String> {
+        let bad = || format!("--shard {s:?}: expected I/N with 0 <= I < N");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (
+            i.trim().parse::<u32>().map_err(|_| bad())?,
+            n.trim().parse::<u32>().map_err(|_| bad())?,
+        );
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// Whether `video` (a path relative to the dataset root) is in this shard: by a hash of the path, so
+    /// a video stays in its shard when others are added or removed.
+    pub fn contains(&self, video: &str) -> bool {
+        crate::store::fnv1a(&[video.as_bytes()]) % self.count as u64 == self.index as u64
+    }
+}
+
+/// The distinct videos of a dataset (its manifest's, else every video file under its root), sorted.
+pub fn videos(ds: &Dataset, manifest: Option<&Path>) -> Result<Vec<String>, String> {
+    let samples = match manifest {
+        Some(m) => Samples::from_manifest(m).map_err(|e| e.to_string())?,
+        None => Samples::scan(&ds.root),
+    };
+    let mut v: Vec<String> = samples.samples.into_iter().map(|s| s.video).collect();
+    v.sort();
+    v.dedup();
+    Ok(v)
+}
+
+/// Checks one video and records what was found. Blocking (decodes the whole video).
+pub fn check_one(
+    ds: &Dataset,
+    video: &str,
+    store: Option<&Store>,
+) -> (VideoReport, Option<Record>) {
+    let (path, meta) = match ds.resolve(video) {
+        Ok(x) => x,
+        Err(e) => {
+            let health = Health::Unreadable {
+                reason: e.to_string(),
+                corrupt: false,
+            };
+            return (VideoReport::of(video, &health, 0.0), None);
+        }
+    };
+    let key = Key::new(&path, &meta, None);
+    // A file that crashed the daemon would crash this process too: not opened again while unchanged.
+    if let Some(known) = store.and_then(|s| s.get(&key)) {
+        if matches!(known.health, Health::Quarantined { .. }) {
+            return (VideoReport::of(video, &known.health, 0.0), Some(known));
+        }
+    }
+    let record = examine(&path, key);
+    if let Some(store) = store {
+        if let Err(e) = store.put(&record) {
+            tracing::warn!(video, error = %e, "cannot record the check in the store");
+        }
+    }
+    let seconds = record.table.as_ref().map_or(0.0, |t| t.duration_seconds());
+    (
+        VideoReport::of(video, &record.health, seconds),
+        Some(record),
+    )
+}
+
+/// Decodes `path`'s stream whole: its health.
+pub fn health_of(path: &Path, stream: Option<u32>) -> Health {
+    match check_video(path, stream.map(|s| s as usize)) {
+        Ok(c) if c.frames == 0 => Health::Unreadable {
+            reason: "no decodable frames".into(),
+            corrupt: true,
+        },
+        Ok(c) => match c.first_bad_frame {
+            None => Health::Ok { frames: c.frames },
+            Some(first) => Health::Damaged {
+                frames: c.frames,
+                first_bad_frame: first,
+                bad_ranges: c.bad_ranges,
+                reason: c.reason.unwrap_or_default(),
+            },
+        },
+        Err(e) => Health::Unreadable {
+            reason: e.to_string(),
+            corrupt: false,
+        },
+    }
+}
+
+/// Decodes `path` whole and builds the table the daemon would serve it with.
+pub fn examine(path: &Path, key: Key) -> Record {
+    let health = health_of(path, key.stream);
+    let frames = match &health {
+        Health::Ok { frames } | Health::Damaged { frames, .. } => *frames,
+        _ => {
+            return Record {
+                key,
+                health,
+                decode_table: false,
+                table: None,
+                written_ms: 0,
+            }
+        }
+    };
+    let stream = key.stream.map(|s| s as usize);
+    let mut decode_table = matches!(health, Health::Damaged { .. });
+    let mut table = build_index(path, stream, decode_table).ok().map(Arc::new);
+    if !decode_table && table.as_ref().map(|t| t.frame_count() as u64) != Some(frames) {
+        // The packet scan counted other frames than the decoder emits: serve the decode table.
+        tracing::warn!(path = %path.display(), frames, "packet scan disagrees with decoding; keeping a decode table");
+        decode_table = true;
+        table = build_index(path, stream, true).ok().map(Arc::new);
+    }
+    Record {
+        key,
+        health,
+        decode_table,
+        table,
+        written_ms: 0,
+    }
+}
+
+/// Checks `videos` on `jobs` named threads, calling `report(result, done, total)` on the calling thread
+/// as each finishes; stops early when it returns false.
+pub fn run(
+    ds: &Dataset,
+    videos: &[String],
+    jobs: usize,
+    store: Option<&Store>,
+    mut report: impl FnMut(VideoReport, Option<Record>, usize, usize) -> bool,
+) {
+    let total = videos.len();
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        for j in 0..jobs.clamp(1, total.max(1)) {
+            let (tx, next, stop) = (tx.clone(), &next, &stop);
+            let spawned = std::thread::Builder::new()
+                .name(format!("vserve-check-{j}"))
+                .spawn_scoped(scope, move || loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if stop.load(Ordering::Relaxed) || i >= total {
+                        break;
+                    }
+                    if tx.send(check_one(ds, &videos[i], store)).is_err() {
+                        break;
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a check thread");
+            }
+        }
+        drop(tx);
+        for (done, (r, rec)) in rx.iter().enumerate() {
+            if !report(r, rec, done + 1, total) {
+                stop.store(true, Ordering::Relaxed);
+                break;
+            }
+        }
+    });
+}
+
+/// Files and seconds of video by status.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    /// (status, files, seconds), in the order ok, damaged, unreadable, quarantined.
+    pub by_status: Vec<(String, u64, f64)>,
+}
+
+impl Summary {
+    pub fn add(&mut self, r: &VideoReport) {
+        if self.by_status.is_empty() {
+            for s in ["ok", "damaged", "unreadable", "quarantined"] {
+                self.by_status.push((s.to_owned(), 0, 0.0));
+            }
+        }
+        if let Some(e) = self.by_status.iter_mut().find(|e| e.0 == r.status) {
+            e.1 += 1;
+            e.2 += r.seconds;
+        } else {
+            self.by_status.push((r.status.clone(), 1, r.seconds));
+        }
+    }
+
+    pub fn files(&self) -> u64 {
+        self.by_status.iter().map(|e| e.1).sum()
+    }
+
+    pub fn all_ok(&self) -> bool {
+        self.by_status.iter().all(|e| e.0 == "ok" || e.1 == 0)
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut by = serde_json::Map::new();
+        for (s, files, secs) in &self.by_status {
+            by.insert(
+                s.clone(),
+                serde_json::json!({"files": files, "hours": secs / 3600.0}),
+            );
+        }
+        let hours: f64 = self.by_status.iter().map(|e| e.2).sum::<f64>() / 3600.0;
+        serde_json::json!({"summary": {"files": self.files(), "hours": hours, "by_status": by}})
+    }
+
+    /// One line: `28 files, 0.07 h of video: 26 ok (0.06 h), 2 damaged (0.00 h), ...`.
+    pub fn text(&self) -> String {
+        let hours: f64 = self.by_status.iter().map(|e| e.2).sum::<f64>() / 3600.0;
+        let parts: Vec<String> = self
+            .by_status
+            .iter()
+            .map(|(s, f, secs)| format!("{f} {s} ({:.2} h)", secs / 3600.0))
+            .collect();
+        format!(
+            "{} files, {hours:.2} h of video: {}",
+            self.files(),
+            parts.join(", ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_partition_and_parse() {
+        let videos: Vec<String> = (0..200)
+            .map(|i| format!("class{}/v{i}.mp4", i % 7))
+            .collect();
+        let shards: Vec<Shard> = (0..3).map(|i| Shard { index: i, count: 3 }).collect();
+        for v in &videos {
+            assert_eq!(shards.iter().filter(|s| s.contains(v)).count(), 1, "{v}");
+        }
+        let sizes: Vec<usize> = shards
+            .iter()
+            .map(|s| videos.iter().filter(|v| s.contains(v)).count())
+            .collect();
+        assert!(sizes.iter().all(|&n| n > 40), "{sizes:?}");
+        assert_eq!(Shard::parse("1/3"), Ok(Shard { index: 1, count: 3 }));
+        for bad in ["3/3", "1", "a/2", "0/0", "-1/2"] {
+            assert!(Shard::parse(bad).is_err(), "{bad}");
+        }
+        assert!(videos.iter().all(|v| Shard::ALL.contains(v)));
+    }
+
+    #[test]
+    fn summary_counts_files_and_hours_by_status() {
+        let mut s = Summary::default();
+        let r = |status: &str, seconds: f64| VideoReport {
+            video: "v".into(),
+            status: status.into(),
+            frames: 1,
+            decodable_frames: 1,
+            first_bad_frame: None,
+            reason: None,
+            seconds,
+        };
+        s.add(&r("ok", 1800.0));
+        assert!(s.all_ok());
+        s.add(&r("ok", 1800.0));
+        s.add(&r("damaged", 360.0));
+        assert!(!s.all_ok());
+        assert_eq!(s.files(), 3);
+        assert_eq!(
+            s.text(),
+            "3 files, 1.10 h of video: 2 ok (1.00 h), 1 damaged (0.10 h), 0 unreadable (0.00 h), 0 quarantined (0.00 h)"
+        );
+        assert_eq!(s.to_json()["summary"]["by_status"]["ok"]["files"], 2);
+    }
+}

