@@ -63,6 +63,8 @@ pub struct Engine {
     inflight_calls: AtomicU64,
     streams: StreamCounters,
     limits: Limits,
+    /// How long a stream may wait on its client (`--stream-idle-timeout`; zero: forever).
+    stream_idle: std::time::Duration,
     /// What requests and streams hold in memory (`--max-inflight-bytes`).
     budget: Budget,
     /// Set when the server starts draining: streams end after the batch they are preparing.
@@ -160,6 +162,7 @@ impl Engine {
             inflight_calls: AtomicU64::new(0),
             streams: StreamCounters::default(),
             limits: config.limits.clone(),
+            stream_idle: config.tenancy.stream_idle,
             budget: Budget::new(
                 config.limits.max_inflight_bytes,
                 crate::budget::DEFAULT_WAIT,
@@ -188,6 +191,11 @@ impl Engine {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// How long a stream may wait on its client before it is ended (zero: forever).
+    pub fn stream_idle(&self) -> std::time::Duration {
+        self.stream_idle
     }
 
     /// The in-flight memory budget requests and streams reserve from.

@@ -377,3 +377,70 @@ async fn a_full_shm_directory_is_resource_exhausted_and_the_daemon_lives() {
     assert_eq!(inline.header.shape[0], 1);
     assert!(arena_files(shm.path()).is_empty());
 }
+
+#[tokio::test]
+async fn an_idle_stream_is_ended_with_deadline_exceeded() {
+    let d = Daemon::start_with(&["--stream-idle-timeout", "1", "--listen", "127.0.0.1:0"]).await;
+    // A client that reads batches over shared memory but never releases a slot: once every slot of
+    // its arena is taken, the stream waits on it, and ends after the timeout.
+    let mut req = stream_req(proto::Transport::Shm);
+    req.sampler.as_mut().unwrap().num_clips = 50;
+    let mut raw = d.client().await;
+    let mut stream = raw.raw().stream_batches(req).await.unwrap().into_inner();
+    let started = Instant::now();
+    let mut batches = 0;
+    let status = loop {
+        match stream.message().await {
+            Ok(Some(m)) => batches += usize::from(m.header.is_some()),
+            Ok(None) => panic!("the stream ended cleanly after {batches} batches"),
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        status.message().contains("released no shared-memory slot"),
+        "{status:?}"
+    );
+    assert!(
+        batches >= 4,
+        "the batches before the slots ran out came: {batches}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    // A client that stops reading an inline stream (flow control holds the reply): ended as well, and
+    // the error follows the batch it had not taken.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", d.tcp_addr()))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut req = stream_req(proto::Transport::Inline);
+    req.sampler.as_mut().unwrap().num_clips = 50;
+    req.transform = None; // native size: each batch far larger than the window
+    req.augment = None;
+    let mut held = proto::v_serve_client::VServeClient::new(channel)
+        .max_decoding_message_size(256 << 20)
+        .stream_batches(req)
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let status = loop {
+        match held.message().await {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the idle inline stream ended cleanly"),
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().contains("took no batch"), "{status:?}");
+    // Both streams are gone from the daemon.
+    let mut c = d.client().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.stats().await.unwrap().active_streams != 0 {
+        assert!(Instant::now() < deadline, "idle streams still active");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

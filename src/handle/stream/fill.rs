@@ -97,7 +97,11 @@ pub(super) async fn assemble(
     let (shape, data, shm) = if ctx.req.transport == Transport::Shm {
         // Assembled in place, in a slot of the stream's arena (waiting for the client to free one).
         let arena = ctx.arena_for(nbytes, clip_frames.len())?;
-        let slot = arena.acquire().await;
+        let idle = ctx.engine.stream_idle();
+        let Some(slot) = super::within(idle, arena.acquire()).await else {
+            tracing::info!(dataset = %ctx.req.dataset, client = %ctx.peer.describe(), "stream ended: its client released no slot");
+            return Err(super::idle_error(idle, "released no shared-memory slot"));
+        };
         let (shape, r) = blocking(move || {
             arena.fill(slot, nbytes, |buf| -> Result<Vec<u64>, Error> {
                 Ok(batch::assemble_augmented_into(

@@ -237,7 +237,9 @@ pub async fn start(
         }),
         growing: tokio::sync::Mutex::new(()),
     });
-    let (tx, rx) = mpsc::channel(1);
+    // Two places, one kept free for the end: a batch goes in only when both are free, so an error can
+    // always follow the batch a client has not taken yet (see `produce`).
+    let (tx, rx) = mpsc::channel(2);
     engine.streams().active.fetch_add(1, Ordering::Relaxed);
     let guard = ActiveGuard(engine.clone());
     let dataset = ctx.req.dataset.clone();
@@ -271,6 +273,25 @@ fn window_who(req: &StreamRequest, batch_bytes: u64, frame_bytes: u64) -> String
         req.prefetch as u64 + 3,
         req.prefetch
     )
+}
+
+/// `fut`, or `None` when it takes longer than `limit` (zero: no limit).
+pub(super) async fn within<T>(
+    limit: std::time::Duration,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    if limit.is_zero() {
+        return Some(fut.await);
+    }
+    tokio::time::timeout(limit, fut).await.ok()
+}
+
+/// Why an idle stream was ended.
+pub(super) fn idle_error(idle: std::time::Duration, what: &str) -> Error {
+    Error::DeadlineExceeded(format!(
+        "the client {what} for {} s (stream-idle-timeout); the stream is ended",
+        idle.as_secs_f64()
+    ))
 }
 
 /// Runs a stream's producer; a panic in it ends the stream with INTERNAL (and an error log line)
@@ -452,7 +473,22 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
             c.skipped
                 .fetch_add(b.skipped.len() as u64, Ordering::Relaxed);
         }
-        if tx.send(item).await.is_err() || failed {
+        // The client takes nothing for --stream-idle-timeout: the stream ends, and says why after the
+        // batch still waiting for it.
+        let idle = ctx.engine.stream_idle();
+        let permits = match within(idle, tx.reserve_many(2)).await {
+            Some(Ok(p)) => p,
+            Some(Err(_)) => return,
+            None => {
+                tracing::info!(dataset = %ctx.req.dataset, client = %ctx.peer.describe(), idle_s = idle.as_secs_f64(), "stream ended: its client took no batch");
+                let _ = tx.try_send(Err(idle_error(idle, "took no batch")));
+                return;
+            }
+        };
+        if let Some(permit) = permits.into_iter().next() {
+            permit.send(item);
+        }
+        if failed {
             return;
         }
         if ctx.engine.is_draining() {
