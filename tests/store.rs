@@ -252,7 +252,9 @@ async fn corrupt_or_foreign_records_are_ignored_with_a_warning_and_the_right_fra
 #[tokio::test]
 async fn damaged_videos_are_sampled_before_their_first_bad_frame_and_stay_damaged() {
     const CORRUPT: &str = "decord/corrupted.mp4"; // 49 frames, errors from frame 28
-    const ZOMBIE: &str = "fate/white_zombie_scrunch-part.mov"; // 65 frames, errors from frame 64
+                                                  // 65 frames; the error is in a packet after the last frame FFmpeg outputs (the CLI's 65 frames are
+                                                  // served exactly, see tests/coverage.rs), so the file is not damaged for sampling: used to the end.
+    const ZOMBIE: &str = "fate/white_zombie_scrunch-part.mov";
     const OK: &str = "decord/unordered.mov";
     let dir = dataset_dir(&[CORRUPT, ZOMBIE, OK]);
     let state = tempfile::tempdir().unwrap();
@@ -269,7 +271,10 @@ async fn damaged_videos_are_sampled_before_their_first_bad_frame_and_stay_damage
             last[CORRUPT], 27,
             "{what}: {CORRUPT} sampled up to frame 27"
         );
-        assert_eq!(last[ZOMBIE], 63, "{what}: {ZOMBIE} sampled up to frame 63");
+        assert_eq!(
+            last[ZOMBIE], 64,
+            "{what}: {ZOMBIE} sampled to its last frame"
+        );
         assert_eq!(last[OK], 3, "{what}: {OK} to its last frame");
         assert!(
             batches.iter().all(|b| b.header.skipped.is_empty()),

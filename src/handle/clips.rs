@@ -246,7 +246,12 @@ mod tests {
             },
             limits,
             shutdown_grace: std::time::Duration::from_secs(1),
-            shm_dir: std::env::temp_dir(),
+            shm_dir: {
+                // A directory of the tests' own (the registry sweeps what it is given).
+                let d = std::env::temp_dir().join(format!("vserve-unit-{}", std::process::id()));
+                std::fs::create_dir_all(&d).unwrap();
+                d
+            },
             state_dir: None,
             rescan_interval: std::time::Duration::ZERO,
             tenancy: Default::default(),

@@ -142,27 +142,41 @@ impl Drop for ShmRegistry {
 impl ShmRegistry {
     /// Opens this instance's directory under `parent` (created 0710 and locked).
     pub fn new(parent: PathBuf, ttl: Duration, budget: ShmBudget) -> Result<ShmRegistry, ShmError> {
-        let dir = parent.join(format!("vserve-{}-{}", std::process::id(), random_hex()));
+        let name = format!("vserve-{}-{}", std::process::id(), random_hex());
+        let dir = parent.join(&name);
+        // Set up under a name no sweep considers, locked, then renamed into place: another instance
+        // never sees this directory without its lock held.
+        let setup = parent.join(format!(".{name}.setup"));
         let err = |e: std::io::Error| ShmError::Create {
             path: dir.display().to_string(),
             reason: e.to_string(),
         };
         std::fs::DirBuilder::new()
             .mode(0o710)
-            .create(&dir)
+            .create(&setup)
             .map_err(err)?;
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(dir.join(".lock"))
-            .map_err(err)?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(err(std::io::Error::last_os_error()));
-        }
+        let locked = (|| {
+            let lock = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(setup.join(".lock"))?;
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            std::fs::rename(&setup, &dir)?;
+            Ok(lock)
+        })();
+        let lock = match locked {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&setup);
+                return Err(err(e));
+            }
+        };
         Ok(ShmRegistry {
             dir,
             parent,
@@ -203,7 +217,10 @@ impl ShmRegistry {
                 continue;
             };
             if meta.is_dir() {
-                if instance_is_gone(&e.path()) && std::fs::remove_dir_all(e.path()).is_ok() {
+                if is_instance_name(name)
+                    && instance_is_gone(&e.path())
+                    && std::fs::remove_dir_all(e.path()).is_ok()
+                {
                     removed += 1;
                 }
                 continue;
@@ -552,20 +569,26 @@ impl ShmRegistry {
     }
 }
 
-/// Whether the instance directory `dir` was left by a daemon that is gone: nobody holds its lock (and it
-/// is not a directory being set up this instant).
+/// Whether `name` is an instance directory's: `vserve-<pid>-<32 hex digits>`.
+fn is_instance_name(name: &str) -> bool {
+    let Some((pid, rand)) = name.strip_prefix("vserve-").and_then(|r| r.split_once('-')) else {
+        return false;
+    };
+    !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && rand.len() == 32
+        && rand.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether the instance directory `dir` was left by a daemon that is gone: it has the daemon's lock file
+/// and nobody holds the lock. A directory without one is not ours to judge (another program's, or an
+/// instance being set up this instant) and is left alone.
 fn instance_is_gone(dir: &Path) -> bool {
-    let young = std::fs::metadata(dir)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age < Duration::from_secs(5));
     let Ok(lock) = std::fs::OpenOptions::new()
         .read(true)
         .open(dir.join(".lock"))
     else {
-        // No lock file: a directory being set up (young) or a broken one (old).
-        return !young;
+        return false;
     };
     // SAFETY: flock on a descriptor we own; the lock (if taken) goes when `lock` is closed.
     unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }

@@ -132,23 +132,31 @@ fn stale_instances_go_and_live_ones_stay_whatever_their_pids() {
     // holds its lock, so it stays with its arenas.
     let live = registry(dir.path(), Duration::from_secs(60));
     let live_arena = live.stream_arena(8, 1, &me()).unwrap();
-    // A crashed instance with the same pid in its name: its lock is free (set its age past the
-    // grace for directories being set up).
-    let dead = dir.path().join("vserve-1-feedface");
+    // A crashed instance with the same pid in its name: its lock is free.
+    let dead = dir.path().join("vserve-1-0123456789abcdef0123456789abcdef");
     std::fs::create_dir(&dead).unwrap();
     std::fs::write(dead.join(".lock"), b"").unwrap();
     std::fs::write(dead.join("vserve-0123"), b"batch").unwrap();
-    let old = std::time::SystemTime::now() - Duration::from_secs(60);
-    std::fs::File::open(&dead)
-        .unwrap()
-        .set_modified(old)
-        .unwrap();
+    // Directories that are not instances are never touched: another program's, another daemon's
+    // --shm-dir inside this one, an instance name without its lock.
+    let foreign = [
+        "vserve-jobA",
+        "vserve-test-xyz",
+        "vserve-2-fedcba9876543210fedcba9876543210",
+    ];
+    for f in foreign {
+        std::fs::create_dir(dir.path().join(f)).unwrap();
+        std::fs::write(dir.path().join(f).join("data"), b"keep").unwrap();
+    }
     let reg = registry(dir.path(), Duration::from_secs(60));
     assert_eq!(reg.remove_stale(), 2);
     assert!(!dead.exists());
     assert!(!dir.path().join("vserve-0-abc").exists());
     assert!(dir.path().join(&mine).exists());
     assert!(dir.path().join("other-file").exists());
+    for f in foreign {
+        assert!(dir.path().join(f).join("data").exists(), "{f} removed");
+    }
     assert!(
         live.dir().join(live_arena.name()).exists(),
         "a running instance's arena stays"
