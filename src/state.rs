@@ -10,27 +10,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// The default state directory: `$STATE_DIRECTORY` (set by systemd's `StateDirectory=`), else
-/// `$XDG_STATE_HOME/vserve`, else `/var/lib/vserve` for root, else `$HOME/.local/state/vserve`.
+/// The default state directory (see [`crate::config::default_state_dir`]).
 pub fn default_dir() -> Option<PathBuf> {
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(d) = env("STATE_DIRECTORY") {
-        // systemd may pass several, separated by ':'; the first is ours.
-        let first = d.to_string_lossy().split(':').next().map(PathBuf::from);
-        return first;
-    }
-    if let Some(d) = env("XDG_STATE_HOME") {
-        return Some(d.join("vserve"));
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return Some(PathBuf::from("/var/lib/vserve"));
-    }
-    env("HOME").map(|h| h.join(".local/state/vserve"))
+    crate::config::default_state_dir()
 }
 
 /// An opened state directory (created 0700 if missing).

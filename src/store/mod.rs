@@ -35,7 +35,7 @@ use crate::state::StateDir;
 /// The store's directory inside the state directory.
 pub const DIR: &str = "store";
 /// Default bound on the store's size.
-pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+pub const DEFAULT_MAX_BYTES: u64 = crate::config::DEFAULT_STORE_BYTES;
 
 /// One stream of one version of one file.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

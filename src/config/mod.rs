@@ -12,6 +12,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub mod load;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListenAddr {
     Unix(PathBuf),
@@ -529,6 +531,36 @@ pub fn read_token(key: &str, path: &std::path::Path) -> Result<String, ConfigErr
     }
     Ok(token.to_owned())
 }
+
+/// The default state directory: `$STATE_DIRECTORY` (set by systemd's `StateDirectory=`), else
+/// `$XDG_STATE_HOME/vserve`, else `/var/lib/vserve` for root, else `$HOME/.local/state/vserve`.
+pub fn default_state_dir() -> Option<std::path::PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    if let Some(d) = env("STATE_DIRECTORY") {
+        // systemd may pass several, separated by ':'; the first is ours.
+        let first = d
+            .to_string_lossy()
+            .split(':')
+            .next()
+            .map(std::path::PathBuf::from);
+        return first;
+    }
+    if let Some(d) = env("XDG_STATE_HOME") {
+        return Some(d.join("vserve"));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return Some(std::path::PathBuf::from("/var/lib/vserve"));
+    }
+    env("HOME").map(|h| h.join(".local/state/vserve"))
+}
+
+/// The store's default bound (`--store-bytes`).
+pub const DEFAULT_STORE_BYTES: u64 = 1 << 30;
 
 #[cfg(test)]
 mod tests {
