@@ -95,6 +95,11 @@ impl EngineMetrics {
         self.bytes_sent.get_or_create(&transport).inc_by(bytes);
     }
 
+    /// Bytes counted for `transport` so far.
+    pub fn sent_bytes(&self, transport: TransportLabel) -> u64 {
+        self.bytes_sent.get_or_create(&transport).get()
+    }
+
     /// Records one finished GOP run: where it was decoded, its queue wait, decode time, length and lead-in.
     pub fn observe_run(
         &self,

@@ -481,12 +481,7 @@ impl pb::v_serve_server::VServe for Api {
         let data = reply.data;
         // The reply's bytes stay reserved until its last message has been taken by the transport.
         let reservation = reply.reservation;
-        if reply.shm.is_some() {
-            // Inline bytes are counted as they are sent (rpc.rs).
-            self.engine
-                .metrics()
-                .sent(crate::metrics::TransportLabel::SHM, header.nbytes);
-        }
+        // Bytes are counted by transport::deliver (shm) and on the wire (inline, rpc.rs).
         let messages: Vec<Result<pb::GetClipsResponse, Status>> = chunks(data, header)
             .into_iter()
             .map(|(header, offset, data)| {

@@ -21,6 +21,7 @@ use crate::request::{
     check_output_bytes, display_dims, frame_bytes, resolve_positions, ClipMeta, ClipsReply,
     ClipsRequest, RequestStats,
 };
+use crate::transport::{deliver, Delivered, Destination};
 
 /// Serves one GetClips request.
 pub async fn get_clips(
@@ -171,14 +172,19 @@ async fn get_clips_once(
     let (to_shm, reuse, shared, owner) = (req.shm, req.shm_reuse, engine.clone(), peer.clone());
     let (shape, data, shm) = blocking(move || {
         // The frames are dropped when this closure ends; only the output stays.
-        if !to_shm {
-            let (shape, data) = batch::assemble(&frames_by_clip, &spec)?;
-            return Ok((shape, data, None));
-        }
         let augs = batch::centre_augs(&frames_by_clip, &spec)?;
         let shape = batch::augmented_shape(&frames_by_clip, &augs, &spec)?;
         let nbytes = batch::shape_bytes(&shape, &spec);
-        let (shape, r) = shared.shm().one_shot_with(nbytes, reuse, &owner, |buf| {
+        let to = if to_shm {
+            Destination::Reply {
+                shm: shared.shm(),
+                reusable: reuse,
+                owner: &owner,
+            }
+        } else {
+            Destination::Inline
+        };
+        let (shape, delivered) = deliver(to, nbytes, shared.metrics(), |buf| {
             Ok::<_, Error>(batch::assemble_augmented_into(
                 &frames_by_clip,
                 &augs,
@@ -186,7 +192,10 @@ async fn get_clips_once(
                 buf,
             )?)
         })?;
-        Ok((shape, Vec::new(), Some(r)))
+        Ok(match delivered {
+            Delivered::Inline(data) => (shape, data, None),
+            Delivered::Shm(r) => (shape, Vec::new(), Some(r)),
+        })
     })
     .await?;
     assembly_timer.observe(&engine.metrics().batch_assembly);

@@ -15,7 +15,7 @@ use crate::batch;
 use crate::error::{blocking, Error};
 use crate::request::{check_output_bytes, display_dims, ClipMeta, Transform};
 use crate::sample::{self, ClipAug, CropBox, Purpose, Rng};
-use crate::transport::Transport;
+use crate::transport::{deliver, Delivered, Destination, Transport};
 
 use super::slots::Filled;
 use super::{Context, Slots, StreamBatch, StreamClip};
@@ -94,7 +94,7 @@ pub(super) async fn assemble(
     ctx.ensure_window(nbytes, 0).await?;
     let nbytes = usize::try_from(nbytes)
         .map_err(|_| Error::InvalidArgument(format!("a batch of {nbytes} bytes")))?;
-    let (shape, data, shm) = if ctx.req.transport == Transport::Shm {
+    let to = if ctx.req.transport == Transport::Shm {
         // Assembled in place, in a slot of the stream's arena (waiting for the client to free one).
         let arena = ctx.arena_for(nbytes, clip_frames.len())?;
         let idle = ctx.engine.stream_idle();
@@ -102,26 +102,30 @@ pub(super) async fn assemble(
             tracing::info!(dataset = %ctx.req.dataset, client = %ctx.peer.describe(), "stream ended: its client released no slot");
             return Err(super::idle_error(idle, "released no shared-memory slot"));
         };
-        let (shape, r) = blocking(move || {
-            arena.fill(slot, nbytes, |buf| -> Result<Vec<u64>, Error> {
-                Ok(batch::assemble_augmented_into(
-                    &clip_frames,
-                    &augs,
-                    &spec,
-                    buf,
-                )?)
-            })
-        })
-        .await?;
-        ctx.engine
-            .metrics()
-            .sent(crate::metrics::TransportLabel::SHM, nbytes as u64);
-        (shape, Vec::new(), Some(r))
+        Some((arena, slot))
     } else {
-        let (shape, data) =
-            blocking(move || Ok(batch::assemble_augmented(&clip_frames, &augs, &spec)?)).await?;
-        (shape, data, None)
+        None
     };
+    let engine = ctx.engine.clone();
+    let (shape, data, shm) = blocking(move || {
+        let to = match to {
+            Some((arena, slot)) => Destination::Slot { arena, slot },
+            None => Destination::Inline,
+        };
+        let (shape, delivered) = deliver(to, nbytes, engine.metrics(), |buf| {
+            Ok::<_, Error>(batch::assemble_augmented_into(
+                &clip_frames,
+                &augs,
+                &spec,
+                buf,
+            )?)
+        })?;
+        Ok(match delivered {
+            Delivered::Inline(data) => (shape, data, None),
+            Delivered::Shm(r) => (shape, Vec::new(), Some(r)),
+        })
+    })
+    .await?;
     Ok(StreamBatch {
         batch: b,
         batches_total: None,

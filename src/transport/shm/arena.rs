@@ -142,7 +142,7 @@ impl Arena {
         }
     }
 
-    pub(super) fn try_acquire(&self) -> Option<u32> {
+    pub(crate) fn try_acquire(&self) -> Option<u32> {
         let mut free = self.free.lock();
         let slot = free.iter().position(|&f| f)?;
         free[slot] = false;
