@@ -14,8 +14,7 @@ into :class:`~vserve_client.batch.Batch` objects.
   nothing views it any more (its array and every view of it are garbage-collected; the release goes out
   with the client's next call), and the request says so (``reuse_arena``), so the daemon hands the same
   arena to a later reply instead of creating and zero-filling a new file each time; the client keeps that
-  arena mapped, so the later reply's pages are mapped already. Each slot is faulted in with one
-  ``madvise(MADV_POPULATE_READ)`` before it is handed out (Linux >= 5.14; without it, first reads fault).
+  arena mapped, so the later reply's pages are mapped already (reading a reply runs at memory speed).
 - ``auto``: shm when the address is a Unix socket (the daemon is on this host), else inline.
 """
 
@@ -25,6 +24,7 @@ import itertools
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -84,7 +84,8 @@ class Mapping:
 
     - :meth:`populate` faults a slot's pages in ahead of the consumer (``MADV_POPULATE_READ``: one system
       call instead of a page fault per 64 KiB on first read; read faults never copy, unlike
-      ``MAP_POPULATE`` on a writable private mapping, which would copy every page). Kernels without it
+      ``MAP_POPULATE`` on a writable private mapping, which copies every page). Off unless
+      :attr:`populate_supported` is set (measured slower than the faults it saves); kernels without it
       (EINVAL, before 5.14) or that refuse it fall back to faulting on first read.
     - :meth:`refresh`, before a slot is viewed again: the daemon rewrites a slot once it is released,
       but pages this process wrote to (a trainer normalising a batch in place) are private copies that
@@ -95,8 +96,11 @@ class Mapping:
 
     __slots__ = ("path", "size", "mm", "base", "address", "__weakref__")
 
-    #: Whether MADV_POPULATE_READ works here (cleared at its first refusal, for the whole process).
-    populate_supported = True
+    #: Whether to fault slots in with MADV_POPULATE_READ before handing them out (cleared at the kernel's
+    #: first refusal, for the whole process). Off by default: on Linux 6.x, populating a fresh 38.5 MB
+    #: mapping took longer (3-4 ms) than the page faults it saves (the kernel maps 16 cached pages per read
+    #: fault), and a mapping kept across replies is already populated (docs/BENCHMARKS.md, issue 16).
+    populate_supported = False
     #: /proc/self/pagemap, opened once per process (None: unreadable; then every release drops the
     #: slot's pages, which is always correct, only slower).
     _pagemap: Optional[int] = -1
@@ -139,13 +143,13 @@ class Mapping:
                     cls._pagemap = None
             return cls._pagemap
 
-    def refresh(self, offset: int, nbytes: int) -> None:
+    def refresh(self, offset: int, nbytes: int) -> bool:
         """Makes the mapping show the file's bytes in a slot the daemon has just written: pages of it this
-        process wrote to earlier (its private copies, which would hide the daemon's new bytes) are
-        dropped, or, where a page is shared with a neighbouring slot whose copy must stay, the slot's part
-        of it is read again from the file."""
+        process wrote to earlier (its private copies, which would hide the new bytes) are dropped, or,
+        where a page is shared with a neighbouring slot whose copy must stay, the slot's part of it is read
+        again from the file. Returns whether every page of the slot is mapped now (nothing to populate)."""
         if nbytes == 0:
-            return
+            return True
         end = offset + nbytes
         start = offset - offset % PAGE
         pages = -(-(min(end, self.size) - start) // PAGE)
@@ -160,12 +164,15 @@ class Mapping:
                 pass
         if entries is None:
             private = np.arange(pages)  # unknown: treat every page as written
+            present = False
         else:
             # Bit 63: present; bit 61: a file page (or shared memory). Present but not a file page: a
             # private copy, made when this process wrote to it.
-            private = np.flatnonzero((entries >> np.uint64(63)) & ~(entries >> np.uint64(61)) & np.uint64(1))
+            mapped = (entries >> np.uint64(63)) & np.uint64(1)
+            private = np.flatnonzero(mapped & ~(entries >> np.uint64(61)))
+            present = bool(mapped.all())
         if private.size == 0:
-            return
+            return present
         inner: List[int] = []
         for p in private.tolist():
             lo = start + p * PAGE
@@ -180,6 +187,8 @@ class Mapping:
                 self.mm.madvise(mmap.MADV_DONTNEED, lo, start + (inner[-1] + 1) * PAGE - lo)
             except (OSError, ValueError):
                 self._reread(lo, min(start + (inner[-1] + 1) * PAGE, end))
+            return False
+        return present
 
     def _reread(self, lo: int, hi: int) -> None:
         """Copies the file's bytes [lo, hi) into the mapping."""
@@ -196,8 +205,8 @@ class Mapping:
         shape = tuple(int(d) for d in header.shape)
         offset, nbytes = int(header.shm.offset), int(header.nbytes)
         self.check(offset, nbytes)
-        self.refresh(offset, nbytes)
-        self.populate(offset, nbytes)
+        if not self.refresh(offset, nbytes):
+            self.populate(offset, nbytes)
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else 0
         if expected != nbytes:
             raise ProtocolError(f"header announces {nbytes} bytes but shape {list(shape)} of {dtype} needs {expected}")
@@ -255,6 +264,7 @@ class ShmTransport(Transport):
         self._collected: List[Tuple[str, int]] = []
         self._lock = threading.Lock()
         self._maps: "OrderedDict[Tuple[str, int], Mapping]" = OrderedDict()
+        self._checked = 0.0
 
     def _collect(self, arena: str, slot: int) -> None:
         with self._lock:
@@ -295,12 +305,16 @@ class ShmTransport(Transport):
         key = (shm.path, int(shm.arena_bytes))
         with self._lock:
             mapping = self._maps.get(key)
+            now = time.monotonic()
+            if mapping is None or now - self._checked > 1.0:
+                # The daemon drops arenas (spare pool bounds, expiry): a mapping kept of a removed file
+                # would hold its memory.
+                self._checked = now
+                for k in [k for k in self._maps if k != key and not os.path.exists(k[0])]:
+                    del self._maps[k]
             if mapping is not None:
                 self._maps.move_to_end(key)
                 return mapping
-            # A new arena: the daemon may have dropped some we hold (spare pool bounds, expiry).
-            for k in [k for k in self._maps if not os.path.exists(k[0])]:
-                del self._maps[k]
         mapping = Mapping(shm.path)
         with self._lock:
             self._maps[key] = mapping
