@@ -49,7 +49,7 @@ class Recorder:
         t = client._transport
         self.replied: List[str] = []
         self.released: Set[str] = set()
-        reply, release = t.reply, t._release
+        reply, release, release_async = t.reply, t._release, t._release_async
 
         def recording_reply(h: Any) -> Any:
             self.replied.append(h.shm.arena)
@@ -59,14 +59,30 @@ class Recorder:
             release(arena, slots)  # raises NotFound if the daemon did not hold it
             self.released.add(arena)
 
+        released = self.released
+
+        class Recorded:
+            def __init__(self, arena: str, answer: Any):
+                self.arena, self.answer = arena, answer
+
+            def done(self) -> bool:
+                return self.answer.done()
+
+            def result(self) -> Any:
+                out = self.answer.result()  # raises NotFound if the daemon did not hold it
+                released.add(self.arena)
+                return out
+
         t.reply = recording_reply
         t._release = recording_release
+        if release_async is not None:
+            t._release_async = lambda arena, slots: Recorded(arena, release_async(arena, slots))
         self.transport = t
 
     def settle(self) -> None:
         """Releases whatever was collected (what the client's next call would do)."""
         gc.collect()
-        self.transport.flush()
+        self.transport.flush(wait=True)
 
 
 @pytest.mark.parametrize("transport", ["shm", "inline"])

@@ -114,6 +114,24 @@ def _clips_item(item: Any, common: Dict[str, Any]) -> Tuple[str, Sequence[Any], 
     )
 
 
+class _Answer:
+    """A unary call's gRPC future whose ``result()`` raises VServeError instead of grpc.RpcError."""
+
+    __slots__ = ("_f",)
+
+    def __init__(self, f: Any):
+        self._f = f
+
+    def done(self) -> bool:
+        return bool(self._f.done())
+
+    def result(self) -> Any:
+        try:
+            return self._f.result()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+
 class ClipsFuture:
     """A GetClips call in flight (:meth:`Client.get_clips_async`). The request was sent when the future
     was made; :meth:`result` waits for the reply and returns its :class:`Batch` (the same object on every
@@ -244,7 +262,7 @@ class Client:
         timeout: Optional[float] = None,
     ):
         self.addr = addr
-        self._transport: Transport = select(transport, addr, self._release_slots)
+        self._transport: Transport = select(transport, addr, self._release_slots, self._release_slots_async)
         self._timeout = timeout
         target, secure = _target(addr)
         if token and not secure and not _is_loopback(target):
@@ -349,6 +367,10 @@ class Client:
 
     def _release_slots(self, arena: str, slots: List[int]) -> None:
         self._unary(self._stub.ReleaseSlots, pb.ReleaseSlotsRequest(arena=arena, slots=slots))
+
+    def _release_slots_async(self, arena: str, slots: List[int]) -> "_Answer":
+        req = pb.ReleaseSlotsRequest(arena=arena, slots=slots)
+        return _Answer(self._stub.ReleaseSlots.future(req, metadata=self._metadata, timeout=self._timeout))
 
     def stats(self) -> Dict[str, Any]:
         """The daemon's counters since start-up (frames_decoded, cache_hits, requests, ...)."""

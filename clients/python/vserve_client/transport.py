@@ -257,8 +257,17 @@ class ShmTransport(Transport):
 
     name = "shm"
 
-    def __init__(self, release: Callable[[str, List[int]], None]):
+    def __init__(
+        self,
+        release: Callable[[str, List[int]], None],
+        release_async: Optional[Callable[[str, List[int]], Any]] = None,
+    ):
         self._release = release
+        # GetClips releases go out without waiting for their answers (a gRPC future each), so a
+        # request never waits on the round trip of the previous reply's release; their outcomes are
+        # checked at the next flush (errors other than NotFound are raised there).
+        self._release_async = release_async
+        self._in_flight: List[Any] = []
         # GetClips slots whose arrays were garbage-collected, to release on the next call (a
         # finalizer may run on any thread at any moment, so it only records them).
         self._collected: List[Tuple[str, int]] = []
@@ -270,12 +279,28 @@ class ShmTransport(Transport):
         with self._lock:
             self._collected.append((arena, slot))
 
-    def flush(self) -> None:
-        """Releases the GetClips slots nothing views any more."""
+    def flush(self, wait: bool = False) -> None:
+        """Releases the GetClips slots nothing views any more (``wait``: and waits for every release
+        sent so far to be answered)."""
         with self._lock:
             todo, self._collected = self._collected, []
-        for arena, slot in todo:
-            self._releaser(arena, slot)()
+        if self._release_async is None:
+            for arena, slot in todo:
+                self._releaser(arena, slot)()
+            return
+        sent = [self._release_async(arena, [slot]) for arena, slot in todo]
+        with self._lock:
+            answered = [f for f in self._in_flight if wait or f.done()]
+            self._in_flight = [f for f in self._in_flight if f not in answered] + sent
+        if wait:
+            answered += sent
+            with self._lock:
+                self._in_flight = [f for f in self._in_flight if f not in sent]
+        for f in answered:
+            try:
+                f.result()
+            except NotFound:
+                pass  # expired already
 
     def _releaser(self, arena: str, slot: int) -> Callable[[], None]:
         def release() -> None:
@@ -288,7 +313,7 @@ class ShmTransport(Transport):
 
     def close(self) -> None:
         try:
-            self.flush()
+            self.flush(wait=True)
         except Exception:
             pass  # the daemon expires unreleased replies on its own
         with self._lock:
@@ -391,10 +416,16 @@ def is_local(addr: str) -> bool:
     return host in ("localhost", "127.0.0.1", "::1")
 
 
-def select(kind: str, addr: str, release: Callable[[str, List[int]], None]) -> Transport:
-    """The transport for ``Client(addr, transport=kind)``; ``release`` calls the daemon's ReleaseSlots."""
+def select(
+    kind: str,
+    addr: str,
+    release: Callable[[str, List[int]], None],
+    release_async: Optional[Callable[[str, List[int]], Any]] = None,
+) -> Transport:
+    """The transport for ``Client(addr, transport=kind)``; ``release`` calls the daemon's ReleaseSlots
+    (``release_async`` sends it and returns a future whose ``result()`` raises its VServeError)."""
     if kind not in TRANSPORTS:
         raise InvalidArgument(f"transport={kind!r}: expected one of {', '.join(map(repr, TRANSPORTS))}")
     if kind == "shm" or (kind == "auto" and addr.startswith("unix:")):
-        return ShmTransport(release)
+        return ShmTransport(release, release_async)
     return InlineTransport()
