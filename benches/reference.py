@@ -5,9 +5,10 @@ Run it through ``benches/reference.sh``, which makes the virtualenv (target/benc
 daemon and the floor bench, then calls this script::
 
     benches/reference.sh run [--variants gop250,gop1s] [--workloads train,warm,shared,uniform,full]
-                             [--systems vserve,pyav,decord,torchcodec] [--clips 400] [--ranks 2]
+                             [--systems vserve,pyav,pyav-auto,decord,decord-torch,torchcodec,spdl] [--clips 400] [--ranks 2]
                              [--cores N] [--full-videos 40] [--out target/bench-results/reference]
-    benches/reference.sh open-loop [--rates 20,40,...] [--duration 10] [--queue 32]
+    benches/reference.sh open-loop [--variants gop250,gop1s] [--rates 20,40,...] [--duration 10] [--queue 32]
+                                   [--open-loop-ranks 4] [--cold]
 
 Everything runs on the same cores (``--cores``, default all of this machine's; the daemon gets that many
 decode threads, each peer rank that many workers divided by the ranks). Per (variant, workload, system)
@@ -22,14 +23,22 @@ decodes exactly the same frames; the report compares their first batches pixel b
 - **vserve**: the release daemon on a private Unix socket, ``--ranks`` client processes with the Python
   client over shared memory; ``train`` is a ``StreamBatches`` stream per rank, ``uniform`` and ``full``
   are ``GetClips`` requests (32 clips, or one whole video) with 2 in flight per rank.
-- **pyav**, **decord**, **torchcodec** (only when importable): per rank a pool shaped like a PyTorch
-  ``DataLoader(num_workers=W, prefetch_factor=2)``: forked workers take whole batches round-robin, decode
-  each clip (the file opened per clip, as a Dataset's ``__getitem__`` does), resize, crop and flip it,
-  collate the batch into shared memory and pass its name back; the rank receives batches in order.
-  Decoders are single-threaded (W processes use the W cores). PyAV seeks frame-exactly (to the keyframe
-  before each GOP run by pts, then decodes forward, matching frames by pts, with the frame tables from
-  the daemon's Probe); decord's ``VideoReader(width, height, num_threads=1).get_batch``; TorchCodec's
-  ``VideoDecoder(seek_mode="exact", num_ffmpeg_threads=1).get_frames_at``.
+- **pyav**, **decord**, **torchcodec**, **spdl** (each only when importable): per rank a pool shaped like a
+  PyTorch ``DataLoader(num_workers=W, prefetch_factor=2)``: forked workers take whole batches round-robin,
+  decode each clip (the file opened per clip, as a Dataset's ``__getitem__`` does), resize, crop and flip
+  it, collate the batch into shared memory and pass its name back; the rank receives batches in order.
+  Decoders are single-threaded (W processes use the W cores). Each peer as it runs best:
+  PyAV seeks frame-exactly (to the keyframe before each GOP run by pts, then decodes forward, matching
+  frames by pts, with the frame tables from the daemon's Probe) and resizes in ``to_ndarray`` (swscale
+  bilinear); ``pyav-auto`` is the same with ``stream.thread_type = "AUTO"`` (FFmpeg's frame and slice
+  threads). decord: ``VideoReader(width, height, num_threads=1).get_batch`` (resize inside the decoder),
+  the native bridge (``asnumpy()``); ``decord-torch`` with ``decord.bridge.set_bridge("torch")``.
+  TorchCodec: ``torch.set_num_threads(1)`` in the rank and every worker, ``VideoDecoder(seek_mode="exact",
+  num_ffmpeg_threads=1, transforms=[torchcodec.transforms.Resize((h, w))]).get_frames_at`` (the resize in
+  the decoder where this TorchCodec has ``transforms``, else torch's ``interpolate``);
+  ``torchcodec-approx`` with ``seek_mode="approximate"`` (no scan at open; exact on constant-rate MP4s).
+  SPDL 0.8: ``spdl.io.demux_video`` + ``sample_decode_video(indices)`` with FFmpeg's filter graph resizing
+  (``scale`` bilinear) to RGB24, decoder threads 1.
 - **floor**: ``cargo bench --bench floor`` (FFmpeg through ffmpeg-next, the same cores as threads) on
   exactly the GOP runs the workload's clips need, converting each wanted frame to RGB at the output size;
   "floor (ffmpeg)" reopens per run and decodes every frame, "floor, skip nonref" opens once per video and
@@ -390,7 +399,7 @@ def _runs(frames: List[int], keyframes: List[int]) -> List[Tuple[int, List[int]]
     return sorted(runs.items())
 
 
-def decode_pyav(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
+def decode_pyav(clip: Dict[str, Any], stats: Dict[str, int], thread_type: Optional[str] = None) -> np.ndarray:
     import av
 
     size = clip.get("size")
@@ -398,6 +407,8 @@ def decode_pyav(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
     pts_of = clip["pts"]
     with av.open(clip["path"]) as container:
         stream = container.streams.video[0]
+        if thread_type is not None:
+            stream.thread_type = thread_type  # "AUTO": frame and slice threads, FFmpeg's choice of count
         if clip.get("all"):
             # Every frame: decode straight through, no seeking.
             frames = []
@@ -427,6 +438,10 @@ def decode_pyav(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
     return np.stack([got[f] for f in clip["frames"]])
 
 
+def decode_pyav_auto(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
+    return decode_pyav(clip, stats, thread_type="AUTO")
+
+
 def decode_decord(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
     import decord
 
@@ -436,24 +451,105 @@ def decode_decord(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
     else:
         vr = decord.VideoReader(clip["path"], num_threads=1)
     frames = list(range(len(vr))) if clip.get("all") else clip["frames"]
-    return vr.get_batch(frames).asnumpy()
+    out = vr.get_batch(frames)
+    # 'native' bridge: a decord NDArray, copied out by asnumpy(); 'torch' bridge (decord-torch): a torch
+    # tensor on decord's memory (DLPack, no copy), viewed as NumPy.
+    return out.numpy() if hasattr(out, "numpy") else out.asnumpy()
 
 
-def decode_torchcodec(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
+def _torchcodec_transforms(size: Optional[List[int]], shape: Tuple[int, int]) -> Optional[List[Any]]:
+    """TorchCodec's decoder-side resize (FFmpeg's swscale inside the decoder, before the RGB tensor is made),
+    where this TorchCodec has it (``VideoDecoder(transforms=...)``, 0.17); None: resize afterwards."""
+    if not size or (shape[1], shape[0]) == tuple(size):
+        return None
+    try:
+        from torchcodec.transforms import Resize
+    except ImportError:
+        return None
+    return [Resize(size=(size[1], size[0]))]
+
+
+def decode_torchcodec(clip: Dict[str, Any], stats: Dict[str, int], seek_mode: str = "exact") -> np.ndarray:
     import torch
     from torchcodec.decoders import VideoDecoder
 
-    dec = VideoDecoder(clip["path"], seek_mode="exact", num_ffmpeg_threads=1)
+    size = clip.get("size")
+    kw: Dict[str, Any] = dict(seek_mode=seek_mode, num_ffmpeg_threads=1)
+    transforms = _torchcodec_transforms(size, (clip.get("height", 0), clip.get("width", 0))) if size else None
+    if transforms:
+        kw["transforms"] = transforms
+    dec = VideoDecoder(clip["path"], **kw)
     frames = list(range(len(dec))) if clip.get("all") else clip["frames"]
     x = dec.get_frames_at(frames).data  # [T, C, H, W] uint8
-    size = clip.get("size")
     if size and (x.shape[3], x.shape[2]) != tuple(size):
         x = torch.nn.functional.interpolate(x.float(), size=(size[1], size[0]), mode="bilinear")
         x = x.round().clamp(0, 255).to(torch.uint8)
     return x.permute(0, 2, 3, 1).contiguous().numpy()
 
 
-DECODERS = {"pyav": decode_pyav, "decord": decode_decord, "torchcodec": decode_torchcodec}
+def decode_torchcodec_approx(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
+    return decode_torchcodec(clip, stats, seek_mode="approximate")
+
+
+def decode_spdl(clip: Dict[str, Any], stats: Dict[str, int]) -> np.ndarray:
+    """SPDL (spdl.io): demux the file, then ``sample_decode_video`` decodes the GOP runs the indices need
+    (frame index = the index of the frame in presentation order), FFmpeg's filter graph resizing
+    (bilinear) and converting to RGB24 inside the decode; one decoder thread."""
+    import spdl.io
+
+    size = clip.get("size")
+    filter_desc = spdl.io.get_video_filter_desc(
+        scale_width=size[0] if size else None,
+        scale_height=size[1] if size else None,
+        scale_algo="bilinear",
+        scale_mode=None,
+        pix_fmt="rgb24",
+    )
+    cfg = spdl.io.decode_config(decoder_options={"threads": "1"})
+    packets = spdl.io.demux_video(clip["path"])
+    if clip.get("all"):
+        frames = spdl.io.decode_packets(packets, filter_desc=filter_desc, decode_config=cfg)
+        return spdl.io.to_numpy(spdl.io.convert_frames(frames))
+    wanted = sorted(set(clip["frames"]))
+    got = spdl.io.sample_decode_video(packets, wanted, filter_desc=filter_desc, decode_config=cfg)
+    arr = spdl.io.to_numpy(spdl.io.convert_frames(got))
+    pos = {f: i for i, f in enumerate(wanted)}
+    return arr[[pos[f] for f in clip["frames"]]]
+
+
+DECODERS = {
+    "pyav": decode_pyav,
+    "pyav-auto": decode_pyav_auto,
+    "decord": decode_decord,
+    "decord-torch": decode_decord,
+    "torchcodec": decode_torchcodec,
+    "torchcodec-approx": decode_torchcodec_approx,
+    "spdl": decode_spdl,
+}
+#: What each peer imports (the rank imports it before forking its workers, as a training script would).
+PEER_MODULES = {
+    "pyav": "av",
+    "pyav-auto": "av",
+    "decord": "decord",
+    "decord-torch": "decord",
+    "torchcodec": "torchcodec.decoders",
+    "torchcodec-approx": "torchcodec.decoders",
+    "spdl": "spdl.io",
+}
+
+
+def peer_setup(system: str) -> None:
+    """Per-process settings each peer runs best with (in the rank and again in each worker)."""
+    if system.startswith("torchcodec"):
+        import torch
+
+        # One intra-op thread per process: the pool's W processes already use the W cores; torch's default
+        # (a thread per core in every worker) only adds contention (the resize fallback, tensor copies).
+        torch.set_num_threads(1)
+    elif system == "decord-torch":
+        import decord
+
+        decord.bridge.set_bridge("torch")
 
 
 def finish_clip(arr: np.ndarray, clip: Dict[str, Any]) -> np.ndarray:
@@ -471,6 +567,7 @@ def peer_worker(system: str, tasks: Any, results: Any) -> None:
     from multiprocessing import resource_tracker, shared_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    peer_setup(system)
     decode = DECODERS[system]
     c0 = None
     while True:
@@ -505,9 +602,8 @@ def peer_rank(spec: Dict[str, Any]) -> None:
     ctx = mp.get_context("fork")
     system, workers, prefetch = spec["system"], spec["workers"], spec.get("prefetch", 2)
     # Import the decoder library before forking, as a training script would have.
-    {"pyav": lambda: __import__("av"), "decord": lambda: __import__("decord")}.get(
-        system, lambda: __import__("torchcodec.decoders")
-    )()
+    __import__(PEER_MODULES[system])
+    peer_setup(system)
     batches = spec["batches"]
     task_qs = [ctx.Queue() for _ in range(workers)]
     results = ctx.Queue()
@@ -569,7 +665,7 @@ def peer_rank(spec: Dict[str, Any]) -> None:
                 "clips": consumer.clips,
                 "frames": consumer.frames,
                 "bytes": consumer.nbytes,
-                "decoded": decoded if system == "pyav" else None,
+                "decoded": decoded if system.startswith("pyav") else None,
             }
         )
     )
@@ -681,6 +777,8 @@ def clip_spec(root: Path, video: str, info: Dict[str, Any], frames: List[int], s
         "pts": info["pts"],
         "keyframes": info["keyframes"],
         "size": list(size) if size else None,
+        "width": info["width"],
+        "height": info["height"],
         "crop": crop,
         "flip": flip,
         "all": all_frames,
@@ -742,7 +840,7 @@ def available_peers(wanted: List[str]) -> List[str]:
     for s in wanted:
         if s == "vserve":
             continue
-        mod = {"pyav": "av", "decord": "decord", "torchcodec": "torchcodec.decoders"}[s]
+        mod = PEER_MODULES[s]
         try:
             __import__(mod)
             out.append(s)
@@ -787,7 +885,7 @@ def write_manifest(work: Path, videos: List[str]) -> Path:
 
 
 def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
-    videos = sorted(p.name for p in root.glob("*.mp4"))[: args.clips]
+    videos = sorted(p.name for p in root.glob("*.mp4") if not p.name.startswith("."))[: args.clips]
     work = outdir / "work" / variant
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -1029,7 +1127,7 @@ def machine() -> Dict[str, Any]:
     except OSError:
         pass
     vers = {}
-    for mod in ("av", "decord", "torchcodec", "numpy", "grpc"):
+    for mod in ("av", "decord", "torchcodec", "torch", "spdl", "numpy", "grpc"):
         try:
             vers[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
@@ -1050,115 +1148,227 @@ def machine() -> Dict[str, Any]:
 # Open loop: Poisson arrivals, bounded queue
 
 
-def cmd_open_loop(args) -> None:
+def evict_page_cache(root: Path) -> int:
+    """Drops every corpus file's pages from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``: clean
+    pages nobody maps go), so the next reads come from the disk. Returns the files evicted."""
+    n = 0
+    for p in sorted(root.glob("*.mp4")):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += 1
+        finally:
+            os.close(fd)
+    return n
+
+
+def cached_fraction(root: Path) -> float:
+    """The fraction of the corpus's pages in the page cache now (mincore through a read-only mapping)."""
+    import ctypes
+    import mmap as _mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    total = resident = 0
+    page = _mmap.PAGESIZE
+    for p in sorted(root.glob("*.mp4")):
+        size = p.stat().st_size
+        if size == 0:
+            continue
+        with open(p, "rb") as f:
+            m = _mmap.mmap(f.fileno(), size, access=_mmap.ACCESS_READ)
+        try:
+            pages = (size + page - 1) // page
+            vec = (ctypes.c_ubyte * pages)()
+            arr = np.frombuffer(m, dtype=np.uint8)
+            if libc.mincore(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(size), vec) == 0:
+                resident += sum(v & 1 for v in vec)
+                total += pages
+            del arr
+        finally:
+            m.close()
+    return resident / total if total else 0.0
+
+
+def open_loop_rank(spec: Dict[str, Any]) -> None:
+    """One rank of the open loop: Poisson arrivals at ``rate`` for ``duration`` s, at most ``queue``
+    outstanding (an arrival finding ``queue`` outstanding is an overflow, dropped), one GetClips each."""
     from concurrent.futures import ThreadPoolExecutor
 
     from vserve_client import Client
 
+    frames_of: Dict[str, int] = spec["frames"]
+    videos = sorted(frames_of)
+    rng = random.Random(spec["seed"])
+    local = threading.local()
+
+    def client() -> Any:
+        if not hasattr(local, "c"):
+            local.c = Client(spec["addr"])
+        return local.c
+
+    def one(req, t_arrival):
+        b = client().get_clips(DATASET, [req], short_side=256, crop=(224, 224))
+        b.release()
+        return time.perf_counter() - t_arrival
+
+    queue = spec["queue"]
+    pool = ThreadPoolExecutor(queue)
+    for f in [pool.submit(lambda: client().list_datasets()) for _ in range(queue)]:
+        f.result()  # connect every thread before timing
+    lock = threading.Lock()
+    outstanding = [0]
+    lat: List[float] = []
+    failed = [0]
+    overflow = 0
+
+    def finished(fut):
+        with lock:
+            outstanding[0] -= 1
+            try:
+                lat.append(fut.result())
+            except Exception as e:  # noqa: BLE001
+                failed[0] += 1
+                log(f"open loop: request failed: {e}")
+
+    _wait_go()
+    start = time.perf_counter()
+    t = start
+    arrivals = 0
+    rate = spec["rate"]
+    while True:
+        t += rng.expovariate(rate)
+        if t - start > spec["duration"]:
+            break
+        delay = t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        v = rng.choice(videos)
+        n = frames_of[v]
+        s0 = rng.randrange(0, max(1, n - 28))
+        req = (v, [min(n - 1, s0 + 4 * i) for i in range(8)])
+        arrivals += 1
+        with lock:
+            if outstanding[0] >= queue:
+                overflow += 1
+                continue
+            outstanding[0] += 1
+        pool.submit(one, req, t).add_done_callback(finished)
+    while True:
+        with lock:
+            if outstanding[0] == 0:
+                break
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - start
+    pool.shutdown()
+    Path(spec["out"]).write_text(
+        json.dumps({"arrivals": arrivals, "overflow": overflow, "latencies": lat, "failed": failed[0], "elapsed": elapsed})
+    )
+
+
+def cmd_open_loop(args) -> None:
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     dirs = refcorpus.build(
-        REPO.parent / "shared" / "media", REPO / "target" / "bench-corpus", args.clips, variants=args.variants[:1]
+        REPO.parent / "shared" / "media", REPO / "target" / "bench-corpus", args.clips, variants=args.variants
     )
-    root = dirs[args.variants[0]]
-    videos = sorted(p.name for p in root.glob("*.mp4"))[: args.clips]
-    daemon = Daemon(args.vserve_bin, root, args.cores, args.cache, outdir / "daemon-open-loop.log",
-                    write_manifest(outdir, videos))
-    rows = []
-    try:
-        infos = probe_all(daemon, videos)
-        rng = random.Random(args.seed)
-        local = threading.local()
-
-        def client() -> Any:
-            if not hasattr(local, "c"):
-                local.c = Client(daemon.addr)
-            return local.c
-
-        def one(req, t_arrival):
-            b = client().get_clips(DATASET, [req], short_side=256, crop=(224, 224))
-            b.release()
-            return time.perf_counter() - t_arrival
-
-        pool = ThreadPoolExecutor(args.queue)
-        for _ in range(args.queue):  # connect every thread before timing
-            pool.submit(client).result()
-        for rate in args.rates:
-            lock = threading.Lock()
-            outstanding = [0]
-            lat: List[float] = []
-            overflow = 0
-            done_count = [0]
-
-            def finished(fut):
-                with lock:
-                    outstanding[0] -= 1
-                    try:
-                        lat.append(fut.result())
-                        done_count[0] += 1
-                    except Exception as e:  # noqa: BLE001
-                        log(f"open loop: request failed: {e}")
-
-            m0, s0 = daemon.metrics(), daemon.stats()
-            start = time.perf_counter()
-            t = start
-            arrivals = 0
-            while True:
-                t += rng.expovariate(rate)
-                if t - start > args.duration:
-                    break
-                delay = t - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                v = rng.choice(videos)
-                n = infos[v]["frames"]
-                s = rng.randrange(0, max(1, n - 28))
-                req = (v, [min(n - 1, s + 4 * i) for i in range(8)])
-                arrivals += 1
-                with lock:
-                    if outstanding[0] >= args.queue:
-                        overflow += 1
-                        continue
-                    outstanding[0] += 1
-                pool.submit(one, req, t).add_done_callback(finished)
-            while True:
-                with lock:
-                    if outstanding[0] == 0:
-                        break
-                time.sleep(0.01)
-            elapsed = time.perf_counter() - start
-            m1, s1 = daemon.metrics(), daemon.stats()
-            stages = stage_means(m0, m1)
-            row = {
-                "rate": rate,
-                "arrivals": arrivals,
-                "completed": done_count[0],
-                "overflow": overflow,
-                "throughput": done_count[0] / elapsed,
-                "p50_ms": (percentile(lat, 0.5) or 0) * 1e3,
-                "p99_ms": (percentile(lat, 0.99) or 0) * 1e3,
-                "latencies": lat,
-                "stages_ms": stages,
-                "cache_hit_rate": (s1["cache_hits"] - s0["cache_hits"])
-                / max(1, (s1["cache_hits"] - s0["cache_hits"]) + (s1["cache_misses"] - s0["cache_misses"])),
-            }
-            rows.append(row)
-            log(
-                f"open loop {rate:.0f}/s: {row['throughput']:.1f}/s done, overflow {overflow}, "
-                f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms"
-            )
-        pool.shutdown()
-    finally:
-        daemon.stop()
-    sustained = [r["rate"] for r in rows if r["overflow"] == 0]
+    reports = {}
+    for variant in args.variants:
+        reports[variant] = open_loop_variant(args, variant, dirs[variant], outdir)
     report = {
         "machine": machine(),
         "args": {k: str(v) for k, v in vars(args).items()},
-        "rows": rows,
-        "highest_rate_without_overflow": max(sustained) if sustained else None,
+        "variants": reports,
     }
     (outdir / "open-loop.json").write_text(json.dumps(report, indent=1))
     write_open_loop_report(report, outdir)
+
+
+def open_loop_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
+    """The open loop on one corpus variant: ``--ranks`` client processes share the offered rate and the
+    queue bound (each rank offers rate / ranks with at most queue / ranks outstanding), against one daemon;
+    ``--cold``: every corpus file evicted from the page cache before each rate."""
+    videos = sorted(p.name for p in root.glob("*.mp4") if not p.name.startswith("."))[: args.clips]
+    work = outdir / f"open-loop-{variant}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    daemon = Daemon(args.vserve_bin, root, args.cores, args.cache, outdir / f"daemon-open-loop-{variant}.log",
+                    write_manifest(work, videos))  # fmt: skip
+    rows = []
+    ranks = max(1, args.open_loop_ranks)
+    try:
+        infos = probe_all(daemon, videos)
+        frames = {v: infos[v]["frames"] for v in videos}
+        for i, rate in enumerate(args.rates):
+            cached = None
+            if args.cold:
+                evict_page_cache(root)
+                cached = cached_fraction(root)
+            procs = []
+            for r in range(ranks):
+                spec = {
+                    "addr": daemon.addr,
+                    "frames": frames,
+                    "rate": rate / ranks,
+                    "duration": args.duration,
+                    "queue": max(1, args.queue // ranks),
+                    "seed": args.seed * 1000 + i * 10 + r,
+                    "out": str(work / f"rate{i}-rank{r}.json"),
+                }
+                path = work / f"rate{i}-rank{r}.spec.json"
+                path.write_text(json.dumps(spec))
+                procs.append(
+                    subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_open-loop-rank", str(path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+                )
+            for p in procs:
+                if p.stdout.readline().strip() != "ready":
+                    for q in procs:
+                        q.kill()
+                    raise RuntimeError("open loop: a rank did not start")
+            m0, s0 = daemon.metrics(), daemon.stats()
+            for p in procs:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            for p in procs:
+                p.wait()
+            if any(p.returncode != 0 for p in procs):
+                raise RuntimeError(f"open loop: a rank failed ({[p.returncode for p in procs]})")
+            m1, s1 = daemon.metrics(), daemon.stats()
+            parts = [json.loads((work / f"rate{i}-rank{r}.json").read_text()) for r in range(ranks)]
+            lat = [x for p in parts for x in p["latencies"]]
+            elapsed = max(p["elapsed"] for p in parts)
+            overflow = sum(p["overflow"] for p in parts)
+            hits = s1["cache_hits"] - s0["cache_hits"]
+            misses = s1["cache_misses"] - s0["cache_misses"]
+            row = {
+                "rate": rate,
+                "arrivals": sum(p["arrivals"] for p in parts),
+                "completed": len(lat),
+                "failed": sum(p["failed"] for p in parts),
+                "overflow": overflow,
+                "throughput": len(lat) / elapsed,
+                "p50_ms": (percentile(lat, 0.5) or 0) * 1e3,
+                "p99_ms": (percentile(lat, 0.99) or 0) * 1e3,
+                "latencies": lat,
+                "stages_ms": stage_means(m0, m1),
+                "cache_hit_rate": hits / max(1, hits + misses),
+                "page_cache_resident_at_start": cached,
+            }
+            rows.append(row)
+            log(
+                f"open loop {variant} {rate:.0f}/s ({ranks} ranks{', cold' if args.cold else ''}): "
+                f"{row['throughput']:.1f}/s done, overflow {overflow}, p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms"
+            )
+    finally:
+        daemon.stop()
+    sustained = [r["rate"] for r in rows if r["overflow"] == 0]
+    return {
+        "variant": variant,
+        "ranks": ranks,
+        "cold": bool(args.cold),
+        "rows": rows,
+        "highest_rate_without_overflow": max(sustained) if sustained else None,
+    }
 
 
 def stage_means(m0: Dict[str, float], m1: Dict[str, float]) -> Dict[str, float]:
@@ -1282,23 +1492,36 @@ def plot(report: Dict[str, Any], outdir: Path) -> None:
 
 
 def write_open_loop_report(report: Dict[str, Any], outdir: Path) -> None:
-    rows = report["rows"]
-    stages = sorted({k for r in rows for k in r["stages_ms"]})
     lines = [
         "# vserve open-loop benchmark (Poisson arrivals, bounded queue)",
         "",
-        f"{report['machine']['date']}; {report['machine']['cpu']}, {report['machine']['cores']} cores; "
-        f"queue bound {report['args']['queue']}, {report['args']['duration']} s per rate",
+        f"{report['machine']['date']}; {report['machine']['cpu']}, {report['machine']['cores']} cores, "
+        f"load {report['machine']['loadavg_at_start']:.2f} at start; queue bound {report['args']['queue']} (split over "
+        f"the ranks), {report['args']['duration']} s per rate",
         "",
-        "| offered req/s | done/s | overflow | p50 ms | p99 ms | cache hits | " + " | ".join(f"{s} ms" for s in stages) + " |",
-        "|---" * (6 + len(stages)) + "|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['rate']:.0f} | {r['throughput']:.1f} | {r['overflow']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-            f"{r['cache_hit_rate']:.2f} | " + " | ".join(fmt(r["stages_ms"].get(s), 2) for s in stages) + " |"
-        )
-    lines += ["", f"Highest offered rate with no overflow: **{report['highest_rate_without_overflow']}** req/s", ""]
+    for variant, vr in report["variants"].items():
+        rows = vr["rows"]
+        stages = sorted({k for r in rows for k in r["stages_ms"]})
+        cold = vr["cold"]
+        lines += [
+            f"## {variant}: {vr['ranks']} rank(s){', page cache evicted before each rate' if cold else ''}",
+            "",
+            "| offered req/s | done/s | overflow | p50 ms | p99 ms | cache hits | "
+            + ("corpus cached at start | " if cold else "")
+            + " | ".join(f"{s} ms" for s in stages)
+            + " |",
+            "|---" * (6 + (1 if cold else 0) + len(stages)) + "|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['rate']:.0f} | {r['throughput']:.1f} | {r['overflow']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                f"{r['cache_hit_rate']:.2f} | "
+                + (f"{r['page_cache_resident_at_start']:.2f} | " if cold else "")
+                + " | ".join(fmt(r["stages_ms"].get(s), 2) for s in stages)
+                + " |"
+            )
+        lines += ["", f"Highest offered rate with no overflow: **{vr['highest_rate_without_overflow']}** req/s", ""]
     (outdir / "open-loop.md").write_text("\n".join(lines))
     print("\n".join(lines))
     try:
@@ -1308,8 +1531,10 @@ def write_open_loop_report(report: Dict[str, Any], outdir: Path) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([r["rate"] for r in rows], [r["p50_ms"] for r in rows], "o-", label="p50")
-        ax.plot([r["rate"] for r in rows], [r["p99_ms"] for r in rows], "o-", label="p99")
+        for variant, vr in report["variants"].items():
+            rows = vr["rows"]
+            ax.plot([r["rate"] for r in rows], [r["p50_ms"] for r in rows], "o-", label=f"{variant} p50")
+            ax.plot([r["rate"] for r in rows], [r["p99_ms"] for r in rows], "o--", label=f"{variant} p99")
         ax.set_yscale("log")
         ax.set_xlabel("offered requests/s (Poisson)")
         ax.set_ylabel("latency (ms)")
@@ -1325,15 +1550,15 @@ def write_open_loop_report(report: Dict[str, Any], outdir: Path) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] in ("_vserve-rank", "_peer-rank"):
+    if len(sys.argv) == 3 and sys.argv[1] in ("_vserve-rank", "_peer-rank", "_open-loop-rank"):
         spec = json.loads(Path(sys.argv[2]).read_text())
-        (vserve_rank if sys.argv[1] == "_vserve-rank" else peer_rank)(spec)
+        {"_vserve-rank": vserve_rank, "_peer-rank": peer_rank, "_open-loop-rank": open_loop_rank}[sys.argv[1]](spec)
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["run", "open-loop"])
     ap.add_argument("--variants", default="gop250,gop1s")
     ap.add_argument("--workloads", default="train,warm,shared,uniform,full")
-    ap.add_argument("--systems", default="vserve,pyav,decord,torchcodec")
+    ap.add_argument("--systems", default="vserve,pyav,decord,torchcodec,spdl")
     ap.add_argument("--clips", type=int, default=400, help="videos per corpus variant")
     ap.add_argument("--full-videos", type=int, default=40, help="videos the full workload decodes")
     ap.add_argument("--ranks", type=int, default=2)
@@ -1345,7 +1570,9 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=2, help="GetClips requests in flight per vserve rank")
     ap.add_argument("--rates", default="20,40,60,80,100,120,140", help="open loop: offered requests/s")
     ap.add_argument("--duration", type=float, default=10.0, help="open loop: seconds per rate")
-    ap.add_argument("--queue", type=int, default=32, help="open loop: outstanding requests at most")
+    ap.add_argument("--queue", type=int, default=32, help="open loop: outstanding requests at most (all ranks together)")
+    ap.add_argument("--open-loop-ranks", type=int, default=1, help="open loop: client processes sharing the offered rate")
+    ap.add_argument("--cold", action="store_true", help="open loop: evict the corpus from the page cache before each rate")
     ap.add_argument("--out", default=str(REPO / "target" / "bench-results" / "reference"))
     ap.add_argument("--vserve-bin", default=str(REPO / "target" / "release" / "vserve"))
     ap.add_argument("--floor-bin", default=os.environ.get("FLOOR_BIN", ""))

