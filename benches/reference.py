@@ -905,7 +905,11 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
 
     def fresh_daemon() -> Tuple[Daemon, Dict[str, Dict[str, Any]]]:
         d = Daemon(args.vserve_bin, root, args.cores, args.cache, dlog, manifest)
-        infos = probe_all(d, videos)  # builds the index, untimed (the peers get the same tables)
+        try:
+            infos = probe_all(d, videos)  # builds the index, untimed (the peers get the same tables)
+        except BaseException:
+            d.stop()  # a failed probe must not leave the daemon running
+            raise
         return d, infos
 
     def peer_runs(workload: str, batches_per_rank: List[List[List[Dict[str, Any]]]], wl: Dict[str, Any], prefix: str):
