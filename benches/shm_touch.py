@@ -24,7 +24,9 @@ gRPC messages, for comparison).
     target/bench-venv/bin/python benches/shm_touch.py [--modes before,populate,after,hugepage,inline]
         [--reps 15] [--tcp] [--shm-dir DIR] [--vserve-bin target/release/vserve]
 
-``--tcp`` adds the same measurements over the loopback TCP listener with shm forced (and inline), where
+``--client-path DIR`` measures another checkout's client (mode ``before`` only makes sense there: a client
+without the mapping cache has no modes; its hand-off is not timed, so read its ``get_clips`` and ``first
+read`` columns). ``--tcp`` adds the same measurements over the loopback TCP listener with shm forced (and inline), where
 the daemon's replies wait on Nagle's algorithm (docs/BENCHMARKS.md, "Issue 16").
 """
 
@@ -46,7 +48,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "clients" / "python"))
+# ``--client-path DIR`` measures another copy of the client (e.g. main's, from `git worktree`), before
+# anything imports it.
+_client = REPO / "clients" / "python"
+if "--client-path" in sys.argv:
+    _client = Path(sys.argv[sys.argv.index("--client-path") + 1]).resolve()
+sys.path.insert(0, str(_client))
 sys.path.insert(0, str(HERE))
 
 from reference import DATASET, Daemon  # noqa: E402
@@ -89,7 +96,7 @@ def measure(addr: str, mode: str, reps: int, how: str = "copy") -> Dict[str, Any
     with vserve_client.Client(addr, transport=transport) as c:
         handoff: List[float] = []
         t = c._transport
-        if transport == "shm":
+        if transport == "shm" and hasattr(t, "reply"):
             reply = t.reply
 
             def timed(h: Any) -> Any:
@@ -148,6 +155,7 @@ def main() -> None:
     ap.add_argument("--tcp", action="store_true", help="also over loopback TCP (shm forced, and inline)")
     ap.add_argument("--shm-dir", default=None, help="the daemon's --shm-dir (default /dev/shm)")
     ap.add_argument("--vserve-bin", default=str(REPO / "target" / "release" / "vserve"))
+    ap.add_argument("--client-path", default=None, help="the clients/python directory to measure (default: this one)")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -440,8 +440,9 @@ class Client:
 
         Each call in flight is one of the daemon's streaming calls (``--client-streams`` per client
         process, 32 by default). A shared-memory reply holds its arena slot from the moment the daemon
-        sends it: collect every future (or ``cancel()`` it) rather than dropping it unread.
-        """
+        makes it: collect every future's ``result()`` and drop the batch when done. A future dropped
+        unread, or cancelled after the daemon made its reply, leaves that slot to the daemon's expiry
+        (60 s, counted against this client's shared-memory budget meanwhile)."""
         unknown = set(kwargs) - _GET_CLIPS_KEYWORDS
         if unknown:
             raise TypeError(f"get_clips_async() got unexpected keyword arguments {sorted(unknown)}")
