@@ -467,22 +467,8 @@ async fn streams_beyond_max_streams_are_refused_while_admitted_ones_complete() {
     // windows: HTTP/2 flow control keeps them open, so the daemon holds both slots until we read them.
     let mut held = Vec::new();
     for first in [0u64, 30] {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{tcp}"))
-            .unwrap()
-            .initial_stream_window_size(65_535)
-            .initial_connection_window_size(65_535)
-            .connect()
-            .await
-            .unwrap();
-        let mut raw =
-            proto::v_serve_client::VServeClient::new(channel).max_decoding_message_size(64 << 20);
         let frames: Vec<u64> = (first..first + 30).collect();
-        let stream = raw
-            .get_clips(bikes(&frames))
-            .await
-            .expect("admitted")
-            .into_inner();
-        held.push(stream);
+        held.push(held_get_clips(&tcp, &frames).await.expect("admitted"));
     }
     // A burst beyond the limit is refused at once, on either listener.
     let burst = (0..4).map(|i| {

@@ -21,7 +21,7 @@ use crate::request::{
     check_output_bytes, display_dims, frame_bytes, resolve_positions, ClipMeta, ClipsReply,
     ClipsRequest, RequestStats,
 };
-use crate::transport::{deliver, Delivered, Destination};
+use crate::transport::{deliver, Destination};
 
 /// Serves one GetClips request.
 pub async fn get_clips(
@@ -192,10 +192,8 @@ async fn get_clips_once(
                 buf,
             )?)
         })?;
-        Ok(match delivered {
-            Delivered::Inline(data) => (shape, data, None),
-            Delivered::Shm(r) => (shape, Vec::new(), Some(r)),
-        })
+        let (data, shm) = delivered.into_parts();
+        Ok((shape, data, shm))
     })
     .await?;
     assembly_timer.observe(&engine.metrics().batch_assembly);

@@ -44,6 +44,16 @@ pub enum Delivered {
     Shm(ShmRef),
 }
 
+impl Delivered {
+    /// As a reply holds it: the inline bytes (empty over shm) and the slot (none inline).
+    pub fn into_parts(self) -> (Vec<u8>, Option<ShmRef>) {
+        match self {
+            Delivered::Inline(data) => (data, None),
+            Delivered::Shm(r) => (Vec::new(), Some(r)),
+        }
+    }
+}
+
 /// Writes an array of `nbytes` with `write` straight into `to`, and counts shared-memory bytes in
 /// `metrics`. Nothing is kept (no arena, no slot) if `write` fails.
 pub fn deliver<T, E>(

@@ -15,7 +15,7 @@ use crate::batch;
 use crate::error::{blocking, Error};
 use crate::request::{check_output_bytes, display_dims, ClipMeta, Transform};
 use crate::sample::{self, ClipAug, CropBox, Purpose, Rng};
-use crate::transport::{deliver, Delivered, Destination, Transport};
+use crate::transport::{deliver, Destination, Transport};
 
 use super::slots::Filled;
 use super::{Context, Slots, StreamBatch, StreamClip};
@@ -120,10 +120,8 @@ pub(super) async fn assemble(
                 buf,
             )?)
         })?;
-        Ok(match delivered {
-            Delivered::Inline(data) => (shape, data, None),
-            Delivered::Shm(r) => (shape, Vec::new(), Some(r)),
-        })
+        let (data, shm) = delivered.into_parts();
+        Ok((shape, data, shm))
     })
     .await?;
     Ok(StreamBatch {
