@@ -31,13 +31,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 use vserve_client::{proto, Client};
 
-#[path = "common/daemon.rs"]
-mod daemon;
-use daemon::Daemon;
+use vserve_testkit::Daemon;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -84,8 +82,13 @@ async fn start_daemon(bin: &Path, root: &Path, args: &Args) -> Result<Daemon> {
     if let Some(n) = args.nvdec_sessions {
         extra.extend(["--nvdec-sessions".to_owned(), n.to_string()]);
     }
-    let mut d = Daemon::spawn(bin, &[("bench", root)], &extra, None)?;
-    d.connect(Duration::from_secs(30)).await?;
+    // No admin listener: benches may run beside other daemons on the default admin port.
+    let mut d = Daemon::builder(bin, "vserve-bench")?
+        .dataset("bench", root)
+        .args(&extra)
+        .admin(None)
+        .spawn()?;
+    d.ready(Duration::from_secs(30)).await?;
     Ok(d)
 }
 
@@ -197,13 +200,13 @@ async fn phase(
     reqs: Vec<proto::StreamBatchesRequest>,
 ) -> Result<(Vec<Reader>, proto::GetStatsResponse, f64, f64)> {
     let d = start_daemon(bin, root, args).await?;
-    let pid = d.pid().context("daemon pid")?;
+    let pid = d.pid();
     let cpu_before = cpu_seconds(pid);
     let step = Duration::from_millis(args.step_ms);
     let started = Instant::now();
     let tasks: Vec<_> = reqs
         .into_iter()
-        .map(|r| tokio::spawn(read(d.addr(), r, step, started)))
+        .map(|r| tokio::spawn(read(d.addr().to_owned(), r, step, started)))
         .collect();
     let mut readers = Vec::new();
     for t in tasks {
@@ -211,7 +214,7 @@ async fn phase(
     }
     let wall = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds(pid) - cpu_before;
-    let stats = Client::connect(&d.addr()).await?.stats().await?;
+    let stats = Client::connect(d.addr()).await?.stats().await?;
     Ok((readers, stats, wall, cpu))
 }
 

@@ -65,9 +65,7 @@ use ffmpeg_next as ffmpeg;
 use vserve_client::proto::{self, transform};
 use vserve_client::Client;
 
-#[path = "common/daemon.rs"]
-mod daemon;
-use daemon::Daemon;
+use vserve_testkit::Daemon;
 #[path = "common/floor.rs"]
 mod floor;
 use floor::{floor_pass, hash_rows, FloorMode, FloorPass, FloorVideo, Run};
@@ -275,12 +273,18 @@ fn run_trial(setup: &Setup, workload: &mut Option<Workload>) -> Result<Trial> {
         args.cache_bytes.to_string(),
     ];
     extra.extend(args.daemon_args.iter().cloned());
-    let mut daemon = Daemon::spawn(
-        setup.daemon_bin,
-        &[(DATASET, setup.corpus.root.as_path())],
-        &extra,
-        Some(log),
-    )?;
+    // No admin listener: benches may run beside other daemons on the default admin port.
+    let mut daemon = Daemon::builder(setup.daemon_bin, "vserve-bench")?
+        .dataset(DATASET, &setup.corpus.root)
+        .args(&extra)
+        .admin(None)
+        .log_file(log)
+        .spawn()?;
+    eprintln!(
+        "bench: started {} (log {})",
+        setup.daemon_bin.display(),
+        daemon.log_path().display()
+    );
     let rt = match args.client_threads {
         0 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -292,10 +296,10 @@ fn run_trial(setup: &Setup, workload: &mut Option<Workload>) -> Result<Trial> {
     .enable_all()
     .build()
     .context("building the client runtime")?;
-    let client = rt.block_on(daemon.connect(Duration::from_secs(60)))?;
+    let client = rt.block_on(daemon.ready(Duration::from_secs(60)))?;
     let mut clients = vec![client.clone()];
     for _ in 1..args.connections {
-        clients.push(rt.block_on(Client::connect(&daemon.addr()))?);
+        clients.push(rt.block_on(Client::connect(daemon.addr()))?);
     }
 
     // Every trial probes first, so the daemon's index is built before the cold pass is timed.
@@ -377,7 +381,7 @@ fn run_trial(setup: &Setup, workload: &mut Option<Workload>) -> Result<Trial> {
     drop(client);
     drop(clients);
     drop(rt);
-    let stop_seconds = daemon.stop();
+    let stop_seconds = daemon.stop(Duration::from_secs(10));
 
     let w = workload
         .as_mut()

@@ -20,26 +20,30 @@ use crate::state::StateDir;
 use crate::store::Store;
 use crate::transport::shm::{ShmBudget, ShmRegistry};
 
-/// Counters since start-up.
-#[derive(Debug, Default, Clone)]
-pub struct Stats {
-    pub frames_decoded: u64,
-    pub gop_runs: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    pub cache_bytes: u64,
-    pub cache_entries: u64,
-    pub index_builds: u64,
-    pub requests: u64,
-    pub decode_queue_depth: u64,
-    pub shared_frames: u64,
-    pub frames_skipped: u64,
-    pub active_streams: u64,
-    pub inflight_requests: u64,
-    pub samples_skipped: u64,
-    pub batches_sent: u64,
-    pub shm_arenas: u64,
+/// Calls `$then!` with the names of the daemon's counters, the one list of them: [`Stats`]'s fields, the
+/// GetStats reply built from it (`api`; the proto's `GetStatsResponse` has the same names, so a field
+/// missing here fails that build) and `vserve stats`'s JSON keys (`commands`) are all written from it.
+macro_rules! for_each_stat {
+    ($then:ident) => {
+        $then! {
+            frames_decoded gop_runs cache_hits cache_misses cache_bytes cache_entries index_builds
+            requests decode_queue_depth shared_frames frames_skipped active_streams inflight_requests
+            samples_skipped batches_sent shm_arenas
+        }
+    };
 }
+pub(crate) use for_each_stat;
+
+macro_rules! stats_struct {
+    ($($field:ident)*) => {
+        /// Counters since start-up (each documented at `GetStatsResponse` in the proto).
+        #[derive(Debug, Default, Clone)]
+        pub struct Stats {
+            $(pub $field: u64,)*
+        }
+    };
+}
+for_each_stat!(stats_struct);
 
 /// Stream counters, kept by the stream handler.
 #[derive(Default)]

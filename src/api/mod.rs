@@ -9,7 +9,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::batch::{BatchSpec, DType, Layout};
-use crate::engine::Engine;
+use crate::engine::{for_each_stat, Engine};
 use crate::error::{Code, Error};
 use crate::handle;
 use crate::handle::stream::{OnError, StreamBatch, StreamRequest};
@@ -616,23 +616,11 @@ impl pb::v_serve_server::VServe for Api {
         _request: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
         let s = self.engine.stats();
-        Ok(Response::new(pb::GetStatsResponse {
-            frames_decoded: s.frames_decoded,
-            gop_runs: s.gop_runs,
-            cache_hits: s.cache_hits,
-            cache_misses: s.cache_misses,
-            cache_bytes: s.cache_bytes,
-            cache_entries: s.cache_entries,
-            index_builds: s.index_builds,
-            requests: s.requests,
-            decode_queue_depth: s.decode_queue_depth,
-            shared_frames: s.shared_frames,
-            frames_skipped: s.frames_skipped,
-            active_streams: s.active_streams,
-            inflight_requests: s.inflight_requests,
-            samples_skipped: s.samples_skipped,
-            batches_sent: s.batches_sent,
-            shm_arenas: s.shm_arenas,
-        }))
+        macro_rules! reply {
+            ($($field:ident)*) => {
+                pb::GetStatsResponse { $($field: s.$field,)* }
+            };
+        }
+        Ok(Response::new(for_each_stat!(reply)))
     }
 }

@@ -19,6 +19,7 @@ use crate::cli::{
     AddrArgs, DTypeArg, GetArgs, OnErrorArg, ProbeArgs, RemainderArg, SamplerArg, ShortVideoArg,
     StreamArgs,
 };
+use crate::engine::for_each_stat;
 
 /// Shared memory for a daemon on this host (a Unix socket), inline bytes otherwise.
 fn local_transport(addr: &str) -> i32 {
@@ -361,26 +362,14 @@ pub async fn datasets(args: &AddrArgs) -> Result<(), ClientError> {
 pub async fn stats(args: &AddrArgs) -> Result<(), ClientError> {
     let mut client = connect(args).await?;
     let s = client.stats().await?;
-    println!(
-        "{}",
-        json!({
-            "frames_decoded": s.frames_decoded,
-            "gop_runs": s.gop_runs,
-            "cache_hits": s.cache_hits,
-            "cache_misses": s.cache_misses,
-            "cache_bytes": s.cache_bytes,
-            "cache_entries": s.cache_entries,
-            "index_builds": s.index_builds,
-            "requests": s.requests,
-            "decode_queue_depth": s.decode_queue_depth,
-            "shared_frames": s.shared_frames,
-            "frames_skipped": s.frames_skipped,
-            "active_streams": s.active_streams,
-            "inflight_requests": s.inflight_requests,
-            "samples_skipped": s.samples_skipped,
-            "batches_sent": s.batches_sent,
-        })
-    );
+    let mut out = serde_json::Map::new();
+    macro_rules! fields {
+        ($($field:ident)*) => {
+            $(out.insert(stringify!($field).to_owned(), s.$field.into());)*
+        };
+    }
+    for_each_stat!(fields);
+    println!("{}", serde_json::Value::Object(out));
     Ok(())
 }
 

