@@ -216,8 +216,9 @@ async fn corrupt_or_foreign_records_are_ignored_with_a_warning_and_the_right_fra
     // would return frame k+1 for frame k.
     let mut shifted = record.clone();
     let mut table = (*shifted.table.clone().unwrap()).clone();
-    for k in 0..table.frames.len() - 1 {
-        table.frames[k].pts = table.frames[k + 1].pts;
+    let frames = table.frames.make_mut();
+    for k in 0..frames.len() - 1 {
+        frames[k].pts = frames[k + 1].pts;
     }
     shifted.table = Some(std::sync::Arc::new(table));
     let mut torn = format::encode(&shifted);

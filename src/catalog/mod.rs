@@ -471,7 +471,8 @@ impl Catalog {
                         "indexed"
                     );
                 }
-                let built = built.map(Arc::new);
+                // Held packed (the record's columns, read in place): a few hundred bytes a table.
+                let built = built.map(|ix| Arc::new(crate::store::format::pack(ix)));
                 self.remember(&id, &built);
                 built
             })
@@ -609,7 +610,7 @@ impl Catalog {
         }
         let mut view = (*index).clone();
         view.frames.truncate(usable);
-        view.keyframes.retain(|&k| k < usable);
+        view.keyframes.keep_below(usable);
         Ok((id, Arc::new(view), source))
     }
 
@@ -627,7 +628,10 @@ impl Catalog {
         });
         let index = self
             .indexes
-            .try_get_with(id.clone(), || g.index(video).map(Arc::new))
+            .try_get_with(id.clone(), || {
+                g.index(video)
+                    .map(|ix| Arc::new(crate::store::format::pack(ix)))
+            })
             .map_err(|e| Error::from((*e).clone()))?;
         let source = VideoSource {
             path: id.path.clone(),
