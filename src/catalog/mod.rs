@@ -293,6 +293,13 @@ impl Catalog {
         Ok(out)
     }
 
+    /// Resolves and indexes one video on the calling (blocking) thread, outside the index permits: the
+    /// builds a stream runs ahead of its fill, on its own low-priority threads.
+    pub fn index_ahead(&self, dataset: &str, video: &str) -> Result<(), Error> {
+        self.resolve_blocking(dataset, video, None, &BuildProbe::default())
+            .map(|_| ())
+    }
+
     /// Starts resolving one video on a blocking thread, holding `permit` until the build ends.
     fn spawn_build(
         self: &Arc<Self>,
