@@ -246,15 +246,13 @@ pub fn index_one(
     let report = |record: &Record, status: &str| {
         let table = record.table.as_deref();
         let frames = table.map_or(0, |t| t.frame_count() as u64);
-        let mut r = VideoReport::of(
-            video,
-            &record.health,
-            table.map_or(0.0, |t| t.duration_seconds()),
-        );
+        let seconds = table.map_or(0.0, |t| t.duration_seconds());
+        let mut r = VideoReport::of(video, &record.health, seconds);
         if record.health.refusal().is_none() {
             r.status = status.to_owned();
             r.frames = frames;
             r.decodable_frames = record.health.decodable_frames(frames);
+            r.seconds = seconds;
         }
         r
     };

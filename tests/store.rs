@@ -441,8 +441,10 @@ async fn vserve_index_shards_merge_by_copying_and_a_daemon_over_them_builds_no_t
         want,
         "the shards' union is the dataset"
     );
-    // The damaged file got its table, and where its damage starts.
+    // The damaged file got its table, and where its damage starts; seconds are the table's.
     assert!(union["decord/corrupted.mp4"]["first_bad_frame"].is_u64());
+    let secs = union[BIKES]["seconds"].as_f64().unwrap();
+    assert!((9.0..11.0).contains(&secs), "bikes is 10 s: {secs}");
 
     // Merged by copying the shards' store trees into one state directory.
     let merged = tempfile::tempdir().unwrap();
