@@ -198,16 +198,16 @@ impl VideoIndex {
         (k < self.frames.len() && self.frames.at(k).pts == pts).then_some(k)
     }
 
-    /// Rough bytes held, for weighting the index cache: heap bytes, and a page for a mapped record (the
-    /// kernel's cost of one mapping; this also bounds the mappings the cache holds well below
-    /// `vm.max_map_count`).
+    /// Rough bytes held, for weighting the index cache: heap bytes, and 8 KiB for a mapped record (the
+    /// kernel's cost of one mapping, rounded up so that the default 256 MiB cache holds at most 32,768
+    /// mappings, half of the usual `vm.max_map_count`).
     pub fn approx_bytes(&self) -> usize {
         let keyframes = if self.frames.is_packed() {
             0
         } else {
             self.keyframes.len() * 8
         };
-        let mapped = if self.frames.is_mapped() { 4096 } else { 0 };
+        let mapped = if self.frames.is_mapped() { 8192 } else { 0 };
         256 + self.codec.len()
             + self.pixel_format.len()
             + self.frames.heap_bytes()
