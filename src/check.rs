@@ -213,6 +213,95 @@ pub fn run(
     videos: &[String],
     jobs: usize,
     store: Option<&Store>,
+    report: impl FnMut(VideoReport, Option<Record>, usize, usize) -> bool,
+) {
+    run_each(ds, videos, jobs, store, check_one, report)
+}
+
+/// Status of a video `vserve index` built a table for now.
+pub const INDEXED: &str = "indexed";
+/// Status of a video whose record the store already held for this version of the file.
+pub const STORED: &str = "stored";
+
+/// Builds `video`'s frame table as the daemon's catalogue builds it (a packet scan, or a decode scan
+/// for irregular files; a table that meets decoder errors also gets the whole-video health) and records
+/// it, unless the store already holds a record of this version of the file with a table or a refusal
+/// (status [`STORED`], nothing opened). Blocking.
+pub fn index_one(
+    ds: &Dataset,
+    video: &str,
+    store: Option<&Store>,
+) -> (VideoReport, Option<Record>) {
+    let (path, meta) = match ds.resolve(video) {
+        Ok(x) => x,
+        Err(e) => {
+            let health = Health::Unreadable {
+                reason: e.to_string(),
+                corrupt: false,
+            };
+            return (VideoReport::of(video, &health, 0.0), None);
+        }
+    };
+    let key = Key::new(&path, &meta, None);
+    let report = |record: &Record, status: &str| {
+        let table = record.table.as_deref();
+        let frames = table.map_or(0, |t| t.frame_count() as u64);
+        let seconds = table.map_or(0.0, |t| t.duration_seconds());
+        let mut r = VideoReport::of(video, &record.health, seconds);
+        if record.health.refusal().is_none() {
+            r.status = status.to_owned();
+            r.frames = frames;
+            r.decodable_frames = record.health.decodable_frames(frames);
+            r.seconds = seconds;
+        }
+        r
+    };
+    if let Some(known) = store.and_then(|s| s.get(&key)) {
+        if known.table.is_some() || known.health.refusal().is_some() {
+            return (report(&known, STORED), Some(known));
+        }
+    }
+    let (health, table) = match build_index(&path, None, false) {
+        Ok(ix) if ix.damaged => (health_of(&path, None), Some(ix)),
+        Ok(ix) => (Health::Unchecked, Some(ix)),
+        Err(crate::index::IndexError::Corrupt { reason, .. }) => (
+            Health::Unreadable {
+                reason,
+                corrupt: true,
+            },
+            None,
+        ),
+        Err(e) => (
+            Health::Unreadable {
+                reason: e.to_string(),
+                corrupt: false,
+            },
+            None,
+        ),
+    };
+    let record = Record {
+        key,
+        health,
+        decode_table: false,
+        table: table.map(|t| Arc::new(crate::store::format::pack(t))),
+        written_ms: 0,
+    };
+    if let Some(store) = store {
+        if let Err(e) = store.put(&record) {
+            tracing::warn!(video, error = %e, "cannot record the table in the store");
+        }
+    }
+    (report(&record, INDEXED), Some(record))
+}
+
+/// Runs `one` over `videos` on `jobs` named threads, calling `report(result, done, total)` on the
+/// calling thread as each finishes; stops early when it returns false.
+pub fn run_each(
+    ds: &Dataset,
+    videos: &[String],
+    jobs: usize,
+    store: Option<&Store>,
+    one: impl Fn(&Dataset, &str, Option<&Store>) -> (VideoReport, Option<Record>) + Sync,
     mut report: impl FnMut(VideoReport, Option<Record>, usize, usize) -> bool,
 ) {
     let total = videos.len();
@@ -221,15 +310,15 @@ pub fn run(
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|scope| {
         for j in 0..jobs.clamp(1, total.max(1)) {
-            let (tx, next, stop) = (tx.clone(), &next, &stop);
+            let (tx, next, stop, one) = (tx.clone(), &next, &stop, &one);
             let spawned = std::thread::Builder::new()
-                .name(format!("vserve-check-{j}"))
+                .name(format!("vserve-video-{j}"))
                 .spawn_scoped(scope, move || loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if stop.load(Ordering::Relaxed) || i >= total {
                         break;
                     }
-                    if tx.send(check_one(ds, &videos[i], store)).is_err() {
+                    if tx.send(one(ds, &videos[i], store)).is_err() {
                         break;
                     }
                 });

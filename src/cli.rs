@@ -46,6 +46,32 @@ pub enum Command {
     /// Decode every video of a dataset whole, report each one's health, record it in the state directory;
     /// exit 1 when any video is not ok.
     Check(CheckArgs),
+    /// Build the frame tables of a dataset (or one shard of it) into the state directory's store ahead of
+    /// training, skipping files already stored unchanged; exit 1 when a video cannot be indexed.
+    Index(IndexArgs),
+}
+
+/// `vserve index`: frame tables built into a state directory's store, without a daemon.
+#[derive(Args, Debug, Clone)]
+pub struct IndexArgs {
+    /// NAME=DIR or NAME=DIR:manifest=FILE (as `vserve serve` takes it).
+    #[arg(long, value_name = "NAME=DIR")]
+    pub dataset: String,
+    /// One JSON object per line (each video, then the summary) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Videos indexed at once (default: the cores).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Only shard I of N (videos by a hash of their path, as `vserve check --shard`).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<String>,
+    /// State directory whose store receives the tables (as `vserve serve --state-dir`).
+    #[arg(long, env = "VSERVE_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Bound on the store's size (as `vserve serve --store-bytes`).
+    #[arg(long, env = "VSERVE_STORE_BYTES", value_name = "SIZE")]
+    pub store_bytes: Option<String>,
 }
 
 /// `vserve check`: a dataset's health, without a daemon (or inside one with --daemon).

@@ -24,6 +24,10 @@
 //! [`SeekMode::FromStart`]: error concealment depends on what was decoded before, so only decoding from the start gives every frame the pixels `ffmpeg -threads 1` gives it, the
 //! same whichever frames a request asks for.
 
+pub mod table;
+
+pub use table::{Frames, Keyframes};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameEntry {
     /// Presentation timestamp in the stream time base.
@@ -68,10 +72,10 @@ pub struct VideoIndex {
     pub rotation: u32,
     pub time_base: (i32, i32),
     pub avg_fps: f64,
-    /// Frames in presentation order.
-    pub frames: Vec<FrameEntry>,
+    /// Frames in presentation order (vectors, or a store record's columns read in place).
+    pub frames: Frames,
     /// Indices of keyframes, ascending. Decoding may start at any of them.
-    pub keyframes: Vec<usize>,
+    pub keyframes: Keyframes,
     /// Frames the container declares, when the file is truncated and holds fewer; else 0.
     pub declared_frames: u64,
     pub seek: SeekMode,
@@ -180,22 +184,35 @@ impl VideoIndex {
         if self.seek == SeekMode::FromStart {
             return 0;
         }
-        let i = self.keyframes.partition_point(|&kf| kf <= k);
+        let i = self.keyframes.count_at_or_before(k);
         if i == 0 {
             0
         } else {
-            self.keyframes[i - 1]
+            self.keyframes.at(i - 1)
         }
     }
 
     /// Position of the frame with this pts, if the table has one.
     pub fn frame_of_pts(&self, pts: i64) -> Option<usize> {
-        self.frames.binary_search_by(|f| f.pts.cmp(&pts)).ok()
+        let k = self.frames.partition_point(|f| f.pts < pts);
+        (k < self.frames.len() && self.frames.at(k).pts == pts).then_some(k)
     }
 
-    /// Rough bytes held, for weighting the index cache.
+    /// Rough bytes held, for weighting the index cache: heap bytes, and 8 KiB for a mapped record (the
+    /// kernel's cost of one mapping, rounded up so that the default 256 MiB cache holds at most 32,768
+    /// mappings, half of the usual `vm.max_map_count`).
     pub fn approx_bytes(&self) -> usize {
-        256 + self.frames.len() * std::mem::size_of::<FrameEntry>() + self.keyframes.len() * 8
+        let keyframes = if self.frames.is_packed() {
+            0
+        } else {
+            self.keyframes.len() * 8
+        };
+        let mapped = if self.frames.is_mapped() { 8192 } else { 0 };
+        256 + self.codec.len()
+            + self.pixel_format.len()
+            + self.frames.heap_bytes()
+            + keyframes
+            + mapped
     }
 }
 
@@ -223,8 +240,8 @@ mod tests {
             rotation: 0,
             time_base: (1, 100),
             avg_fps: 10.0,
-            frames,
-            keyframes: keys.to_vec(),
+            frames: frames.into(),
+            keyframes: keys.to_vec().into(),
             declared_frames: 0,
             seek: SeekMode::ByPts,
             method: IndexMethod::PacketScan,

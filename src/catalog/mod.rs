@@ -293,6 +293,13 @@ impl Catalog {
         Ok(out)
     }
 
+    /// Resolves and indexes one video on the calling (blocking) thread, outside the index permits: the
+    /// builds a stream runs ahead of its fill, on its own low-priority threads.
+    pub fn index_ahead(&self, dataset: &str, video: &str) -> Result<(), Error> {
+        self.resolve_blocking(dataset, video, None, &BuildProbe::default())
+            .map(|_| ())
+    }
+
     /// Starts resolving one video on a blocking thread, holding `permit` until the build ends.
     fn spawn_build(
         self: &Arc<Self>,
@@ -471,7 +478,8 @@ impl Catalog {
                         "indexed"
                     );
                 }
-                let built = built.map(Arc::new);
+                // Held packed (the record's columns, read in place): a few hundred bytes a table.
+                let built = built.map(|ix| Arc::new(crate::store::format::pack(ix)));
                 self.remember(&id, &built);
                 built
             })
@@ -609,7 +617,7 @@ impl Catalog {
         }
         let mut view = (*index).clone();
         view.frames.truncate(usable);
-        view.keyframes.retain(|&k| k < usable);
+        view.keyframes.keep_below(usable);
         Ok((id, Arc::new(view), source))
     }
 
@@ -627,7 +635,10 @@ impl Catalog {
         });
         let index = self
             .indexes
-            .try_get_with(id.clone(), || g.index(video).map(Arc::new))
+            .try_get_with(id.clone(), || {
+                g.index(video)
+                    .map(|ix| Arc::new(crate::store::format::pack(ix)))
+            })
             .map_err(|e| Error::from((*e).clone()))?;
         let source = VideoSource {
             path: id.path.clone(),

@@ -18,9 +18,9 @@ use crate::dataset::Dataset;
 use crate::state::StateDir;
 use crate::store::Store;
 
-const USAGE: u8 = 64;
+pub(super) const USAGE: u8 = 64;
 const UNAVAILABLE: u8 = 69;
-const IO: u8 = 74;
+pub(super) const IO: u8 = 74;
 
 fn usage(msg: String) -> ExitCode {
     eprintln!("vserve check: {msg}");
@@ -36,7 +36,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
     if args.jobs == Some(0) {
         return usage("--jobs must be at least 1".into());
     }
-    let mut out = Output::new(args.json);
+    let mut out = Output::new(args.json, "check", VideoReport::is_ok);
     let summary = match &args.daemon {
         Some(addr) => match in_daemon(args, addr, shard, &mut out) {
             Ok(s) => s,
@@ -57,49 +57,90 @@ pub fn run(args: &CheckArgs) -> ExitCode {
 
 /// The check in this process.
 fn here(args: &CheckArgs, shard: Shard, out: &mut Output) -> Result<Summary, ExitCode> {
-    let d = crate::config::parse_dataset(&args.dataset).map_err(|e| usage(e.to_string()))?;
-    let ds = Dataset::new(&d.name, &d.root)
-        .map_err(|e| usage(format!("dataset {:?}: root {:?}: {e}", d.name, d.root)))?;
-    if crate::gulp::is_gulp_dir(&ds.root) {
-        return Err(usage(format!(
-            "{} holds a GulpIO dataset of stored frames; check it with `vserve gulp-check`",
-            ds.root.display()
-        )));
-    }
-    let mut videos = crate::check::videos(&ds, d.manifest.as_deref()).map_err(usage)?;
-    videos.retain(|v| shard.contains(v));
-    let store_bytes = match &args.store_bytes {
-        Some(s) => {
-            crate::config::parse_bytes("store-bytes", s).map_err(|e| usage(e.to_string()))?
-        }
-        None => crate::store::DEFAULT_MAX_BYTES,
-    };
-    let state_dir = match &args.state_dir {
-        Some(d) if d.as_os_str() == "none" => None,
-        Some(d) => Some(d.clone()),
-        None => crate::state::default_dir(),
-    };
-    let store = match &state_dir {
-        Some(dir) => match StateDir::open(dir) {
-            Ok(s) => Some(Store::open(&s, store_bytes)),
-            Err(e) => {
-                eprintln!("vserve check: state directory {}: {e}", dir.display());
-                return Err(ExitCode::from(IO));
-            }
-        },
-        None => None,
-    };
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let local = Local::open(
+        "check",
+        &args.dataset,
+        shard,
+        args.state_dir.as_deref(),
+        args.store_bytes.as_deref(),
+    )?;
     let mut summary = Summary::default();
-    out.begin(videos.len());
-    crate::check::run(&ds, &videos, jobs, store.as_ref(), |r, _, done, _| {
-        summary.add(&r);
-        out.video(&r, done);
-        true
-    });
+    out.begin(local.videos.len());
+    crate::check::run(
+        &local.ds,
+        &local.videos,
+        local.jobs(args.jobs),
+        local.store.as_ref(),
+        |r, _, done, _| {
+            summary.add(&r);
+            out.video(&r, done);
+            true
+        },
+    );
     Ok(summary)
+}
+
+/// A dataset on this host (`NAME=DIR[:manifest=FILE]`), the shard of its videos to visit, and the
+/// store of a state directory: what `vserve check` and `vserve index` work on without a daemon.
+pub(super) struct Local {
+    pub ds: Dataset,
+    /// Sorted, distinct, this shard's only.
+    pub videos: Vec<String>,
+    pub store: Option<Store>,
+}
+
+impl Local {
+    /// Errors: usage (64) for a bad dataset or size, 74 for an unusable state directory.
+    pub fn open(
+        verb: &str,
+        dataset: &str,
+        shard: Shard,
+        state_dir: Option<&std::path::Path>,
+        store_bytes: Option<&str>,
+    ) -> Result<Local, ExitCode> {
+        let usage = |msg: String| {
+            eprintln!("vserve {verb}: {msg}");
+            ExitCode::from(USAGE)
+        };
+        let d = crate::config::parse_dataset(dataset).map_err(|e| usage(e.to_string()))?;
+        let ds = Dataset::new(&d.name, &d.root)
+            .map_err(|e| usage(format!("dataset {:?}: root {:?}: {e}", d.name, d.root)))?;
+        if crate::gulp::is_gulp_dir(&ds.root) {
+            return Err(usage(format!(
+                "{} holds a GulpIO dataset of stored frames; check it with `vserve gulp-check`",
+                ds.root.display()
+            )));
+        }
+        let mut videos = crate::check::videos(&ds, d.manifest.as_deref()).map_err(usage)?;
+        videos.retain(|v| shard.contains(v));
+        let store_bytes = match store_bytes {
+            Some(s) => {
+                crate::config::parse_bytes("store-bytes", s).map_err(|e| usage(e.to_string()))?
+            }
+            None => crate::store::DEFAULT_MAX_BYTES,
+        };
+        let state_dir = match state_dir {
+            Some(d) if d.as_os_str() == "none" => None,
+            Some(d) => Some(d.to_owned()),
+            None => crate::state::default_dir(),
+        };
+        let store = match &state_dir {
+            Some(dir) => match StateDir::open(dir) {
+                Ok(s) => Some(Store::open(&s, store_bytes)),
+                Err(e) => {
+                    eprintln!("vserve {verb}: state directory {}: {e}", dir.display());
+                    return Err(ExitCode::from(IO));
+                }
+            },
+            None => None,
+        };
+        Ok(Local { ds, videos, store })
+    }
+
+    /// `--jobs`, else the cores.
+    pub fn jobs(&self, jobs: Option<usize>) -> usize {
+        jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
 }
 
 /// The check inside a daemon, through CheckDataset.
@@ -170,8 +211,12 @@ fn in_daemon(
 }
 
 /// Result lines on stdout, the progress bar on stderr.
-struct Output {
+pub(super) struct Output {
     json: bool,
+    /// The subcommand, naming the bar.
+    verb: &'static str,
+    /// Whether a result counts as fine (others are counted on the bar).
+    ok: fn(&VideoReport) -> bool,
     /// Draw the bar (stderr is a terminal).
     bar: bool,
     /// Clear the bar before each stdout line (stdout is that terminal too).
@@ -183,10 +228,12 @@ struct Output {
 }
 
 impl Output {
-    fn new(json: bool) -> Output {
+    pub fn new(json: bool, verb: &'static str, ok: fn(&VideoReport) -> bool) -> Output {
         let bar = std::io::stderr().is_terminal();
         Output {
             json,
+            verb,
+            ok,
             bar,
             clear: bar && std::io::stdout().is_terminal(),
             started: Instant::now(),
@@ -196,7 +243,7 @@ impl Output {
         }
     }
 
-    fn begin(&mut self, total: usize) {
+    pub fn begin(&mut self, total: usize) {
         self.total = total;
         self.started = Instant::now();
         if !self.json {
@@ -207,8 +254,8 @@ impl Output {
         }
     }
 
-    fn video(&mut self, r: &VideoReport, done: usize) {
-        if !r.is_ok() {
+    pub fn video(&mut self, r: &VideoReport, done: usize) {
+        if !(self.ok)(r) {
             self.not_ok += 1;
         }
         let mut stdout = std::io::stdout().lock();
@@ -253,7 +300,8 @@ impl Output {
         let width = 30;
         let filled = (done * width).checked_div(self.total).unwrap_or(width);
         eprint!(
-            "\r\x1b[Kcheck [{}{}] {done}/{} files, {rate:.1} files/s, ETA {eta}{}",
+            "\r\x1b[K{} [{}{}] {done}/{} files, {rate:.1} files/s, ETA {eta}{}",
+            self.verb,
             "#".repeat(filled),
             "-".repeat(width - filled),
             self.total,
@@ -268,7 +316,7 @@ impl Output {
         }
     }
 
-    fn summary(&mut self, s: &Summary) {
+    pub fn summary(&mut self, s: &Summary) {
         if self.json {
             println!("{}", s.to_json());
         } else {

@@ -140,7 +140,7 @@ fn select_frames(
     fps: Option<f64>,
 ) -> Vec<usize> {
     let in_range = |k: usize| {
-        let t = index.seconds(index.frames[k].pts);
+        let t = index.seconds(index.frames.at(k).pts);
         sample.start.is_none_or(|s| t >= s) && sample.end.is_none_or(|e| t < e)
     };
     let kept: Vec<usize> = (0..index.frame_count()).filter(|&k| in_range(k)).collect();
@@ -148,8 +148,8 @@ fn select_frames(
     let (Some(&first), Some(&last)) = (kept.first(), kept.last()) else {
         return kept;
     };
-    let t0 = index.seconds(index.frames[first].pts);
-    let last_end = index.seconds(index.frames[last].pts + index.frames[last].duration);
+    let t0 = index.seconds(index.frames.at(first).pts);
+    let last_end = index.seconds(index.frames.at(last).pts + index.frames.at(last).duration);
     let end = sample.end.map_or(last_end, |e| e.min(last_end));
     let mut out = Vec::new();
     for j in 0u64.. {
@@ -608,7 +608,7 @@ mod tests {
                     stated_duration: 1,
                 })
                 .collect(),
-            keyframes: vec![0],
+            keyframes: vec![0].into(),
             declared_frames: 0,
             seek: SeekMode::ByPts,
             method: IndexMethod::PacketScan,

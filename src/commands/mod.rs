@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod doctor;
+pub mod index;
 pub mod ingest;
 
 pub use ingest::{gulp_check, ingest};

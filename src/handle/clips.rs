@@ -156,14 +156,14 @@ async fn get_clips_once(
         metas.push(ClipMeta {
             video: c.video.clone(),
             frames: frames.iter().map(|&k| k as u64).collect(),
-            pts: frames.iter().map(|&k| index.frames[k].pts).collect(),
+            pts: frames.iter().map(|&k| index.frames.at(k).pts).collect(),
             pts_seconds: frames
                 .iter()
-                .map(|&k| index.seconds(index.frames[k].pts))
+                .map(|&k| index.seconds(index.frames.at(k).pts))
                 .collect(),
             duration_seconds: frames
                 .iter()
-                .map(|&k| index.seconds(index.frames[k].stated_duration))
+                .map(|&k| index.seconds(index.frames.at(k).stated_duration))
                 .collect(),
         });
     }

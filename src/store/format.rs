@@ -37,6 +37,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{Health, Key, Record};
+use crate::index::table::{Column, ColumnKind, Packed, TableBytes};
 use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
 
 pub const MAGIC: &[u8; 8] = b"VSRVSTOR";
@@ -87,14 +88,14 @@ pub fn crc32(bytes: &[u8]) -> u32 {
 }
 
 /// A column of i64s as stored.
-enum Column {
+enum Encoded {
     Linear { base: i64, step: i64 },
     Offsets { base: i64, offsets: Vec<i32> },
     Wide(Vec<i64>),
 }
 
-impl Column {
-    fn of(values: &[i64]) -> Column {
+impl Encoded {
+    fn of(values: &[i64]) -> Encoded {
         let base = values.first().copied().unwrap_or(0);
         let step = values.get(1).map_or(0, |v| v.wrapping_sub(base));
         let linear = values.iter().enumerate().all(|(k, &v)| {
@@ -104,15 +105,15 @@ impl Column {
                     .and_then(|x| x.checked_add(base))
         });
         if linear {
-            return Column::Linear { base, step };
+            return Encoded::Linear { base, step };
         }
         let offsets: Option<Vec<i32>> = values
             .iter()
             .map(|&v| v.checked_sub(base).and_then(|d| i32::try_from(d).ok()))
             .collect();
         match offsets {
-            Some(offsets) => Column::Offsets { base, offsets },
-            None => Column::Wide(values.to_vec()),
+            Some(offsets) => Encoded::Offsets { base, offsets },
+            None => Encoded::Wide(values.to_vec()),
         }
     }
 }
@@ -184,8 +185,8 @@ pub fn encode(r: &Record) -> Vec<u8> {
     };
     put(&mut out, 64, &checked.to_le_bytes());
     put(&mut out, 72, &first_bad.to_le_bytes());
-    let frames: &[FrameEntry] = t.map_or(&[], |t| &t.frames);
-    let keyframes: &[usize] = t.map_or(&[], |t| &t.keyframes);
+    let frames: Vec<FrameEntry> = t.map_or_else(Vec::new, |t| t.frames.iter().collect());
+    let keyframes: Vec<usize> = t.map_or_else(Vec::new, |t| t.keyframes.to_vec());
     put(&mut out, 80, &(frames.len() as u64).to_le_bytes());
     put(&mut out, 88, &(keyframes.len() as u64).to_le_bytes());
     if let Some(t) = t {
@@ -203,22 +204,22 @@ pub fn encode(r: &Record) -> Vec<u8> {
     put(&mut out, 140, &(ranges.len() as u32).to_le_bytes());
 
     let columns = [
-        Column::of(&frames.iter().map(|f| f.pts).collect::<Vec<_>>()),
-        Column::of(&frames.iter().map(|f| f.duration).collect::<Vec<_>>()),
-        Column::of(&frames.iter().map(|f| f.stated_duration).collect::<Vec<_>>()),
+        Encoded::of(&frames.iter().map(|f| f.pts).collect::<Vec<_>>()),
+        Encoded::of(&frames.iter().map(|f| f.duration).collect::<Vec<_>>()),
+        Encoded::of(&frames.iter().map(|f| f.stated_duration).collect::<Vec<_>>()),
     ];
     for (i, c) in columns.iter().enumerate() {
         let d = 144 + i * 32;
         let offset = out.len() as u64;
         let (enc, base, step) = match c {
-            Column::Linear { base, step } => (0u8, *base, *step),
-            Column::Offsets { base, offsets } => {
+            Encoded::Linear { base, step } => (0u8, *base, *step),
+            Encoded::Offsets { base, offsets } => {
                 offsets
                     .iter()
                     .for_each(|o| out.extend_from_slice(&o.to_le_bytes()));
                 (1, *base, 0)
             }
-            Column::Wide(v) => {
+            Encoded::Wide(v) => {
                 v.iter()
                     .for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
                 (2, 0, 0)
@@ -242,7 +243,7 @@ pub fn encode(r: &Record) -> Vec<u8> {
     pad8(&mut out);
     let at = out.len() as u64;
     put(&mut out, 248, &at.to_le_bytes());
-    for &kf in keyframes {
+    for &kf in &keyframes {
         out.extend_from_slice(&(kf as u32).to_le_bytes());
     }
     pad8(&mut out);
@@ -299,45 +300,58 @@ impl Bytes<'_> {
         Ok(i64::from_le_bytes(self.array(at)?))
     }
 
-    fn column(&self, d: u64, n: u64) -> Result<Vec<i64>, FormatError> {
-        let enc = self.slice(d, 1)?[0];
-        let base = self.i64(d + 8)?;
-        let step = self.i64(d + 16)?;
-        let offset = self.u64(d + 24)?;
-        match enc {
-            0 => (0..n)
-                .map(|k| {
-                    (k as i64)
-                        .checked_mul(step)
-                        .and_then(|x| x.checked_add(base))
-                        .ok_or(FormatError::Malformed("linear column overflows"))
-                })
-                .collect(),
-            1 => {
-                let data = self.slice(offset, n * 4)?;
-                data.chunks_exact(4)
-                    .map(|c| {
-                        let o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        base.checked_add(o as i64)
-                            .ok_or(FormatError::Malformed("offset column overflows"))
-                    })
-                    .collect()
-            }
-            2 => {
-                let data = self.slice(offset, n * 8)?;
-                Ok(data
-                    .chunks_exact(8)
-                    .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                    .collect())
-            }
-            _ => Err(FormatError::Malformed("column encoding")),
-        }
+    fn column(&self, d: u64) -> Result<Column, FormatError> {
+        let kind = match self.slice(d, 1)?[0] {
+            0 => ColumnKind::Linear,
+            1 => ColumnKind::Offsets,
+            2 => ColumnKind::Wide,
+            _ => return Err(FormatError::Malformed("column encoding")),
+        };
+        Ok(Column {
+            kind,
+            base: self.i64(d + 8)?,
+            step: self.i64(d + 16)?,
+            offset: usize::try_from(self.u64(d + 24)?)
+                .map_err(|_| FormatError::Malformed("offset"))?,
+        })
     }
 }
 
-/// Parses and verifies a record (magic, version, length, checksum, every offset and invariant). The
-/// caller compares its identity with the one it looked up.
+/// `index` with its frames and keyframes packed as a record stores them, read in place: what a
+/// cached table costs is then about its record's size (a few hundred bytes for a constant frame rate).
+pub fn pack(index: VideoIndex) -> VideoIndex {
+    let index = Arc::new(index);
+    let record = Record {
+        key: super::Key {
+            path: PathBuf::new(),
+            size: 0,
+            mtime_ns: 0,
+            stream: None,
+        },
+        health: Health::Unchecked,
+        decode_table: false,
+        table: Some(index.clone()),
+        written_ms: 0,
+    };
+    let packed = decode_owned(TableBytes::Heap(encode(&record).into_boxed_slice()));
+    drop(record);
+    match packed {
+        Ok(Record { table: Some(t), .. }) => Arc::unwrap_or_clone(t),
+        // An empty table (no frames) has no record form: kept as it is.
+        _ => Arc::unwrap_or_clone(index),
+    }
+}
+
+/// Parses and verifies a record (magic, version, length, checksum, every offset and invariant), copying
+/// its bytes. The caller compares its identity with the one it looked up.
 pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
+    decode_owned(TableBytes::Heap(bytes.into()))
+}
+
+/// [`decode`] of bytes the record keeps: its table (if any) reads its columns in place from them, a
+/// heap copy or a memory map of the record file. Everything is verified here, once.
+pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
+    let bytes = owned.as_slice();
     if bytes.len() < 16 || &bytes[..8] != MAGIC {
         return Err(FormatError::Magic);
     }
@@ -414,32 +428,16 @@ pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
         4 => Health::Quarantined { reason },
         _ => return Err(FormatError::Malformed("health")),
     };
+    let decode_table = flags & 2 != 0;
+    let written_ms = b.u64(56)?;
     let table = if flags & 1 != 0 {
         if n == 0 {
             return Err(FormatError::Malformed("empty table"));
         }
-        // The key bits (present for every frame) bound n by the file's size before anything is allocated.
-        let bits = b.slice(b.u64(240)?, n.div_ceil(8))?;
-        let pts = b.column(144, n)?;
-        let duration = b.column(176, n)?;
-        let stated = b.column(208, n)?;
-        let kf_at = b.u64(248)?;
-        let keyframes = (0..m)
-            .map(|i| Ok(b.u32(kf_at + i * 4)? as usize))
-            .collect::<Result<Vec<usize>, FormatError>>()?;
-        if keyframes.windows(2).any(|w| w[0] >= w[1]) || keyframes.iter().any(|&k| k as u64 >= n) {
-            return Err(FormatError::Malformed("keyframes"));
-        }
-        let frames = (0..n as usize)
-            .map(|k| FrameEntry {
-                pts: pts[k],
-                duration: duration[k],
-                key: bits[k / 8] & (1 << (k % 8)) != 0,
-                stated_duration: stated[k],
-            })
-            .collect();
+        let columns = [b.column(144)?, b.column(176)?, b.column(208)?];
+        let (bits_at, kf_at) = (b.u64(240)?, b.u64(248)?);
         let nal = b.u32(136)?;
-        Some(Arc::new(VideoIndex {
+        let mut index = VideoIndex {
             stream: b.u32(104)? as usize,
             codec: strings[1].clone(),
             pixel_format: strings[2].clone(),
@@ -448,8 +446,8 @@ pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
             rotation: b.u32(116)?,
             time_base: (b.i32(120)?, b.i32(124)?),
             avg_fps: f64::from_le_bytes(b.array(128)?),
-            frames,
-            keyframes,
+            frames: Vec::new().into(),
+            keyframes: Vec::new().into(),
             declared_frames: b.u64(96)?,
             seek: if flags & 4 != 0 {
                 SeekMode::FromStart
@@ -464,15 +462,30 @@ pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
             },
             h264_nal_length: (nal != 0).then_some(nal as usize),
             damaged: flags & 8 != 0,
-        }))
+        };
+        let at = |x: u64| usize::try_from(x).map_err(|_| FormatError::Malformed("offset"));
+        // n <= MAX_FRAMES and m <= n were checked above; every section and value is checked here, once.
+        let packed = Packed::new(
+            owned,
+            columns,
+            at(bits_at)?,
+            at(kf_at)?,
+            n as usize,
+            m as usize,
+        )
+        .map_err(|e| FormatError::Malformed(e.0))?;
+        let packed = Arc::new(packed);
+        index.frames = packed.frames();
+        index.keyframes = packed.keyframes();
+        Some(Arc::new(index))
     } else {
         None
     };
     Ok(Record {
         key,
         health,
-        decode_table: flags & 2 != 0,
+        decode_table,
         table,
-        written_ms: b.u64(56)?,
+        written_ms,
     })
 }

@@ -29,6 +29,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+use crate::index::table::TableBytes;
 use crate::index::VideoIndex;
 use crate::state::StateDir;
 
@@ -144,6 +145,38 @@ pub struct Store {
     used: Mutex<Option<u64>>,
 }
 
+/// Records at least this long are memory-mapped, smaller ones read onto the heap: a map costs a page
+/// of address space and a kernel mapping however small the file, more than a short record's bytes.
+pub const MAP_AT: u64 = 16 << 10;
+
+/// A record file's bytes: mapped read-only when long, else read. None when there is no such file.
+fn read_record(path: &Path) -> io::Result<Option<TableBytes>> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    if len >= MAP_AT {
+        // SAFETY: the map is read-only and outlives no borrow of it. vserve never writes or truncates a
+        // record file in place (writes go to a temporary file renamed over the old name; eviction deletes
+        // whole files), so the mapped inode's contents do not change while it is mapped. Another program
+        // truncating the file in place (e.g. `cp` over it) would make reads fault (SIGBUS): the README
+        // says to merge stores by renaming copies (`rsync`, `cp` to a new tree), not overwriting in place.
+        let map = unsafe { memmap2::Mmap::map(&file) };
+        match map {
+            Ok(m) => return Ok(Some(TableBytes::Mapped(m))),
+            // Out of mappings (vm.max_map_count) or address space: read it instead.
+            Err(e) => {
+                tracing::debug!(file = %path.display(), error = %e, "cannot map a store record; reading it")
+            }
+        }
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    io::Read::read_to_end(&mut &file, &mut bytes)?;
+    Ok(Some(TableBytes::Heap(bytes.into_boxed_slice())))
+}
+
 /// 64-bit FNV-1a: stable across builds and platforms (names files, picks shards).
 pub fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -194,7 +227,7 @@ impl Store {
     /// with a warning; a record of an earlier version of the file (other size or mtime) is ignored quietly.
     pub fn get(&self, key: &Key) -> Option<Record> {
         let name = Store::file_name(key);
-        let bytes = match self.state.read(&name) {
+        let bytes = match read_record(&self.state.path(&name)) {
             Ok(Some(b)) => b,
             Ok(None) => return None,
             Err(e) => {
@@ -202,7 +235,7 @@ impl Store {
                 return None;
             }
         };
-        let record = match format::decode(&bytes) {
+        let record = match format::decode_owned(bytes) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(file = %self.state.path(&name).display(), video = %key.path.display(), error = %e, "store record not trusted; ignoring it");
@@ -351,7 +384,7 @@ mod tests {
                     stated_duration: if i == 2 { 0 } else { 3003 },
                 })
                 .collect(),
-            keyframes: keys.to_vec(),
+            keyframes: keys.to_vec().into(),
             declared_frames: 7,
             seek: SeekMode::FromStart,
             method: IndexMethod::DecodeScan,
@@ -386,7 +419,7 @@ mod tests {
         };
         // Irregular pts (i32 offsets), a wide column, and a linear one.
         let mut t = table(&[0, 3003, 6006, 9999, 12012], &[0, 3]);
-        t.frames[4].stated_duration = i64::MAX;
+        t.frames.make_mut()[4].stated_duration = i64::MAX;
         let r = record("/v/a b.mp4", damaged, Some(t));
         let back = format::decode(&format::encode(&r)).unwrap();
         assert_eq!(back, r);
@@ -408,7 +441,10 @@ mod tests {
         let n = 18_000;
         let pts: Vec<i64> = (0..n).map(|k| k * 3003).collect();
         let mut cfr = table(&pts, &[0, 300, 600]);
-        cfr.frames.iter_mut().for_each(|f| f.stated_duration = 3003);
+        cfr.frames
+            .make_mut()
+            .iter_mut()
+            .for_each(|f| f.stated_duration = 3003);
         let bytes = format::encode(&record(
             "/v/long.mp4",
             Health::Ok { frames: 18_000 },
@@ -496,6 +532,55 @@ mod tests {
         assert_eq!(store.get(&r.key), None);
         store.put(&r).unwrap();
         assert!(store.get(&r.key).is_some());
+    }
+
+    #[test]
+    fn tables_are_held_packed_and_long_records_mapped() {
+        // Irregular pts and durations (i32 offsets): 20,000 frames, a ~240 KB record.
+        let pts: Vec<i64> = (0..20_000).map(|k| k * 3003 + (k % 7) * 11).collect();
+        let keys: Vec<usize> = (0..20_000).step_by(30).collect();
+        let mut t = table(&pts, &keys);
+        t.seek = SeekMode::ByPts;
+        let owned_bytes = t.approx_bytes();
+        let packed = format::pack(t.clone());
+        assert_eq!(packed, t, "packing changes no frame");
+        assert!(packed.frames.is_packed() && !packed.frames.is_mapped());
+        assert!(
+            packed.approx_bytes() * 2 < owned_bytes,
+            "{} vs {owned_bytes}",
+            packed.approx_bytes()
+        );
+        assert_eq!(packed.keyframe_before(65), 60);
+        assert_eq!(packed.frame_of_pts(pts[12_345]), Some(12_345));
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&StateDir::open(dir.path()).unwrap(), 1 << 30);
+        let long = record(
+            "/v/long.mp4",
+            Health::Ok { frames: 20_000 },
+            Some(t.clone()),
+        );
+        let short = record(
+            "/v/short.mp4",
+            Health::Ok { frames: 3 },
+            Some(table(&[0, 10, 25], &[0])),
+        );
+        store.put(&long).unwrap();
+        store.put(&short).unwrap();
+        assert!(std::fs::metadata(store.path_of(&long.key)).unwrap().len() >= MAP_AT);
+        let got = store.get(&long.key).unwrap().table.unwrap();
+        assert!(got.frames.is_mapped(), "a long record is mapped");
+        assert_eq!(*got, t);
+        // Mapped: the heap holds no frame, the cache weighs the mapping (8 KiB).
+        assert_eq!(got.frames.heap_bytes(), 0);
+        assert!(got.approx_bytes() < 8192 + 512, "{}", got.approx_bytes());
+        // Replacing the record (rename) leaves the mapped table intact.
+        store.put(&short).unwrap();
+        store.put(&long).unwrap();
+        assert_eq!(got.frames.at(19_999).pts, pts[19_999]);
+        let small = store.get(&short.key).unwrap().table.unwrap();
+        assert!(small.frames.is_packed() && !small.frames.is_mapped());
+        assert_eq!(small.frames, short.table.as_ref().unwrap().frames);
     }
 
     #[test]

@@ -280,7 +280,7 @@ fn decode_in(
     let mut packet = ff::Packet::empty();
     let mut eof = false;
     let mut done = false;
-    let last_pts = index.frames[last].pts;
+    let last_pts = index.frames.at(last).pts;
     // Only a clean packet-scan table can be wrong about damage; decode-scan tables already account for it.
     let watch_damage = index.method == IndexMethod::PacketScan;
     while !done {
@@ -459,8 +459,8 @@ fn reposition(
         }
         return Ok(());
     }
-    let target = index.frames[keyframe].pts;
-    let step = index.frames[keyframe].duration.max(1);
+    let target = index.frames.at(keyframe).pts;
+    let step = index.frames.at(keyframe).duration.max(1);
     let aim = target.saturating_sub(SEEK_MARGINS[attempt].saturating_mul(step));
     // SAFETY: `input` is a valid open AVFormatContext and `stream` one of its streams.
     let ret = unsafe {

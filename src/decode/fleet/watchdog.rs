@@ -124,7 +124,7 @@ mod tests {
                     stated_duration: 1,
                 })
                 .collect(),
-            keyframes: vec![0],
+            keyframes: vec![0].into(),
             declared_frames: 0,
             seek: SeekMode::ByPts,
             method: IndexMethod::PacketScan,

@@ -65,14 +65,14 @@ pub(super) async fn assemble(
             meta: ClipMeta {
                 video: s.video.clone(),
                 frames: numbers.iter().map(|&k| k as u64).collect(),
-                pts: numbers.iter().map(|&k| r.index.frames[k].pts).collect(),
+                pts: numbers.iter().map(|&k| r.index.frames.at(k).pts).collect(),
                 pts_seconds: numbers
                     .iter()
-                    .map(|&k| r.index.seconds(r.index.frames[k].pts))
+                    .map(|&k| r.index.seconds(r.index.frames.at(k).pts))
                     .collect(),
                 duration_seconds: numbers
                     .iter()
-                    .map(|&k| r.index.seconds(r.index.frames[k].stated_duration))
+                    .map(|&k| r.index.seconds(r.index.frames.at(k).stated_duration))
                     .collect(),
             },
             label: s.label.clone(),

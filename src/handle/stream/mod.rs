@@ -54,6 +54,7 @@ use crate::transport::Transport;
 
 use slots::{count_clips, fail_error, skip_record, Failure, Window};
 
+mod ahead;
 mod fill;
 mod slots;
 #[cfg(test)]
@@ -447,10 +448,19 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         }
     };
     let total = schedule.total_batches();
-    let batches = futures::stream::unfold(schedule, |mut schedule| async move {
-        let next = schedule.next_batch().await;
-        next.map(|b| (b, schedule))
-    });
+    let mut ahead = ahead::Ahead::new(&ctx);
+    // The fill starts at position 0: the builds after it start now.
+    ahead.advance(0);
+    let batches =
+        futures::stream::unfold((schedule, ahead), |(mut schedule, mut ahead)| async move {
+            let next = schedule.next_batch().await;
+            if let Some(Ok((_, slots, _))) = &next {
+                if let Some(furthest) = slots.iter().map(|s| s.0).max() {
+                    ahead.advance(furthest);
+                }
+            }
+            next.map(|b| (b, (schedule, ahead)))
+        });
     let prepared = batches
         .map(|item| {
             let ctx = ctx.clone();

@@ -255,7 +255,7 @@ fn facts_of(
     end: Option<f64>,
 ) -> Result<VideoFacts, Failure> {
     let n = index.frame_count();
-    let secs = |k: usize| index.seconds(index.frames[k].pts);
+    let secs = |k: usize| index.seconds(index.frames.at(k).pts);
     let (Some(first), Some(last)) = (index.frames.first(), index.frames.last()) else {
         return Err(Failure::too_short("the video has no frames".into()));
     };
@@ -283,7 +283,7 @@ fn facts_of(
     let view_end = if hi == n {
         stream_end
     } else {
-        index.seconds(index.frames[hi].pts)
+        index.seconds(index.frames.at(hi).pts)
     };
     Ok(VideoFacts {
         frames: hi - lo,

@@ -25,6 +25,15 @@ fn engine(dir: &std::path::Path) -> Arc<Engine> {
 }
 
 fn engine_with(dir: &std::path::Path, limits: Limits) -> Arc<Engine> {
+    engine_serving(dir, limits, None)
+}
+
+/// [`engine_with`], also serving `extra` (name, root) when given.
+fn engine_serving(
+    dir: &std::path::Path,
+    limits: Limits,
+    extra: Option<(&str, &std::path::Path)>,
+) -> Arc<Engine> {
     let manifest = dir.join("gappy.csv");
     std::fs::write(
         &manifest,
@@ -68,6 +77,14 @@ fn engine_with(dir: &std::path::Path, limits: Limits) -> Arc<Engine> {
         tenancy: Default::default(),
         ops: Default::default(),
     };
+    let mut config = config;
+    if let Some((name, root)) = extra {
+        config.datasets.push(DatasetConfig {
+            name: name.into(),
+            root: root.to_path_buf(),
+            manifest: None,
+        });
+    }
     let factory: BackendFactory = Arc::new(|_slot| Box::new(FakeBackend::default()));
     Engine::new(&config, factory).unwrap()
 }
@@ -591,4 +608,51 @@ async fn a_native_size_window_is_admitted_at_the_first_batch() {
             4 * frame
         )
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_of_the_samples_ahead_are_built_while_the_client_reads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("many");
+    std::fs::create_dir(&root).unwrap();
+    // Twelve samples, fewer than the builds run ahead: all of them are built ahead of the fill.
+    let n = 12;
+    assert!(n <= ahead::AHEAD_SAMPLES);
+    for i in 0..n {
+        let to = root.join(format!("v{i:02}.mp4"));
+        if std::fs::hard_link(format!("{DEMO}/chaplin.mp4"), &to).is_err() {
+            std::fs::copy(format!("{DEMO}/chaplin.mp4"), &to).unwrap();
+        }
+    }
+    let e = engine_serving(dir.path(), Limits::default(), Some(("many", &root)));
+    let mut req = request("many", 1);
+    req.prefetch = 1;
+    let mut rx = start(&e, req, Peer::local()).await.unwrap();
+    let first = rx.recv().await.unwrap().unwrap();
+    assert_eq!(first.clips[0].meta.video, "v00.mp4");
+    // The client holds the stream and reads nothing more: the fill stops within a few batches (2 clips
+    // per sample, 1 clip per batch), yet every sample's table gets built, by the builds ahead.
+    let mut waited = 0;
+    while e.catalog().index_builds() < n as u64 {
+        assert!(
+            waited < 600,
+            "{} of {n} tables built after 60 s",
+            e.catalog().index_builds()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    assert_eq!(
+        e.catalog().index_builds(),
+        n as u64,
+        "each table built once"
+    );
+    // The stream then reads every table from the cache: no build more.
+    let mut batches = 1;
+    while let Some(b) = rx.recv().await {
+        b.unwrap();
+        batches += 1;
+    }
+    assert_eq!(batches, 2 * n);
+    assert_eq!(e.catalog().index_builds(), n as u64);
 }

@@ -1,0 +1,79 @@
+//! `vserve index`: build the frame tables of a dataset (or shard `I/N` of it) into the store of
+//! `--state-dir` ahead of training, so that the daemon serving it later builds none
+//! ([`crate::check::index_one`], the catalogue's own table build). A file whose record the store already
+//! holds for its current size and mtime is skipped without being opened: a second run, or one over a
+//! store merged from other shards, only indexes what is new or changed.
+//!
+//! Output: one line per video on stdout as it finishes (a table, or JSON objects with `--json`:
+//! `video`, `status` indexed|stored|unreadable|quarantined, `frames`, `decodable_frames`,
+//! `first_bad_frame` (a table that met decoder errors), `reason`, `seconds`), then a summary; a progress
+//! bar on stderr when it is a terminal. Exit: 0 every video has a table, 1 some cannot be indexed, 64
+//! bad flags, 74 an unusable state directory.
+
+use std::process::ExitCode;
+
+use super::check::{Local, Output, USAGE};
+use crate::check::{Shard, Summary, VideoReport, INDEXED, STORED};
+use crate::cli::IndexArgs;
+
+fn has_table(r: &VideoReport) -> bool {
+    r.status == INDEXED || r.status == STORED
+}
+
+/// Runs `vserve index`.
+pub fn run(args: &IndexArgs) -> ExitCode {
+    let usage = |msg: String| {
+        eprintln!("vserve index: {msg}");
+        ExitCode::from(USAGE)
+    };
+    let shard = match args.shard.as_deref().map(Shard::parse).transpose() {
+        Ok(s) => s.unwrap_or(Shard::ALL),
+        Err(e) => return usage(e),
+    };
+    if args.jobs == Some(0) {
+        return usage("--jobs must be at least 1".into());
+    }
+    let local = match Local::open(
+        "index",
+        &args.dataset,
+        shard,
+        args.state_dir.as_deref(),
+        args.store_bytes.as_deref(),
+    ) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    if local.store.is_none() {
+        return usage("a state directory is needed to keep the tables in (--state-dir)".into());
+    }
+    let mut out = Output::new(args.json, "index", has_table);
+    let mut summary = Summary {
+        by_status: [INDEXED, STORED, "unreadable", "quarantined"]
+            .iter()
+            .map(|s| (s.to_string(), 0, 0.0))
+            .collect(),
+    };
+    out.begin(local.videos.len());
+    crate::check::run_each(
+        &local.ds,
+        &local.videos,
+        local.jobs(args.jobs),
+        local.store.as_ref(),
+        crate::check::index_one,
+        |r, _, done, _| {
+            summary.add(&r);
+            out.video(&r, done);
+            true
+        },
+    );
+    out.summary(&summary);
+    let failed = summary
+        .by_status
+        .iter()
+        .any(|(s, files, _)| *files > 0 && s != INDEXED && s != STORED);
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
