@@ -238,8 +238,10 @@ impl Daemon {
             }
             if socket.exists() {
                 match Client::connect(&self.addr).await {
+                    // Ready once every dataset's first walk is complete (the daemon answers before).
                     Ok(mut c) => match c.list_datasets().await {
-                        Ok(_) => return,
+                        Ok(r) if r.datasets.iter().all(|d| !d.building) => return,
+                        Ok(_) => last_err = "datasets still being listed".into(),
                         Err(e) => last_err = e.to_string(),
                     },
                     Err(e) => last_err = e.to_string(),
