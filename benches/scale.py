@@ -42,6 +42,7 @@ import vserve_client
 
 REPO = Path(__file__).resolve().parents[1]
 MEDIA = REPO.parent / "shared" / "media"
+LINKS_PER_COPY = 60_000
 
 
 def rss_bytes(pid: int) -> int:
@@ -61,13 +62,16 @@ def make_links(root: Path, clip: Path, n: int, per_dir: int) -> float:
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
-    # A private copy on this file system is what gets linked (the media may sit elsewhere).
-    source = root.parent / ("source" + clip.suffix)
-    if source.exists():
-        source.unlink()
-    shutil.copyfile(clip, source)
+    # Private copies on this file system are what gets linked (the media may sit elsewhere), a fresh one
+    # every LINKS_PER_COPY links (ext4 allows 65,000 links to a file).
+    for old in root.parent.glob("source-*"):
+        old.unlink()
     start = time.monotonic()
+    source = root
     for i in range(n):
+        if i % LINKS_PER_COPY == 0:
+            source = root.parent / f"source-{i // LINKS_PER_COPY}{clip.suffix}"
+            shutil.copyfile(clip, source)
         d = root / f"d{i // per_dir:04d}"
         if i % per_dir == 0:
             d.mkdir()
@@ -272,6 +276,8 @@ def main() -> int:
         print("| " + " | ".join(r) + " |")
     if not args.keep:
         shutil.rmtree(args.root)
+        for copy in work.glob("source-*"):
+            copy.unlink()
         shutil.rmtree(state, ignore_errors=True)
     return 0
 

@@ -73,13 +73,16 @@ impl Listings {
     pub(super) fn new(
         manifests: BTreeMap<String, Arc<Samples>>,
         manifest_files: BTreeMap<String, PathBuf>,
-        walked: impl Iterator<Item = String>,
+        walked: Vec<String>,
     ) -> Listings {
         Listings {
             manifests: RwLock::new(manifests),
             manifest_files,
             walked: RwLock::new(BTreeMap::new()),
-            progress: walked.map(|n| (n, Progress::default())).collect(),
+            progress: walked
+                .into_iter()
+                .map(|n| (n, Progress::default()))
+                .collect(),
             walking: Mutex::new(()),
         }
     }

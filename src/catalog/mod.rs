@@ -152,8 +152,7 @@ impl Catalog {
                 .keys()
                 .filter(|n| !gulps.contains_key(*n))
                 .cloned()
-                .collect::<Vec<_>>()
-                .into_iter(),
+                .collect(),
         );
         Ok(Catalog {
             datasets,
