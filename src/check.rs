@@ -108,7 +108,7 @@ pub fn videos(ds: &Dataset, manifest: Option<&Path>) -> Result<Vec<String>, Stri
         Some(m) => Samples::from_manifest(m).map_err(|e| e.to_string())?,
         None => Samples::scan(&ds.root),
     };
-    let mut v: Vec<String> = samples.samples.into_iter().map(|s| s.video).collect();
+    let mut v: Vec<String> = samples.iter().map(|s| s.video.to_owned()).collect();
     v.sort();
     v.dedup();
     Ok(v)

@@ -39,6 +39,9 @@ pub enum Command {
     Datasets(AddrArgs),
     /// Print a daemon's counters as JSON.
     Stats(AddrArgs),
+    /// Make a daemon walk its dataset roots again and re-read its manifests now (as SIGHUP does);
+    /// prints the datasets after it as JSON; exit 1 when a dataset could not be reloaded.
+    Reload(AddrArgs),
     /// Decode every video of a dataset once into a GulpIO dataset (chunked JPEG frames); resumable.
     Ingest(IngestArgs),
     /// Check a GulpIO directory (GulpIO's sanity checks plus JPEG validity); exit 1 on any problem.

@@ -378,6 +378,14 @@ fn is_symlink_at(dir: libc::c_int, name: &std::ffi::CStr) -> bool {
 /// The video files under `root` (by extension; symlinks are not followed), in no particular order.
 pub fn walk_videos(root: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
+    visit_videos(root, &mut |rel| found.push(root.join(rel)));
+    found
+}
+
+/// Calls `found` with the path relative to `root` of every video file under it (by extension; symlinks
+/// not followed; names that are not UTF-8 skipped), in no particular order. Streams: holds only the
+/// directories still to read, so a walk of a million files keeps none of their paths.
+pub fn visit_videos(root: &Path, found: &mut dyn FnMut(&str)) {
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -389,11 +397,12 @@ pub fn walk_videos(root: &Path) -> Vec<PathBuf> {
             if ft.is_dir() {
                 stack.push(path);
             } else if ft.is_file() && is_video(&path) {
-                found.push(path);
+                if let Some(rel) = path.strip_prefix(root).ok().and_then(|r| r.to_str()) {
+                    found(rel);
+                }
             }
         }
     }
-    found
 }
 
 pub fn is_video(path: &Path) -> bool {

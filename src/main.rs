@@ -130,6 +130,7 @@ fn main() -> std::process::ExitCode {
                     Command::Stream(a) => vserve::commands::stream(a).await,
                     Command::Datasets(a) => vserve::commands::datasets(a).await,
                     Command::Stats(a) => vserve::commands::stats(a).await,
+                    Command::Reload(a) => vserve::commands::reload(a).await,
                     Command::Serve(_)
                     | Command::Config(_)
                     | Command::Doctor(_)

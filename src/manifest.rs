@@ -1,36 +1,59 @@
-//! A dataset's sample list: a manifest's rows, or the video files under its root.
+//! A dataset's sample list: a manifest's rows, or the video files under its root, held compactly.
 //!
 //! Input: a manifest file (CSV or JSON Lines) or a dataset root. Output: [`Samples`], the ordered list
 //! a stream samples from, each with a video path relative to the root, an optional label and optional
 //! start/end seconds that trim the video.
 //!
 //! Formats:
-//! - CSV (`.csv`): a header naming the columns `path` (or `video`), `label`, `start`, `end` in any order
-//!   (other columns ignored); without a header the columns are `path[,label[,start,end]]`. Fields may be
-//!   double-quoted (`""` is a quote inside one).
+//! - CSV (`.csv`, read by the `csv` crate, streaming): a header naming the columns `path` (or `video`),
+//!   `label`, `start`, `end` in any order (other columns ignored); without a header the columns are
+//!   `path[,label[,start,end]]`. Fields may be double-quoted (`""` is a quote inside one; a quoted field
+//!   may hold commas and line breaks, though a path may not hold a line break); every field is trimmed
+//!   of surrounding whitespace; blank lines are skipped. Errors name the line the row starts on.
 //! - JSON Lines (`.jsonl`, `.ndjson`): one object per line with `path` (or `video`) and optional
 //!   `label` (string or number), `start`, `end`. Blank lines are skipped.
+//!
+//! Layout (a million samples cost tens of MB, not a heap object per sample): every path in one string
+//! arena with one u64 end offset per sample, each sample's label as a u32 index into the sorted distinct
+//! labels, start/end as one pair of f64 per sample only when some sample is trimmed. About the path's
+//! length plus 12 bytes per sample.
 //!
 //! Invariants: rows keep the file's order; a scan lists files sorted by path, so the list (and every
 //! epoch's order derived from it) is the same on every host. Paths are not resolved here: the dataset
 //! confines them when a stream reads them. Label indices: when every label is an integer, the integer;
-//! otherwise the label's position in the sorted set of distinct labels; -1 without a label.
+//! otherwise the label's position in the sorted set of distinct labels; -1 without a label. Computing
+//! them costs O(n + k log k) for n rows and k distinct labels.
 
-use std::collections::BTreeSet;
+use std::collections::HashMap;
+use std::io::BufRead;
 use std::path::Path;
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    pub video: String,
-    pub label: Option<String>,
+/// One sample, borrowed from its [`Samples`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample<'a> {
+    pub video: &'a str,
+    pub label: Option<&'a str>,
     pub label_index: i64,
     pub start: Option<f64>,
     pub end: Option<f64>,
 }
 
+/// A sample's class when it has no label.
+const NO_CLASS: u32 = u32::MAX;
+
+/// An ordered sample list (see the module comment for its layout).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Samples {
-    pub samples: Vec<Sample>,
+    /// Every sample's path, one after another.
+    paths: String,
+    /// Where each sample's path ends in `paths` (sample i is `ends[i-1]..ends[i]`).
+    ends: Vec<u64>,
+    /// Each sample's class (an index into `classes`), [`NO_CLASS`] without a label.
+    class_of: Vec<u32>,
+    /// The distinct labels, sorted, each with its label index.
+    classes: Vec<(Box<str>, i64)>,
+    /// Each sample's [start, end] seconds, NaN where absent; empty when no sample is trimmed.
+    trims: Vec<[f64; 2]>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -45,117 +68,240 @@ pub enum ManifestError {
     },
 }
 
+/// Collects samples one at a time into the compact layout; [`SamplesBuilder::finish`] ranks the labels.
+#[derive(Default)]
+pub struct SamplesBuilder {
+    paths: String,
+    ends: Vec<u64>,
+    /// Each sample's label, as the order its label was first seen.
+    class_of: Vec<u32>,
+    /// Labels by first sight, and the reverse.
+    seen: Vec<Box<str>>,
+    ids: HashMap<Box<str>, u32>,
+    trims: Vec<[f64; 2]>,
+}
+
+impl SamplesBuilder {
+    pub fn new() -> SamplesBuilder {
+        SamplesBuilder::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Appends a sample.
+    pub fn push(&mut self, video: &str, label: Option<&str>, start: Option<f64>, end: Option<f64>) {
+        self.paths.push_str(video);
+        self.ends.push(self.paths.len() as u64);
+        let class = match label {
+            None => NO_CLASS,
+            Some(l) => match self.ids.get(l) {
+                Some(&id) => id,
+                None => {
+                    let id = self.seen.len() as u32;
+                    self.seen.push(l.into());
+                    self.ids.insert(l.into(), id);
+                    id
+                }
+            },
+        };
+        self.class_of.push(class);
+        if start.is_some() || end.is_some() || !self.trims.is_empty() {
+            if self.trims.is_empty() {
+                self.trims.resize(self.ends.len() - 1, [f64::NAN; 2]);
+            }
+            self.trims
+                .push([start.unwrap_or(f64::NAN), end.unwrap_or(f64::NAN)]);
+        }
+    }
+
+    /// The samples in the order pushed, label indices by the manifest rule.
+    pub fn finish(self) -> Samples {
+        let SamplesBuilder {
+            mut paths,
+            mut ends,
+            mut class_of,
+            seen,
+            ids,
+            mut trims,
+        } = self;
+        drop(ids);
+        // Rank the distinct labels: O(k log k), then one pass over the samples.
+        let mut order: Vec<u32> = (0..seen.len() as u32).collect();
+        order.sort_unstable_by(|a, b| seen[*a as usize].cmp(&seen[*b as usize]));
+        let mut rank = vec![0u32; seen.len()];
+        for (r, &id) in order.iter().enumerate() {
+            rank[id as usize] = r as u32;
+        }
+        for c in class_of.iter_mut().filter(|c| **c != NO_CLASS) {
+            *c = rank[*c as usize];
+        }
+        let all_integers = seen.iter().all(|l| l.parse::<i64>().is_ok());
+        let mut seen: Vec<Option<Box<str>>> = seen.into_iter().map(Some).collect();
+        let classes = order
+            .iter()
+            .enumerate()
+            .map(|(r, &id)| {
+                let label = seen[id as usize].take().unwrap_or_default();
+                let index = if all_integers {
+                    label.parse().unwrap_or(-1)
+                } else {
+                    r as i64
+                };
+                (label, index)
+            })
+            .collect();
+        paths.shrink_to_fit();
+        ends.shrink_to_fit();
+        class_of.shrink_to_fit();
+        trims.shrink_to_fit();
+        Samples {
+            paths,
+            ends,
+            class_of,
+            classes,
+            trims,
+        }
+    }
+
+    /// The samples sorted by path (as a scan lists them).
+    pub fn finish_sorted(self) -> Samples {
+        let s = self.finish();
+        let mut order: Vec<usize> = (0..s.len()).collect();
+        order.sort_unstable_by(|a, b| s.video(*a).cmp(s.video(*b)));
+        let mut sorted = Samples {
+            paths: String::with_capacity(s.paths.len()),
+            ends: Vec::with_capacity(s.len()),
+            class_of: Vec::with_capacity(s.len()),
+            classes: s.classes.clone(),
+            trims: Vec::with_capacity(s.trims.len()),
+        };
+        for &i in &order {
+            sorted.paths.push_str(s.video(i));
+            sorted.ends.push(sorted.paths.len() as u64);
+            sorted.class_of.push(s.class_of[i]);
+            if let Some(t) = s.trims.get(i) {
+                sorted.trims.push(*t);
+            }
+        }
+        sorted
+    }
+}
+
 impl Samples {
     /// Reads a manifest; the format follows the extension (`.jsonl`/`.ndjson`, else CSV).
     pub fn from_manifest(path: &Path) -> Result<Samples, ManifestError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ManifestError::Io {
+        let file = std::fs::File::open(path).map_err(|e| ManifestError::Io {
             path: shown.clone(),
             reason: e.to_string(),
         })?;
+        let reader = std::io::BufReader::with_capacity(1 << 16, file);
         let ext = path
             .extension()
             .and_then(|e| e.to_str())
             .unwrap_or("")
             .to_ascii_lowercase();
-        let rows = if ext == "jsonl" || ext == "ndjson" {
-            parse_jsonl(&text, &shown)?
+        let mut b = SamplesBuilder::new();
+        if ext == "jsonl" || ext == "ndjson" {
+            parse_jsonl(reader, &shown, &mut b)?;
         } else {
-            parse_csv(&text, &shown)?
-        };
-        Ok(Samples::with_labels(rows))
+            parse_csv(reader, &shown, &mut b)?;
+        }
+        Ok(b.finish())
     }
 
     /// Lists the video files under `root` (by extension, symlinks not followed), sorted.
     pub fn scan(root: &Path) -> Samples {
-        Samples::from_paths(root, crate::dataset::walk_videos(root))
-    }
-
-    /// Samples for video files found under `root` (sorted by relative path; no labels).
-    pub fn from_paths(root: &Path, paths: Vec<std::path::PathBuf>) -> Samples {
-        let mut found: Vec<String> = paths
-            .iter()
-            .filter_map(|p| p.strip_prefix(root).ok()?.to_str().map(str::to_owned))
-            .collect();
-        found.sort();
-        Samples::with_labels(
-            found
-                .into_iter()
-                .map(|video| Row {
-                    video,
-                    label: None,
-                    start: None,
-                    end: None,
-                })
-                .collect(),
-        )
+        let mut b = SamplesBuilder::new();
+        crate::dataset::visit_videos(root, &mut |rel| b.push(rel, None, None, None));
+        b.finish_sorted()
     }
 
     /// Samples from (video, label) pairs in the given order, label indices by the manifest rule.
     pub fn from_labeled(rows: Vec<(String, Option<String>)>) -> Samples {
-        Samples::with_labels(
-            rows.into_iter()
-                .map(|(video, label)| Row {
-                    video,
-                    label,
-                    start: None,
-                    end: None,
-                })
-                .collect(),
-        )
+        let mut b = SamplesBuilder::new();
+        for (video, label) in &rows {
+            b.push(video, label.as_deref(), None, None);
+        }
+        b.finish()
     }
 
-    fn with_labels(rows: Vec<Row>) -> Samples {
-        let labels: BTreeSet<&str> = rows.iter().filter_map(|r| r.label.as_deref()).collect();
-        let all_integers = labels.iter().all(|l| l.parse::<i64>().is_ok());
-        let index_of = |label: &Option<String>| -> i64 {
-            match label {
-                None => -1,
-                Some(l) if all_integers => l.parse().unwrap_or(-1),
-                Some(l) => labels
-                    .iter()
-                    .position(|x| *x == l.as_str())
-                    .map_or(-1, |p| p as i64),
+    /// The same samples with the label index of each label `index_of` names replaced (a GulpIO
+    /// dataset's `label2idx.json`).
+    pub fn with_label_indices(mut self, index_of: impl Fn(&str) -> Option<i64>) -> Samples {
+        for (label, index) in &mut self.classes {
+            if let Some(i) = index_of(label) {
+                *index = i;
             }
-        };
-        let samples = rows
-            .iter()
-            .map(|r| Sample {
-                video: r.video.clone(),
-                label: r.label.clone(),
-                label_index: index_of(&r.label),
-                start: r.start,
-                end: r.end,
-            })
-            .collect();
-        Samples { samples }
+        }
+        self
     }
 
     pub fn len(&self) -> usize {
-        self.samples.len()
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Sample `i`'s video path. Panics when `i >= len()`, as indexing does.
+    pub fn video(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.paths[start..self.ends[i] as usize]
+    }
+
+    /// Sample `i`. Panics when `i >= len()`, as indexing does.
+    pub fn get(&self, i: usize) -> Sample<'_> {
+        let (label, label_index) = match self.class_of[i] {
+            NO_CLASS => (None, -1),
+            c => {
+                let (l, idx) = &self.classes[c as usize];
+                (Some(&**l), *idx)
+            }
+        };
+        let seconds = |v: f64| (!v.is_nan()).then_some(v);
+        let [start, end] = self.trims.get(i).copied().unwrap_or([f64::NAN; 2]);
+        Sample {
+            video: self.video(i),
+            label,
+            label_index,
+            start: seconds(start),
+            end: seconds(end),
+        }
+    }
+
+    /// Every sample in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Sample<'_>> + '_ {
+        (0..self.len()).map(|i| self.get(i))
     }
 
     /// Each distinct label with its label index, sorted by label.
     pub fn classes(&self) -> Vec<(String, i64)> {
-        let mut seen: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
-        for s in &self.samples {
-            if let Some(l) = &s.label {
-                seen.entry(l.as_str()).or_insert(s.label_index);
-            }
-        }
-        seen.into_iter().map(|(l, i)| (l.to_owned(), i)).collect()
+        self.classes
+            .iter()
+            .map(|(l, i)| (l.to_string(), *i))
+            .collect()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
+    /// Bytes held (the arena, offsets, classes and trims), for logs and the scale benchmark.
+    pub fn approx_bytes(&self) -> usize {
+        self.paths.capacity()
+            + self.ends.capacity() * 8
+            + self.class_of.capacity() * 4
+            + self.trims.capacity() * 16
+            + self
+                .classes
+                .iter()
+                .map(|(l, _)| l.len() + 24)
+                .sum::<usize>()
     }
-}
-
-struct Row {
-    video: String,
-    label: Option<String>,
-    start: Option<f64>,
-    end: Option<f64>,
 }
 
 fn seconds(v: &str, what: &str) -> Result<Option<f64>, String> {
@@ -169,11 +315,16 @@ fn seconds(v: &str, what: &str) -> Result<Option<f64>, String> {
     }
 }
 
-fn check_row(row: &Row) -> Result<(), String> {
-    if row.video.is_empty() {
+fn check_row(video: &str, start: Option<f64>, end: Option<f64>) -> Result<(), String> {
+    if video.is_empty() {
         return Err("empty path".into());
     }
-    if let (Some(s), Some(e)) = (row.start, row.end) {
+    if video.contains(['\n', '\r']) {
+        return Err(format!(
+            "path {video:?} holds a line break (an unterminated quote?)"
+        ));
+    }
+    if let (Some(s), Some(e)) = (start, end) {
         if e <= s {
             return Err(format!("end {e} is not after start {s}"));
         }
@@ -181,109 +332,91 @@ fn check_row(row: &Row) -> Result<(), String> {
     Ok(())
 }
 
-/// Splits one CSV line into fields, honouring double quotes.
-fn csv_fields(line: &str) -> Result<Vec<String>, String> {
-    let mut fields = Vec::new();
-    let mut cur = String::new();
-    let mut chars = line.chars().peekable();
-    let mut quoted = false;
-    let mut was_quoted = false;
-    while let Some(c) = chars.next() {
-        if quoted {
-            if c == '"' {
-                if chars.peek() == Some(&'"') {
-                    chars.next();
-                    cur.push('"');
-                } else {
-                    quoted = false;
-                }
-            } else {
-                cur.push(c);
-            }
-        } else if c == '"' && cur.trim().is_empty() && !was_quoted {
-            cur.clear();
-            quoted = true;
-            was_quoted = true;
-        } else if c == ',' {
-            fields.push(if was_quoted {
-                std::mem::take(&mut cur)
-            } else {
-                std::mem::take(&mut cur).trim().to_owned()
-            });
-            was_quoted = false;
-        } else {
-            cur.push(c);
-        }
-    }
-    if quoted {
-        return Err("unterminated quote".into());
-    }
-    fields.push(if was_quoted {
-        cur
-    } else {
-        cur.trim().to_owned()
-    });
-    Ok(fields)
-}
-
-fn parse_csv(text: &str, path: &str) -> Result<Vec<Row>, ManifestError> {
-    let err = |line: usize, reason: String| ManifestError::Parse {
+fn parse_csv(
+    reader: impl std::io::Read,
+    path: &str,
+    b: &mut SamplesBuilder,
+) -> Result<(), ManifestError> {
+    let err = |line: u64, reason: String| ManifestError::Parse {
         path: path.to_owned(),
-        line,
+        line: line as usize,
         reason,
     };
-    let mut rows = Vec::new();
+    let mut csv = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(reader);
+    let mut record = csv::StringRecord::new();
     // Column positions of path, label, start, end.
     let mut columns: Option<[Option<usize>; 4]> = None;
-    for (i, raw) in text.lines().enumerate() {
-        let line_no = i + 1;
-        let line = raw.trim_end_matches('\r');
-        if line.trim().is_empty() {
+    loop {
+        let line = csv.position().line();
+        match csv.read_record(&mut record) {
+            Ok(false) => return Ok(()),
+            Ok(true) => {}
+            Err(e) => {
+                let at = e.position().map_or(line, |p| p.line());
+                return Err(match e.kind() {
+                    csv::ErrorKind::Io(io) => ManifestError::Io {
+                        path: path.to_owned(),
+                        reason: io.to_string(),
+                    },
+                    _ => err(at, e.to_string()),
+                });
+            }
+        }
+        let line = record.position().map_or(line, |p| p.line());
+        if record.iter().all(str::is_empty) {
             continue;
         }
-        let fields = csv_fields(line).map_err(|r| err(line_no, r))?;
-        if columns.is_none() {
-            let names: Vec<String> = fields.iter().map(|f| f.to_ascii_lowercase()).collect();
-            let find = |alts: &[&str]| names.iter().position(|n| alts.contains(&n.as_str()));
-            if let Some(p) = find(&["path", "video"]) {
-                columns = Some([
-                    Some(p),
-                    find(&["label"]),
-                    find(&["start", "time_start"]),
-                    find(&["end", "time_end"]),
-                ]);
-                continue;
+        let [p, l, s, e] = match columns {
+            Some(c) => c,
+            None => {
+                let names: Vec<String> = record.iter().map(|f| f.to_ascii_lowercase()).collect();
+                let find = |alts: &[&str]| names.iter().position(|n| alts.contains(&n.as_str()));
+                if let Some(p) = find(&["path", "video"]) {
+                    columns = Some([
+                        Some(p),
+                        find(&["label"]),
+                        find(&["start", "time_start"]),
+                        find(&["end", "time_end"]),
+                    ]);
+                    continue;
+                }
+                let c = [Some(0), Some(1), Some(2), Some(3)];
+                columns = Some(c);
+                c
             }
-            columns = Some([Some(0), Some(1), Some(2), Some(3)]);
-        }
-        let [p, l, s, e] = columns.unwrap_or_default();
-        let get = |c: Option<usize>| c.and_then(|c| fields.get(c)).map(|s| s.as_str());
-        let row = Row {
-            video: get(p).unwrap_or("").to_owned(),
-            label: get(l).filter(|l| !l.is_empty()).map(str::to_owned),
-            start: seconds(get(s).unwrap_or(""), "start").map_err(|r| err(line_no, r))?,
-            end: seconds(get(e).unwrap_or(""), "end").map_err(|r| err(line_no, r))?,
         };
-        check_row(&row).map_err(|r| err(line_no, r))?;
-        rows.push(row);
+        let get = |c: Option<usize>| c.and_then(|c| record.get(c)).unwrap_or("");
+        let video = get(p);
+        let label = Some(get(l)).filter(|l| !l.is_empty());
+        let start = seconds(get(s), "start").map_err(|r| err(line, r))?;
+        let end = seconds(get(e), "end").map_err(|r| err(line, r))?;
+        check_row(video, start, end).map_err(|r| err(line, r))?;
+        b.push(video, label, start, end);
     }
-    Ok(rows)
 }
 
-fn parse_jsonl(text: &str, path: &str) -> Result<Vec<Row>, ManifestError> {
+fn parse_jsonl(
+    reader: impl BufRead,
+    path: &str,
+    b: &mut SamplesBuilder,
+) -> Result<(), ManifestError> {
     let err = |line: usize, reason: String| ManifestError::Parse {
         path: path.to_owned(),
         line,
         reason,
     };
-    let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate() {
+    for (i, line) in reader.lines().enumerate() {
         let line_no = i + 1;
+        let line = line.map_err(|e| err(line_no, e.to_string()))?;
         if line.trim().is_empty() {
             continue;
         }
         let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| err(line_no, e.to_string()))?;
+            serde_json::from_str(&line).map_err(|e| err(line_no, e.to_string()))?;
         let obj = v
             .as_object()
             .ok_or_else(|| err(line_no, "not a JSON object".into()))?;
@@ -291,12 +424,15 @@ fn parse_jsonl(text: &str, path: &str) -> Result<Vec<Row>, ManifestError> {
             .get("path")
             .or_else(|| obj.get("video"))
             .and_then(|v| v.as_str())
-            .ok_or_else(|| err(line_no, "no \"path\" string".into()))?
-            .to_owned();
+            .ok_or_else(|| err(line_no, "no \"path\" string".into()))?;
+        let number;
         let label = match obj.get("label") {
             None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(s)) => Some(s.clone()),
-            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            Some(serde_json::Value::String(s)) => Some(s.as_str()),
+            Some(serde_json::Value::Number(n)) => {
+                number = n.to_string();
+                Some(number.as_str())
+            }
             Some(other) => {
                 return Err(err(
                     line_no,
@@ -316,16 +452,11 @@ fn parse_jsonl(text: &str, path: &str) -> Result<Vec<Row>, ManifestError> {
                 },
             }
         };
-        let row = Row {
-            video,
-            label,
-            start: num("start")?,
-            end: num("end")?,
-        };
-        check_row(&row).map_err(|r| err(line_no, r))?;
-        rows.push(row);
+        let (start, end) = (num("start")?, num("end")?);
+        check_row(video, start, end).map_err(|r| err(line_no, r))?;
+        b.push(video, label, start, end);
     }
-    Ok(rows)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -348,19 +479,13 @@ mod tests {
         );
         let s = Samples::from_manifest(&p).unwrap();
         assert_eq!(s.len(), 2);
-        assert_eq!(s.samples[0].video, "a/x.mp4");
-        assert_eq!(
-            s.samples[0].label.as_deref(),
-            Some("playing guitar, loudly")
-        );
-        assert_eq!(
-            (s.samples[0].start, s.samples[0].end),
-            (Some(1.5), Some(4.0))
-        );
-        assert_eq!((s.samples[1].start, s.samples[1].end), (None, None));
+        assert_eq!(s.get(0).video, "a/x.mp4");
+        assert_eq!(s.get(0).label, Some("playing guitar, loudly"));
+        assert_eq!((s.get(0).start, s.get(0).end), (Some(1.5), Some(4.0)));
+        assert_eq!((s.get(1).start, s.get(1).end), (None, None));
         // Sorted distinct labels: "playing guitar, loudly" < "swimming".
-        assert_eq!(s.samples[0].label_index, 0);
-        assert_eq!(s.samples[1].label_index, 1);
+        assert_eq!(s.get(0).label_index, 0);
+        assert_eq!(s.get(1).label_index, 1);
         assert_eq!(
             s.classes(),
             vec![
@@ -375,7 +500,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path(), "m.csv", "x.mp4,7\ny.mp4,3\nz.mp4\n");
         let s = Samples::from_manifest(&p).unwrap();
-        let idx: Vec<i64> = s.samples.iter().map(|s| s.label_index).collect();
+        let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
         assert_eq!(idx, vec![7, 3, -1]);
         // Integer labels are their own indices; a row without a label adds no class.
         assert_eq!(s.classes(), vec![("3".to_owned(), 3), ("7".to_owned(), 7)]);
@@ -390,8 +515,8 @@ mod tests {
             "{\"path\": \"a.mp4\", \"label\": \"cat\", \"start\": 0.5}\n\n{\"video\": \"b.mp4\", \"label\": 2}\n",
         );
         let s = Samples::from_manifest(&p).unwrap();
-        assert_eq!(s.samples[0].start, Some(0.5));
-        assert_eq!(s.samples[1].label.as_deref(), Some("2"));
+        assert_eq!(s.get(0).start, Some(0.5));
+        assert_eq!(s.get(1).label, Some("2"));
         let bad = write(
             dir.path(),
             "bad.jsonl",
@@ -416,7 +541,159 @@ mod tests {
             std::fs::write(dir.path().join(f), b"x").unwrap();
         }
         let s = Samples::scan(dir.path());
-        let v: Vec<&str> = s.samples.iter().map(|s| s.video.as_str()).collect();
+        let v: Vec<&str> = s.iter().map(|s| s.video).collect();
         assert_eq!(v, vec!["a.mkv", "b/a.webm", "b/z.mp4"]);
+    }
+
+    #[test]
+    fn csv_quoted_fields_hold_commas_quotes_and_line_breaks() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            "m.csv",
+            "id,path,label,end\r\n7,\"dir, with comma/a.mp4\",\"say \"\"hi\"\"\",2.5\n\n8,b.mp4,\"two\nlines\",\n   \n9,  c.mp4  ,plain,\n",
+        );
+        let s = Samples::from_manifest(&p).unwrap();
+        let rows: Vec<_> = s.iter().map(|s| (s.video, s.label, s.end)).collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("dir, with comma/a.mp4", Some("say \"hi\""), Some(2.5)),
+                ("b.mp4", Some("two\nlines"), None),
+                ("c.mp4", Some("plain"), None),
+            ]
+        );
+        // Sorted distinct labels: "plain" < "say \"hi\"" < "two\nlines".
+        let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+        assert_eq!(idx, vec![1, 2, 0]);
+        assert_eq!(s.get(2).start, None);
+    }
+
+    #[test]
+    fn csv_bad_rows_name_their_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            // After a quoted field spanning lines 2 and 3, the bad row is on line 5.
+            (
+                "path,label,start\na.mp4,\"x\ny\",1\nb.mp4,z,2\nc.mp4,z,soon\n",
+                5,
+                "start \"soon\"",
+            ),
+            ("a.mp4,cat\n,dog\n", 2, "empty path"),
+            ("a.mp4\n\"b.mp4,cat\nc.mp4\n", 2, "line break"),
+            (
+                "path,start,end\na.mp4,0,1\nb.mp4,3,2\n",
+                3,
+                "not after start",
+            ),
+        ];
+        for (i, (text, line, why)) in cases.iter().enumerate() {
+            let p = write(dir.path(), &format!("bad{i}.csv"), text);
+            match Samples::from_manifest(&p) {
+                Err(ManifestError::Parse {
+                    line: l, reason, ..
+                }) => {
+                    assert_eq!(l, *line, "{text:?}: {reason}");
+                    assert!(reason.contains(why), "{text:?}: {reason}");
+                }
+                other => panic!("{text:?}: {other:?}"),
+            }
+        }
+        let p = write(dir.path(), "latin1.csv", "");
+        std::fs::write(&p, b"a.mp4,ok\nb.mp4,caf\xe9\n").unwrap();
+        assert!(matches!(
+            Samples::from_manifest(&p),
+            Err(ManifestError::Parse { line: 2, .. })
+        ));
+        assert!(matches!(
+            Samples::from_manifest(&dir.path().join("missing.csv")),
+            Err(ManifestError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn a_large_manifest_ranks_many_labels_exactly() {
+        // 200,000 rows over 5,003 labels whose text order differs from their numbering ("L10" < "L2"),
+        // in a scattered order, some rows unlabelled, some trimmed.
+        const ROWS: usize = 200_000;
+        const LABELS: usize = 5_003;
+        let label_of = |i: usize| (i * 7_919) % LABELS;
+        let mut text = String::from("path,label,start,end\n");
+        for i in 0..ROWS {
+            let label = if i % 101 == 0 {
+                String::new()
+            } else {
+                format!("L{}", label_of(i))
+            };
+            let trim = if i % 3 == 0 { "1.5,2.5" } else { "," };
+            text.push_str(&format!("d{}/v{i}.mp4,{label},{trim}\n", i / 1000));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path(), "big.csv", &text);
+        let s = Samples::from_manifest(&p).unwrap();
+        assert_eq!(s.len(), ROWS);
+        // The expected ranks, from an independent sort of the distinct labels used.
+        let mut used: Vec<String> = (0..ROWS)
+            .filter(|i| i % 101 != 0)
+            .map(|i| format!("L{}", label_of(i)))
+            .collect();
+        used.sort();
+        used.dedup();
+        assert_eq!(used.len(), LABELS);
+        let rank: HashMap<&str, i64> = used
+            .iter()
+            .enumerate()
+            .map(|(r, l)| (l.as_str(), r as i64))
+            .collect();
+        assert_eq!(rank["L0"], 0);
+        assert_eq!(rank["L1"], 1);
+        assert_eq!(rank["L10"], 2);
+        for i in 0..ROWS {
+            let got = s.get(i);
+            assert_eq!(got.video, format!("d{}/v{i}.mp4", i / 1000));
+            if i % 101 == 0 {
+                assert_eq!((got.label, got.label_index), (None, -1), "row {i}");
+            } else {
+                let want = format!("L{}", label_of(i));
+                assert_eq!(got.label, Some(want.as_str()), "row {i}");
+                assert_eq!(got.label_index, rank[want.as_str()], "row {i}");
+            }
+            let want_trim = if i % 3 == 0 {
+                (Some(1.5), Some(2.5))
+            } else {
+                (None, None)
+            };
+            assert_eq!((got.start, got.end), want_trim, "row {i}");
+        }
+        let classes = s.classes();
+        assert_eq!(classes.len(), LABELS);
+        for (l, i) in &classes {
+            assert_eq!(rank[l.as_str()], *i, "{l}");
+        }
+        assert!(classes.windows(2).all(|w| w[0].0 < w[1].0));
+        // Compact: the arena of paths plus 12 bytes a row, 16 more for the trims, a little per label.
+        let paths: usize = (0..ROWS).map(|i| s.video(i).len()).sum();
+        assert!(
+            s.approx_bytes() <= paths + ROWS * 28 + LABELS * 40,
+            "{} bytes",
+            s.approx_bytes()
+        );
+    }
+
+    #[test]
+    fn gulp_label_indices_replace_the_ranks_they_name() {
+        let s = Samples::from_labeled(vec![
+            ("a".into(), Some("dog".into())),
+            ("b".into(), Some("cat".into())),
+            ("c".into(), None),
+            ("d".into(), Some("dog".into())),
+        ])
+        .with_label_indices(|l| (l == "dog").then_some(40));
+        let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+        assert_eq!(idx, vec![40, 0, -1, 40]);
+        assert_eq!(
+            s.classes(),
+            vec![("cat".to_owned(), 0), ("dog".to_owned(), 40)]
+        );
     }
 }

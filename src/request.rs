@@ -130,6 +130,9 @@ pub struct DatasetSummary {
     pub samples: u64,
     /// Each distinct label and its label index.
     pub classes: Vec<(String, i64)>,
+    /// The root's walk is under way (until the first one completes, the counts are of the videos
+    /// found so far).
+    pub building: bool,
 }
 
 impl ClipsRequest {

@@ -135,8 +135,8 @@ pub async fn serve_engine(
         let weak = Arc::downgrade(&engine);
         move || {
             if let Some(e) = weak.upgrade() {
-                let changed = e.catalog().rescan();
-                tracing::info!(changed = ?changed, "SIGHUP: datasets listed again");
+                let r = e.catalog().reload();
+                tracing::info!(changed = ?r.changed, errors = ?r.errors, "SIGHUP: datasets listed again");
             }
         }
     });

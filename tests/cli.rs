@@ -402,3 +402,63 @@ async fn frame_mappings_are_ffprobes_frame_list_in_torchcodecs_format() {
         assert_eq!(got, ffprobe_frames(video, stream), "{video}");
     }
 }
+
+#[tokio::test]
+async fn reload_lists_the_datasets_again_and_names_a_broken_manifest() {
+    let d = Daemon::start().await;
+    let scratch_of = |v: &Value| -> (u64, u64, bool) {
+        let list = array(&v["datasets"], "datasets");
+        let s = list
+            .iter()
+            .find(|ds| ds["name"] == SCRATCH)
+            .unwrap_or_else(|| panic!("no dataset {SCRATCH:?} in {v}"));
+        (
+            u64_of(&s["video_count"], "video_count"),
+            u64_of(&s["samples"], "samples"),
+            s["building"] == Value::Bool(true),
+        )
+    };
+    let before = scratch_of(&json(&ok_stdout(&["datasets", "--addr", &d.addr])));
+    assert!(!before.2, "still building after start-up: {before:?}");
+    std::fs::copy(media_path(CONTROL_VIDEO), d.scratch.join("new.mov")).unwrap();
+    // Not seen until a reload (the catalogue answers, nothing walks per call)...
+    let same = scratch_of(&json(&ok_stdout(&["datasets", "--addr", &d.addr])));
+    assert_eq!(same, before);
+    // ... which replies once the walk is done, with the new count and what changed.
+    let v = json(&ok_stdout(&["reload", "--addr", &d.addr]));
+    assert_eq!(scratch_of(&v), (before.0 + 1, before.1 + 1, false), "{v}");
+    assert!(
+        array(&v["changed"], "changed").contains(&Value::from(SCRATCH)),
+        "{v}"
+    );
+    assert_eq!(array(&v["errors"], "errors").len(), 0, "{v}");
+    let after = scratch_of(&json(&ok_stdout(&["datasets", "--addr", &d.addr])));
+    assert_eq!(after, (before.0 + 1, before.1 + 1, false));
+    assert!(d.log_text().contains("Reload: datasets listed again"));
+
+    // A manifest that no longer parses: exit 1 naming its line, the previous samples kept.
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("m.csv");
+    std::fs::write(&manifest, format!("path,label\n{CONTROL_VIDEO},a\n")).unwrap();
+    let spec = format!(
+        "m={}:manifest={}",
+        media_dir().display(),
+        manifest.display()
+    );
+    let m = Daemon::start_with(&["--dataset", &spec]).await;
+    std::fs::write(&manifest, "path,start\nx.mp4,later\n").unwrap();
+    let out = vserve(&["reload", "--addr", &m.addr]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("reload: dataset \"m\"") && stderr.contains("line 2"),
+        "{stderr}"
+    );
+    let v = json(&String::from_utf8_lossy(&out.stdout));
+    let kept = array(&v["datasets"], "datasets")
+        .iter()
+        .find(|ds| ds["name"] == "m")
+        .cloned()
+        .unwrap_or_else(|| panic!("no dataset m in {v}"));
+    assert_eq!(u64_of(&kept["samples"], "samples"), 1, "{v}");
+}

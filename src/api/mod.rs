@@ -539,21 +539,24 @@ impl pb::v_serve_server::VServe for Api {
         &self,
         _request: Request<pb::ListDatasetsRequest>,
     ) -> Result<Response<pb::ListDatasetsResponse>, Status> {
-        let engine = self.engine.clone();
-        let summaries = tokio::task::spawn_blocking(move || engine.datasets())
-            .await
-            .map_err(|e| fail("ListDatasets", Error::Internal(e.to_string())))?;
         Ok(Response::new(pb::ListDatasetsResponse {
-            datasets: summaries
-                .into_iter()
-                .map(|d| pb::DatasetInfo {
-                    name: d.name,
-                    root: d.root,
-                    video_count: d.video_count,
-                    samples: d.samples,
-                    class_to_idx: d.classes.into_iter().collect(),
-                })
-                .collect(),
+            datasets: dataset_infos(self.engine.datasets()),
+        }))
+    }
+
+    async fn reload(
+        &self,
+        _request: Request<pb::ReloadRequest>,
+    ) -> Result<Response<pb::ReloadResponse>, Status> {
+        let engine = self.engine.clone();
+        let r = tokio::task::spawn_blocking(move || engine.catalog().reload())
+            .await
+            .map_err(|e| fail("Reload", Error::Internal(e.to_string())))?;
+        tracing::info!(changed = ?r.changed, errors = r.errors.len(), "Reload: datasets listed again");
+        Ok(Response::new(pb::ReloadResponse {
+            datasets: dataset_infos(self.engine.datasets()),
+            changed: r.changed,
+            errors: r.errors,
         }))
     }
 
@@ -623,4 +626,19 @@ impl pb::v_serve_server::VServe for Api {
         }
         Ok(Response::new(for_each_stat!(reply)))
     }
+}
+
+/// ListDatasets' entries.
+fn dataset_infos(summaries: Vec<crate::request::DatasetSummary>) -> Vec<pb::DatasetInfo> {
+    summaries
+        .into_iter()
+        .map(|d| pb::DatasetInfo {
+            name: d.name,
+            root: d.root,
+            video_count: d.video_count,
+            samples: d.samples,
+            class_to_idx: d.classes.into_iter().collect(),
+            building: d.building,
+        })
+        .collect()
 }

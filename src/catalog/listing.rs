@@ -1,104 +1,262 @@
-//! The catalogue's listings of directory datasets: what the last walk of each root found (its videos as
-//! samples, and their count). Walked in the background at start, again every `--rescan-interval` and on
-//! SIGHUP, each listing swapped whole; ListDatasets and stream planning read them and never walk.
+//! The catalogue's listings: each dataset's sample list as one compact [`Samples`] (a manifest's rows,
+//! a gulp set's ids, or the videos the last walk of a directory root found) and its video count.
+//!
+//! Input: the datasets opened by [`Catalog::open`] (manifests already parsed). Output: what
+//! ListDatasets ([`Catalog::datasets`]) and stream planning ([`Catalog::samples`]) read.
+//!
+//! Invariants: directory roots are walked in the background at start ([`Catalog::start_rescans`]), again
+//! every `--rescan-interval`, on SIGHUP and on the Reload RPC (`vserve reload`, [`Catalog::reload`]),
+//! which also re-read manifests; each listing is built aside and swapped whole under a write lock held
+//! for a pointer swap, so a reader sees the old or the new list, never a mix. One walk at a time;
+//! a reload asked for while a walk it would repeat is under way waits for that walk and does not walk
+//! again. ListDatasets never walks: before a root's first walk completes it reports the videos found so
+//! far with `building` set. A stream planned before the first walk completes waits for it (never walks
+//! per stream). A manifest that no longer parses on reload keeps its previous samples (the error is
+//! logged and returned). Gulp datasets are read once at start.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use parking_lot::{Mutex, RwLock};
+
 use super::Catalog;
-use crate::manifest::Samples;
+use crate::error::{blocking, Error};
+use crate::manifest::{Samples, SamplesBuilder};
 use crate::request::DatasetSummary;
 
-/// One walk of a directory dataset.
+/// One complete walk of a directory root.
 #[derive(Clone)]
-pub(super) struct Listing {
-    /// The videos found, as samples (unused for datasets with a manifest).
-    pub(super) samples: Arc<Samples>,
-    pub(super) videos: u64,
+struct Listing {
+    /// The videos found, sorted (None for a dataset whose samples come from its manifest: the walk
+    /// only counts).
+    samples: Option<Arc<Samples>>,
+    videos: u64,
 }
 
+/// A walk of one root under way.
+#[derive(Default)]
+struct Progress {
+    /// Videos found so far by the walk under way (or the last one).
+    found: AtomicU64,
+    walking: AtomicBool,
+    /// Walks started, for coalescing reloads.
+    started: AtomicU64,
+}
+
+/// What a reload did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Reloaded {
+    /// Datasets whose videos or samples changed.
+    pub changed: Vec<String>,
+    /// What could not be reloaded (each dataset keeps its previous list).
+    pub errors: Vec<String>,
+}
+
+/// Every dataset's current lists (see the module comment).
+pub(super) struct Listings {
+    /// Samples from a manifest or a gulp set, by dataset; swapped whole on reload.
+    manifests: RwLock<BTreeMap<String, Arc<Samples>>>,
+    /// The manifest file of each dataset that has one, re-read on reload.
+    manifest_files: BTreeMap<String, PathBuf>,
+    /// The last complete walk of each directory root.
+    walked: RwLock<BTreeMap<String, Listing>>,
+    /// Every directory dataset (every dataset but gulp sets) and its walk's progress.
+    progress: BTreeMap<String, Progress>,
+    /// One walk at a time.
+    walking: Mutex<()>,
+}
+
+impl Listings {
+    /// `walked`: the datasets whose roots are walked (all but gulp sets).
+    pub(super) fn new(
+        manifests: BTreeMap<String, Arc<Samples>>,
+        manifest_files: BTreeMap<String, PathBuf>,
+        walked: Vec<String>,
+    ) -> Listings {
+        Listings {
+            manifests: RwLock::new(manifests),
+            manifest_files,
+            walked: RwLock::new(BTreeMap::new()),
+            progress: walked
+                .into_iter()
+                .map(|n| (n, Progress::default()))
+                .collect(),
+            walking: Mutex::new(()),
+        }
+    }
+}
+
+/// How often a walk publishes its count of videos found.
+const PUBLISH_EVERY: u64 = 1024;
+
 impl Catalog {
-    /// The datasets served, from the catalogue (a dataset not walked yet is walked now, once).
+    /// The datasets served, from the catalogue; never walks (see the module comment).
     pub fn datasets(&self) -> Vec<DatasetSummary> {
+        let manifests = self.listings.manifests.read().clone();
+        let walked = self.listings.walked.read().clone();
         self.datasets
             .values()
             .map(|d| {
-                let manifest = self.manifests.get(&d.name);
-                let gulp = self.gulps.get(&d.name);
-                let listing = match gulp {
-                    Some(_) => None,
-                    None => Some(self.listing(&d.name)),
+                let manifest = manifests.get(&d.name);
+                let listing = walked.get(&d.name);
+                let progress = self.listings.progress.get(&d.name);
+                let found = progress.map_or(0, |p| p.found.load(Ordering::Relaxed));
+                let video_count = match (self.gulps.get(&d.name), listing) {
+                    (Some(g), _) => g.len() as u64,
+                    (None, Some(l)) => l.videos,
+                    (None, None) => found,
+                };
+                let samples = match (manifest, listing.and_then(|l| l.samples.as_ref())) {
+                    (Some(m), _) => m.len() as u64,
+                    (None, Some(s)) => s.len() as u64,
+                    (None, None) => found,
                 };
                 DatasetSummary {
                     name: d.name.clone(),
                     root: d.root.display().to_string(),
-                    video_count: match (gulp, &listing) {
-                        (Some(g), _) => g.len() as u64,
-                        (None, Some(l)) => l.videos,
-                        (None, None) => 0,
-                    },
-                    samples: match (manifest, &listing) {
-                        (Some(m), _) => m.len() as u64,
-                        (None, Some(l)) => l.samples.len() as u64,
-                        (None, None) => 0,
-                    },
+                    video_count,
+                    samples,
                     classes: manifest.map(|m| m.classes()).unwrap_or_default(),
+                    building: progress
+                        .is_some_and(|p| p.walking.load(Ordering::Relaxed) || listing.is_none()),
                 }
             })
             .collect()
     }
 
-    /// The current walk of directory dataset `name`, walking it now if it never was (blocking).
-    pub(super) fn listing(&self, name: &str) -> Listing {
-        if let Some(l) = self.listings.read().get(name) {
-            return l.clone();
+    /// A dataset's samples: its manifest (or gulp set), else the last walk of its root (waiting for
+    /// the first walk if it has not completed, on a blocking thread).
+    pub async fn samples(self: &Arc<Self>, dataset: &str) -> Result<Arc<Samples>, Error> {
+        self.dataset(dataset)?;
+        if let Some(s) = self.listings.manifests.read().get(dataset) {
+            return Ok(s.clone());
         }
-        let _one = self.walking.lock();
-        if let Some(l) = self.listings.read().get(name) {
-            return l.clone();
+        if let Some(s) = self
+            .listings
+            .walked
+            .read()
+            .get(dataset)
+            .and_then(|l| l.samples.clone())
+        {
+            return Ok(s);
         }
-        let l = self.walk(name);
-        self.listings.write().insert(name.to_owned(), l.clone());
-        l
+        let (this, name) = (self.clone(), dataset.to_owned());
+        blocking(move || Ok(this.listing(&name))).await
     }
 
+    /// The samples of the last walk of directory dataset `name`, walking it now if it never was.
+    fn listing(&self, name: &str) -> Arc<Samples> {
+        let walked = |this: &Catalog| {
+            this.listings
+                .walked
+                .read()
+                .get(name)
+                .and_then(|l| l.samples.clone())
+        };
+        if let Some(s) = walked(self) {
+            return s;
+        }
+        let _one = self.listings.walking.lock();
+        if let Some(s) = walked(self) {
+            return s;
+        }
+        let fresh = self.walk(name);
+        let samples = fresh.samples.clone().unwrap_or_default();
+        self.listings.walked.write().insert(name.to_owned(), fresh);
+        samples
+    }
+
+    /// Walks directory dataset `name`'s root (the caller holds `walking`).
     fn walk(&self, name: &str) -> Listing {
-        let Some(d) = self.datasets.get(name) else {
+        let (Some(d), Some(p)) = (self.datasets.get(name), self.listings.progress.get(name)) else {
             return Listing {
-                samples: Arc::new(Samples::from_labeled(Vec::new())),
+                samples: Some(Arc::default()),
                 videos: 0,
             };
         };
-        let found = crate::dataset::walk_videos(&d.root);
-        let videos = found.len() as u64;
-        Listing {
-            samples: Arc::new(Samples::from_paths(&d.root, found)),
+        let keep = !self.listings.manifest_files.contains_key(name);
+        p.started.fetch_add(1, Ordering::AcqRel);
+        p.found.store(0, Ordering::Relaxed);
+        p.walking.store(true, Ordering::Release);
+        let started = std::time::Instant::now();
+        let mut builder = SamplesBuilder::new();
+        let mut videos = 0u64;
+        crate::dataset::visit_videos(&d.root, &mut |rel| {
+            videos += 1;
+            if videos.is_multiple_of(PUBLISH_EVERY) {
+                p.found.store(videos, Ordering::Relaxed);
+            }
+            if keep {
+                builder.push(rel, None, None, None);
+            }
+        });
+        p.found.store(videos, Ordering::Relaxed);
+        let samples = keep.then(|| Arc::new(builder.finish_sorted()));
+        p.walking.store(false, Ordering::Release);
+        tracing::info!(
+            dataset = %name,
             videos,
-        }
+            bytes = samples.as_ref().map_or(0, |s| s.approx_bytes()),
+            seconds = started.elapsed().as_secs_f64(),
+            "dataset root walked"
+        );
+        Listing { samples, videos }
     }
 
-    /// Walks every directory dataset again and swaps each listing whole (blocking). Returns the
-    /// datasets whose video count changed.
+    /// Walks every directory root again and re-reads every manifest, swapping each list whole
+    /// (blocking). Returns the datasets whose videos changed.
     pub fn rescan(&self) -> Vec<String> {
-        let mut changed = Vec::new();
-        for (name, _) in self
-            .datasets
-            .iter()
-            .filter(|(n, _)| !self.gulps.contains_key(*n))
-        {
-            let _one = self.walking.lock();
-            let fresh = self.walk(name);
-            let before = self.listings.read().get(name).map(|l| l.videos);
-            if before != Some(fresh.videos) {
-                tracing::info!(dataset = %name, videos = fresh.videos, "dataset listed");
-                changed.push(name.clone());
+        self.reload().changed
+    }
+
+    /// Walks every directory root again (unless a walk began after this call and has completed, which
+    /// is as fresh) and re-reads every manifest, swapping each list whole (blocking).
+    pub fn reload(&self) -> Reloaded {
+        let mut out = Reloaded::default();
+        for (name, file) in &self.listings.manifest_files {
+            match Samples::from_manifest(file) {
+                Ok(fresh) => {
+                    let fresh = Arc::new(fresh);
+                    let old = self
+                        .listings
+                        .manifests
+                        .write()
+                        .insert(name.clone(), fresh.clone());
+                    if old.as_deref() != Some(&*fresh) {
+                        tracing::info!(dataset = %name, samples = fresh.len(), "manifest read again");
+                        out.changed.push(name.clone());
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(dataset = %name, error = %e, "manifest not reloaded: the previous samples are kept");
+                    out.errors.push(format!("dataset {name:?}: {e}"));
+                }
             }
-            self.listings.write().insert(name.clone(), fresh);
         }
-        changed
+        for (name, p) in &self.listings.progress {
+            let asked = p.started.load(Ordering::Acquire);
+            let _one = self.listings.walking.lock();
+            if p.started.load(Ordering::Acquire) > asked
+                && self.listings.walked.read().contains_key(name)
+            {
+                // A walk began after this reload was asked for and has completed: as fresh.
+                continue;
+            }
+            let fresh = self.walk(name);
+            let before = self.listings.walked.read().get(name).map(|l| l.videos);
+            if before != Some(fresh.videos) && !out.changed.contains(name) {
+                tracing::info!(dataset = %name, videos = fresh.videos, "dataset listed");
+                out.changed.push(name.clone());
+            }
+            self.listings.walked.write().insert(name.clone(), fresh);
+        }
+        out
     }
 
     /// Lists every directory dataset now on a named thread, then again every `every` (zero: only on
-    /// [`Catalog::rescan`] calls, as on SIGHUP), until the catalogue is dropped.
+    /// [`Catalog::reload`] calls, as on SIGHUP), until the catalogue is dropped.
     pub fn start_rescans(catalog: &Arc<Catalog>, every: std::time::Duration) {
         let weak = Arc::downgrade(catalog);
         let spawned = std::thread::Builder::new()
@@ -107,7 +265,9 @@ impl Catalog {
                 let mut first = true;
                 loop {
                     let Some(cat) = weak.upgrade() else { return };
-                    if first || !every.is_zero() {
+                    if first {
+                        cat.walk_unlisted();
+                    } else {
                         cat.rescan();
                     }
                     drop(cat);
@@ -121,5 +281,106 @@ impl Catalog {
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "no catalogue thread: datasets are listed when first asked for");
         }
+    }
+
+    /// The first walk of every root not walked yet (manifests were read at start).
+    fn walk_unlisted(&self) {
+        for name in self.listings.progress.keys() {
+            let _one = self.listings.walking.lock();
+            if self.listings.walked.read().contains_key(name) {
+                continue;
+            }
+            let fresh = self.walk(name);
+            self.listings.walked.write().insert(name.clone(), fresh);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load::ServeArgs;
+    use crate::metrics::EngineMetrics;
+
+    fn catalog(root: &std::path::Path, manifest: Option<PathBuf>) -> Arc<Catalog> {
+        let mut dataset = format!("d={}", root.display());
+        if let Some(m) = manifest {
+            dataset.push_str(&format!(":manifest={}", m.display()));
+        }
+        let config = ServeArgs {
+            dataset: vec![dataset],
+            ..ServeArgs::default()
+        }
+        .to_config()
+        .unwrap();
+        Arc::new(Catalog::open(&config, EngineMetrics::default()).unwrap())
+    }
+
+    fn touch(root: &std::path::Path, rel: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"x").unwrap();
+    }
+
+    #[tokio::test]
+    async fn lists_are_built_aside_and_swapped_on_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["b/2.mp4", "a/1.mkv", "b/1.webm", "notes.txt"] {
+            touch(dir.path(), f);
+        }
+        let cat = catalog(dir.path(), None);
+        // Before any walk: building, nothing counted; ListDatasets did not walk.
+        let d = &cat.datasets()[0];
+        assert_eq!((d.building, d.video_count, d.samples), (true, 0, 0));
+        // A stream's planning waits for the (first) walk.
+        let s = cat.samples("d").await.unwrap();
+        let got: Vec<&str> = s.iter().map(|s| s.video).collect();
+        assert_eq!(got, vec!["a/1.mkv", "b/1.webm", "b/2.mp4"]);
+        let d = &cat.datasets()[0];
+        assert_eq!((d.building, d.video_count, d.samples), (false, 3, 3));
+        // A new file is not seen until a reload; readers holding the old list keep it.
+        touch(dir.path(), "a/0.mp4");
+        assert_eq!(cat.datasets()[0].video_count, 3);
+        let r = cat.reload();
+        assert_eq!(
+            r,
+            Reloaded {
+                changed: vec!["d".into()],
+                errors: vec![]
+            }
+        );
+        assert_eq!(s.len(), 3);
+        let now = cat.samples("d").await.unwrap();
+        assert_eq!(now.video(0), "a/0.mp4");
+        assert_eq!(cat.datasets()[0].video_count, 4);
+        assert_eq!(cat.reload(), Reloaded::default());
+    }
+
+    #[tokio::test]
+    async fn a_manifest_is_read_again_on_reload_and_a_broken_one_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        touch(dir.path(), "v.mp4");
+        let m = dir.path().join("m.csv");
+        std::fs::write(&m, "path,label\nv.mp4,dog\nv.mp4,cat\n").unwrap();
+        let cat = catalog(dir.path(), Some(m.clone()));
+        let before = cat.samples("d").await.unwrap();
+        assert_eq!(before.len(), 2);
+        assert_eq!(
+            cat.datasets()[0].classes,
+            vec![("cat".to_owned(), 0), ("dog".to_owned(), 1)]
+        );
+        std::fs::write(&m, "path,label\nv.mp4,dog\nv.mp4,cat\nv.mp4,ant\n").unwrap();
+        let r = cat.reload();
+        assert_eq!(r.changed, vec!["d".to_owned()]);
+        assert_eq!(cat.samples("d").await.unwrap().len(), 3);
+        let d = &cat.datasets()[0];
+        assert_eq!((d.video_count, d.samples, d.building), (1, 3, false));
+        assert_eq!(d.classes[0], ("ant".to_owned(), 0));
+        std::fs::write(&m, "path,start\nv.mp4,never\n").unwrap();
+        let r = cat.reload();
+        assert!(r.changed.is_empty(), "{r:?}");
+        assert_eq!(r.errors.len(), 1);
+        assert!(r.errors[0].contains("line 2"), "{r:?}");
+        assert_eq!(cat.samples("d").await.unwrap().len(), 3);
     }
 }

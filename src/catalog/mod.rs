@@ -29,7 +29,7 @@ use crate::cache::VideoId;
 use crate::config::Config;
 use crate::dataset::Dataset;
 use crate::decode::VideoSource;
-use crate::error::{blocking, Error};
+use crate::error::Error;
 use crate::gulp::reader::{GulpDataset, GulpVideo};
 use crate::index::{IndexError, VideoIndex};
 use crate::journal::{FileKey, Journal, JournalSlot, Quarantine};
@@ -38,7 +38,8 @@ use crate::metrics::{EngineMetrics, Timer};
 use crate::store::{Health, Key, Record, Store};
 
 mod listing;
-use listing::Listing;
+use listing::Listings;
+pub use listing::Reloaded;
 
 /// A resolved, indexed video.
 pub type Resolved = (Arc<VideoId>, Arc<VideoIndex>, VideoSource);
@@ -79,9 +80,6 @@ pub struct Catalog {
     datasets: BTreeMap<String, Dataset>,
     /// Datasets whose root holds GulpIO chunks: videos are ids, frames stored JPEGs.
     gulps: BTreeMap<String, Arc<GulpDataset>>,
-    /// Parsed manifests and gulp sample lists, by dataset name (datasets without one are scanned per
-    /// stream, see `recent_scans`).
-    manifests: BTreeMap<String, Arc<Samples>>,
     indexes: moka::sync::Cache<Arc<VideoId>, Arc<VideoIndex>>,
     /// Files that failed to index, remembered briefly (by identity, so a replaced file is tried again at
     /// once): a client repeating a request for a broken file costs a lookup, not another scan.
@@ -89,12 +87,9 @@ pub struct Catalog {
     /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
     /// by decoding from then on.
     damaged: Mutex<HashSet<VideoId>>,
-    /// What the last walk of each directory dataset found: its samples (for datasets without a
-    /// manifest) and video count. Built in the background at start, refreshed every `--rescan-interval`
-    /// and on SIGHUP, swapped whole; streams and ListDatasets read it and never walk.
-    listings: parking_lot::RwLock<BTreeMap<String, Listing>>,
-    /// One walk at a time (a stream opening before the first walk finished waits for it).
-    walking: Mutex<()>,
+    /// Every dataset's sample list (manifest, gulp set, or the last walk of its root) and video count:
+    /// built in the background at start, refreshed on reload, swapped whole ([`listing`]).
+    listings: Listings,
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
     /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
     index_permits: Arc<tokio::sync::Semaphore>,
@@ -146,10 +141,22 @@ impl Catalog {
                 manifests.insert(d.name.clone(), Arc::new(samples));
             }
         }
+        let listings = Listings::new(
+            manifests,
+            config
+                .datasets
+                .iter()
+                .filter_map(|d| Some((d.name.clone(), d.manifest.clone()?)))
+                .collect(),
+            datasets
+                .keys()
+                .filter(|n| !gulps.contains_key(*n))
+                .cloned()
+                .collect(),
+        );
         Ok(Catalog {
             datasets,
             gulps,
-            manifests,
             indexes: moka::sync::Cache::builder()
                 .max_capacity(config.cache.index_bytes)
                 .weigher(|_k: &Arc<VideoId>, v: &Arc<VideoIndex>| {
@@ -161,8 +168,7 @@ impl Catalog {
                 .time_to_live(std::time::Duration::from_secs(30))
                 .build(),
             damaged: Mutex::new(HashSet::new()),
-            listings: parking_lot::RwLock::new(BTreeMap::new()),
-            walking: Mutex::new(()),
+            listings,
             index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
             index_builds: AtomicU64::new(0),
             metrics,
@@ -246,19 +252,6 @@ impl Catalog {
         self.datasets
             .get(name)
             .ok_or_else(|| Error::NotFound(format!("dataset {name:?} not served here")))
-    }
-
-    /// A dataset's samples: its manifest (or gulp set), else the catalogue's listing of its root.
-    pub async fn samples(self: &Arc<Self>, dataset: &str) -> Result<Arc<Samples>, Error> {
-        self.dataset(dataset)?;
-        if let Some(s) = self.manifests.get(dataset) {
-            return Ok(s.clone());
-        }
-        if let Some(l) = self.listings.read().get(dataset) {
-            return Ok(l.samples.clone());
-        }
-        let (this, name) = (self.clone(), dataset.to_owned());
-        blocking(move || Ok(this.listing(&name).samples)).await
     }
 
     /// Resolves and indexes one video on a blocking thread, within the index-build bound and deadline.

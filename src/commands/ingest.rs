@@ -85,15 +85,15 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> IngestError + '_ {
 }
 
 /// Ids for samples: the path, or `path#n` for its n-th listing.
-fn sample_ids(samples: &[Sample]) -> Vec<String> {
+fn sample_ids(samples: &[Sample<'_>]) -> Vec<String> {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     samples
         .iter()
         .map(|s| {
-            let n = seen.entry(&s.video).or_insert(0);
+            let n = seen.entry(s.video).or_insert(0);
             *n += 1;
             if *n == 1 {
-                s.video.clone()
+                s.video.to_owned()
             } else {
                 format!("{}#{}", s.video, n)
             }
@@ -199,7 +199,7 @@ fn encode_video(
             ..Transform::default()
         };
         let geometry = transform
-            .geometry(&index, &sample.video, &crate::config::Limits::default())
+            .geometry(&index, sample.video, &crate::config::Limits::default())
             .map_err(|e| e.to_string())?;
         let source = VideoSource {
             path: path.clone(),
@@ -253,7 +253,7 @@ fn encode_video(
             "height": h,
         });
         if let Some(l) = &sample.label {
-            meta["label"] = serde_json::Value::String(l.clone());
+            meta["label"] = serde_json::Value::String((*l).to_owned());
             meta["label_index"] = serde_json::Value::from(sample.label_index);
         }
         if let Some(s) = sample.start {
@@ -356,14 +356,13 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
         Some(m) => Samples::from_manifest(m).map_err(|e| IngestError::Usage(e.to_string()))?,
         None => Samples::scan(&dataset_dir),
     };
-    let ids = sample_ids(&samples.samples);
+    let ids = sample_ids(&samples.iter().collect::<Vec<_>>());
     let (done, last_chunk) = prepare_out(&opts.out)?;
 
     // label2idx.json: every label of the sample list (the same on every run).
     let labels: BTreeMap<&str, i64> = samples
-        .samples
         .iter()
-        .filter_map(|s| s.label.as_deref().map(|l| (l, s.label_index)))
+        .filter_map(|s| s.label.map(|l| (l, s.label_index)))
         .collect();
     if !labels.is_empty() {
         let text = serde_json::to_string(&labels).unwrap_or_default();
@@ -411,7 +410,7 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&s) = todo.get(i) else { break };
-                    let sample = &samples.samples[s];
+                    let sample = &samples.get(s);
                     let result =
                         encode_video(&dir, sample, &ids[s], &opts, &mut backend, &mut encoder);
                     if tx.send((s, result)).is_err() {
@@ -494,10 +493,11 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
     summary.failed = failed
         .into_iter()
         .map(|(s, reason)| {
-            let video = samples
-                .samples
-                .get(s)
-                .map_or_else(|| "(all)".to_owned(), |x| x.video.clone());
+            let video = if s < samples.len() {
+                samples.video(s).to_owned()
+            } else {
+                "(all)".to_owned()
+            };
             (video, reason)
         })
         .collect();
@@ -617,9 +617,9 @@ mod tests {
         }
     }
 
-    fn sample(start: Option<f64>, end: Option<f64>) -> Sample {
+    fn sample(start: Option<f64>, end: Option<f64>) -> Sample<'static> {
         Sample {
-            video: "v.mp4".into(),
+            video: "v.mp4",
             label: None,
             label_index: -1,
             start,

@@ -354,10 +354,35 @@ pub async fn datasets(args: &AddrArgs) -> Result<(), ClientError> {
     let list: Vec<_> = r
         .datasets
         .iter()
-        .map(|d| json!({"name": d.name, "root": d.root, "video_count": d.video_count}))
+        .map(|d| {
+            json!({"name": d.name, "root": d.root, "video_count": d.video_count,
+                   "samples": d.samples, "building": d.building})
+        })
         .collect();
     println!("{}", json!({ "datasets": list }));
     Ok(())
+}
+
+/// `vserve reload`: the Reload RPC; the datasets after it as JSON.
+pub async fn reload(args: &AddrArgs) -> Result<(), ClientError> {
+    let mut client = connect(args).await?;
+    let r = client.reload().await?;
+    let list: Vec<_> = r
+        .datasets
+        .iter()
+        .map(|d| json!({"name": d.name, "video_count": d.video_count, "samples": d.samples}))
+        .collect();
+    println!(
+        "{}",
+        json!({"datasets": list, "changed": r.changed, "errors": r.errors})
+    );
+    if r.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ClientError::Status(tonic::Status::failed_precondition(
+            format!("reload: {}", r.errors.join("; ")),
+        )))
+    }
 }
 
 pub async fn stats(args: &AddrArgs) -> Result<(), ClientError> {

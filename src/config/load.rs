@@ -94,8 +94,8 @@ pub struct ServeArgs {
     /// Bound on the state directory's store of frame tables and health (least recently used go first).
     #[arg(long, env = "VSERVE_STORE_BYTES", value_name = "SIZE")]
     pub store_bytes: Option<String>,
-    /// Seconds between listings of directory datasets (new and removed files); 0: at start and on
-    /// SIGHUP only (default 60).
+    /// Seconds between listings of directory datasets (new and removed files) and re-reads of
+    /// manifests; 0: at start, on SIGHUP and on `vserve reload` only (default 60).
     #[arg(long, env = "VSERVE_RESCAN_INTERVAL", value_name = "SECONDS")]
     pub rescan_interval: Option<f64>,
     /// Streaming calls one client (a process on the Unix socket, an address on TCP) may hold at once

@@ -362,19 +362,15 @@ impl GulpDataset {
     /// The dataset's samples for streams: every id (sorted) with its meta data's label; label indices from
     /// `label2idx.json` when it names the label.
     pub fn samples(&self) -> crate::manifest::Samples {
-        let mut samples = crate::manifest::Samples::from_labeled(
+        let samples = crate::manifest::Samples::from_labeled(
             self.videos
                 .iter()
                 .map(|(id, e)| (id.clone(), super::stored_label(&e.meta)))
                 .collect(),
         );
-        if let Some(map) = &self.label2idx {
-            for s in &mut samples.samples {
-                if let Some(i) = s.label.as_ref().and_then(|l| map.get(l)) {
-                    s.label_index = *i;
-                }
-            }
+        match &self.label2idx {
+            Some(map) => samples.with_label_indices(|l| map.get(l).copied()),
+            None => samples,
         }
-        samples
     }
 }

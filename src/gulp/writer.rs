@@ -169,7 +169,7 @@ mod tests {
         assert_eq!(ds.jpeg("b/c", 0).unwrap(), &[7; 3]);
         assert!(ds.jpeg("a", 2).is_err());
         let samples = ds.samples();
-        assert_eq!(samples.samples[0].label.as_deref(), Some("cat"));
+        assert_eq!(samples.get(0).label, Some("cat"));
         let w = ChunkWriter::create(dir.path(), 1).unwrap();
         w.discard();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);

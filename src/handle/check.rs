@@ -46,9 +46,8 @@ pub async fn check_dataset(
     }
     let samples = engine.catalog().samples(&req.dataset).await?;
     let mut videos: Vec<String> = samples
-        .samples
         .iter()
-        .map(|s| s.video.clone())
+        .map(|s| s.video.to_owned())
         .filter(|v| req.shard.contains(v))
         .collect();
     videos.sort();

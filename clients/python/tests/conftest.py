@@ -135,8 +135,10 @@ class Daemon:
             if sock.exists():
                 try:
                     with vserve_client.Client(self.addr, timeout=5) as c:
-                        c.list_datasets()
-                    return
+                        # Ready once every dataset's first walk is complete (the daemon answers before).
+                        if not any(d.get("building") for d in c.list_datasets()):
+                            return
+                        last = "datasets still being listed"
                 except vserve_client.VServeError as e:
                     last = str(e)
             if time.monotonic() > deadline:

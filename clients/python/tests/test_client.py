@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
 import vserve_client
-from conftest import CLIP_VIDEOS, MEDIA, assert_array_equal, ffmpeg_frames, frames_csv
+from conftest import CLIP_VIDEOS, CONTROL_VIDEO, MEDIA, assert_array_equal, ffmpeg_frames, frames_csv
 
 # -- listings and probes -------------------------------------------------------------------------------
 
@@ -17,6 +19,25 @@ def test_list_datasets(daemon, client):
     assert got["media"]["root"] == str(MEDIA)
     assert got["clips"]["root"] == str(daemon.clips)
     assert got["clips"]["video_count"] == len(CLIP_VIDEOS)
+
+
+def test_reload_lists_a_root_again(daemon, client):
+    before = client.dataset_info("scratch")
+    assert not before["building"]
+    added = daemon.scratch / "added.mov"
+    shutil.copy(MEDIA / CONTROL_VIDEO, added)
+    try:
+        # The catalogue answers: a new file is not seen until a reload, which replies once it is done.
+        assert client.dataset_info("scratch")["video_count"] == before["video_count"]
+        r = client.reload()
+        assert (r["changed"], r["errors"]) == (["scratch"], [])
+        got = {d["name"]: d for d in r["datasets"]}["scratch"]
+        assert (got["video_count"], got["building"]) == (before["video_count"] + 1, False)
+        assert client.dataset_info("scratch")["video_count"] == before["video_count"] + 1
+    finally:
+        added.unlink()
+        client.reload()
+    assert client.dataset_info("scratch")["video_count"] == before["video_count"]
 
 
 def test_probe_matches_the_reference_table(client):

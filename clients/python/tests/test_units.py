@@ -375,7 +375,14 @@ def test_message_to_dict_maps():
     from vserve_client.batch import message_to_dict
 
     d = message_to_dict(pb.DatasetInfo(name="k", samples=3, class_to_idx={"cat": 0, "dog": 1}))
-    assert d == {"name": "k", "root": "", "video_count": 0, "samples": 3, "class_to_idx": {"cat": 0, "dog": 1}}
+    assert d == {
+        "name": "k",
+        "root": "",
+        "video_count": 0,
+        "samples": 3,
+        "class_to_idx": {"cat": 0, "dog": 1},
+        "building": False,
+    }
 
 
 def test_epoch_arithmetic():

@@ -345,8 +345,10 @@ class Client:
 
     def list_datasets(self) -> List[Dict[str, Any]]:
         """The datasets served: dicts with name, root, video_count, samples (what StreamBatches draws
-        from: manifest rows, else the videos found), and, as torchvision's ``ImageFolder`` names them,
-        classes (the distinct labels, ordered by index) and class_to_idx (label -> label index)."""
+        from: manifest rows, else the videos found), building (the daemon's walk of the root is under
+        way: until the first completes, the counts are of the videos found so far), and, as
+        torchvision's ``ImageFolder`` names them, classes (the distinct labels, ordered by index) and
+        class_to_idx (label -> label index)."""
         reply = self._unary(self._stub.ListDatasets, pb.ListDatasetsRequest())
         out = []
         for d in reply.datasets:
@@ -371,6 +373,12 @@ class Client:
     def _release_slots_async(self, arena: str, slots: List[int]) -> "_Answer":
         req = pb.ReleaseSlotsRequest(arena=arena, slots=slots)
         return _Answer(self._stub.ReleaseSlots.future(req, metadata=self._metadata, timeout=self._timeout))
+
+    def reload(self) -> Dict[str, Any]:
+        """Makes the daemon walk its dataset roots again and re-read its manifests now (as SIGHUP does);
+        returns when done: dict with datasets (as :meth:`list_datasets` gives them, without classes),
+        changed (names of datasets whose lists changed) and errors (what could not be reloaded)."""
+        return message_to_dict(self._unary(self._stub.Reload, pb.ReloadRequest()))
 
     def stats(self) -> Dict[str, Any]:
         """The daemon's counters since start-up (frames_decoded, cache_hits, requests, ...)."""

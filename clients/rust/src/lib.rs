@@ -266,6 +266,16 @@ impl Client {
             .into_inner())
     }
 
+    /// Makes the daemon walk its dataset roots again and re-read its manifests (Reload); replies
+    /// when done.
+    pub async fn reload(&mut self) -> Result<proto::ReloadResponse, ClientError> {
+        Ok(self
+            .inner
+            .reload(proto::ReloadRequest {})
+            .await?
+            .into_inner())
+    }
+
     pub async fn stats(&mut self) -> Result<proto::GetStatsResponse, ClientError> {
         Ok(self
             .inner

@@ -234,11 +234,13 @@ impl Daemon {
             }
             if self.socket.exists() {
                 match Client::connect(&self.addr).await {
+                    // Ready once every dataset's first walk is complete (the daemon answers before).
                     Ok(mut c) => match c.list_datasets().await {
-                        Ok(_) => {
+                        Ok(r) if r.datasets.iter().all(|d| !d.building) => {
                             self.admin = self.logged_addr("admin listening");
                             return Ok(c);
                         }
+                        Ok(_) => last_err = "datasets still being listed".into(),
                         Err(e) => last_err = e.to_string(),
                     },
                     Err(e) => last_err = e.to_string(),

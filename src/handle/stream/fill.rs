@@ -60,10 +60,10 @@ pub(super) async fn assemble(
             Err(e) => return Err(Error::InvalidArgument(e.to_string())),
         };
         let aug = with_centre_crop(aug, &ctx.req.transform, w, h)?;
-        let s = &ctx.samples.samples[r.sample];
+        let s = ctx.samples.get(r.sample);
         clips.push(StreamClip {
             meta: ClipMeta {
-                video: s.video.clone(),
+                video: s.video.to_owned(),
                 frames: numbers.iter().map(|&k| k as u64).collect(),
                 pts: numbers.iter().map(|&k| r.index.frames.at(k).pts).collect(),
                 pts_seconds: numbers
@@ -75,7 +75,7 @@ pub(super) async fn assemble(
                     .map(|&k| r.index.seconds(r.index.frames.at(k).stated_duration))
                     .collect(),
             },
-            label: s.label.clone(),
+            label: s.label.map(str::to_owned),
             label_index: s.label_index,
             sample: slot_sample as u64,
             clip,

@@ -137,7 +137,7 @@ impl Context {
 pub(super) fn fail_error(ctx: &Context, sample: usize, f: &Failure) -> Error {
     Error::DataLoss(format!(
         "sample {sample} ({:?}) cannot be read (on_error = fail): {}: {}",
-        ctx.samples.samples[sample].video,
+        ctx.samples.video(sample),
         f.code(),
         f.error
     ))
@@ -146,7 +146,7 @@ pub(super) fn fail_error(ctx: &Context, sample: usize, f: &Failure) -> Error {
 pub(super) fn skip_record(ctx: &Context, sample: usize, f: &Failure) -> Skipped {
     Skipped {
         sample: sample as u64,
-        video: ctx.samples.samples[sample].video.clone(),
+        video: ctx.samples.video(sample).to_owned(),
         code: f.code().to_owned(),
         message: f.error.to_string(),
     }
@@ -190,11 +190,11 @@ async fn ready_uncached(
     sample: usize,
     key: Vec<u64>,
 ) -> Result<Ready, Failure> {
-    let s: &Sample = &ctx.samples.samples[sample];
+    let s: Sample = ctx.samples.get(sample);
     let (id, index, source) = ctx
         .engine
         .catalog()
-        .resolve_for_sampling(&ctx.req.dataset, &s.video, None)
+        .resolve_for_sampling(&ctx.req.dataset, s.video, None)
         .await
         .map_err(|e| Failure::from_error(&e, true))?;
     // Placing clips is as large as the sampler makes it (bounded by sample::MAX_SAMPLE_POSITIONS):
@@ -204,19 +204,19 @@ async fn ready_uncached(
         ctx.req.transform.clone(),
         ctx.engine.limits().clone(),
     );
-    let (s, idx) = (s.clone(), index.clone());
+    let (video, start, end, idx) = (s.video.to_owned(), s.start, s.end, index.clone());
     let placed = tokio::task::spawn_blocking(move || -> Result<_, Failure> {
-        let facts = facts_of(&idx, s.start, s.end)?;
+        let facts = facts_of(&idx, start, end)?;
         let mut rng = Rng::keyed(Purpose::Clips, &key);
         let clips = sample::clips_for(&spec, &facts, &mut rng).map_err(|e| match e {
             SampleError::TooShort(m) => Failure::too_short(m),
             SampleError::Invalid(m) => Failure::from_error(&Error::InvalidArgument(m), true),
             SampleError::TooMany(m) => {
-                Failure::request(format!("sample {sample} ({:?}): {m}", s.video))
+                Failure::request(format!("sample {sample} ({:?}): {m}", video))
             }
         })?;
         let geometry = transform
-            .geometry(&idx, &s.video, &limits)
+            .geometry(&idx, &video, &limits)
             .map_err(|e| Failure::from_error(&e, true))?;
         let mut frames = Vec::with_capacity(clips.len());
         for c in clips {
@@ -225,7 +225,7 @@ async fn ready_uncached(
                 ClipPositions::Times(v) => Positions::Times(v),
             };
             frames.push(
-                resolve_positions(&s.video, &idx, &positions)
+                resolve_positions(&video, &idx, &positions)
                     .map_err(|e| Failure::from_error(&e, true))?,
             );
         }

@@ -323,7 +323,7 @@ class ListDatasetsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "root", "video_count", "samples", "class_to_idx")
+    __slots__ = ("name", "root", "video_count", "samples", "class_to_idx", "building")
     class ClassToIdxEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -336,18 +336,34 @@ class DatasetInfo(_message.Message):
     VIDEO_COUNT_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     CLASS_TO_IDX_FIELD_NUMBER: _ClassVar[int]
+    BUILDING_FIELD_NUMBER: _ClassVar[int]
     name: str
     root: str
     video_count: int
     samples: int
     class_to_idx: _containers.ScalarMap[str, int]
-    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., video_count: _Optional[int] = ..., samples: _Optional[int] = ..., class_to_idx: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    building: bool
+    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., video_count: _Optional[int] = ..., samples: _Optional[int] = ..., class_to_idx: _Optional[_Mapping[str, int]] = ..., building: _Optional[bool] = ...) -> None: ...
 
 class ListDatasetsResponse(_message.Message):
     __slots__ = ("datasets",)
     DATASETS_FIELD_NUMBER: _ClassVar[int]
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
+
+class ReloadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReloadResponse(_message.Message):
+    __slots__ = ("datasets", "changed", "errors")
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
+    changed: _containers.RepeatedScalarFieldContainer[str]
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ..., changed: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

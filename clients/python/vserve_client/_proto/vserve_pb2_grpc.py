@@ -69,6 +69,11 @@ class VServeStub:
                 request_serializer=vserve_dot_v1_dot_vserve__pb2.CheckDatasetRequest.SerializeToString,
                 response_deserializer=vserve_dot_v1_dot_vserve__pb2.CheckDatasetResponse.FromString,
                 _registered_method=True)
+        self.Reload = channel.unary_unary(
+                '/vserve.v1.VServe/Reload',
+                request_serializer=vserve_dot_v1_dot_vserve__pb2.ReloadRequest.SerializeToString,
+                response_deserializer=vserve_dot_v1_dot_vserve__pb2.ReloadResponse.FromString,
+                _registered_method=True)
 
 
 class VServeServicer:
@@ -129,6 +134,15 @@ class VServeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reload(self, request, context):
+        """Walks every directory dataset's root again and re-reads every manifest now (as SIGHUP does), each
+        dataset's sample list swapped whole; replies when done (`vserve reload`). A reload asked for while
+        a walk is under way waits for it and walks again only if that walk began before the call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VServeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +180,11 @@ def add_VServeServicer_to_server(servicer, server):
                     servicer.CheckDataset,
                     request_deserializer=vserve_dot_v1_dot_vserve__pb2.CheckDatasetRequest.FromString,
                     response_serializer=vserve_dot_v1_dot_vserve__pb2.CheckDatasetResponse.SerializeToString,
+            ),
+            'Reload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reload,
+                    request_deserializer=vserve_dot_v1_dot_vserve__pb2.ReloadRequest.FromString,
+                    response_serializer=vserve_dot_v1_dot_vserve__pb2.ReloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,6 +376,33 @@ class VServe:
             '/vserve.v1.VServe/CheckDataset',
             vserve_dot_v1_dot_vserve__pb2.CheckDatasetRequest.SerializeToString,
             vserve_dot_v1_dot_vserve__pb2.CheckDatasetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vserve.v1.VServe/Reload',
+            vserve_dot_v1_dot_vserve__pb2.ReloadRequest.SerializeToString,
+            vserve_dot_v1_dot_vserve__pb2.ReloadResponse.FromString,
             options,
             channel_credentials,
             insecure,
