@@ -1,20 +1,32 @@
 //! The in-flight memory budget: every request and stream reserves the bytes it will hold (decoded frames
 //! waiting for assembly, output arrays, a stream's window of prepared batches) before it does the work,
-//! so the daemon's memory stays within `--max-inflight-bytes` whatever a tenant asks.
+//! so the daemon's memory stays within `--max-inflight-bytes` whatever a tenant asks, and one client's
+//! within `--client-inflight-bytes`.
 //!
-//! Input: a number of bytes and who wants them ([`Who`]: what for, and later the client key a
-//! per-client quota will charge). Output: a [`Reservation`] that returns its bytes when dropped, or
-//! [`Error::Overloaded`] (RESOURCE_EXHAUSTED) saying what was asked and what is in use:
-//! `GetClips needs 12582912750 bytes (11.7 GiB), 0 of 2147483648 in use (max-inflight-bytes)`.
+//! Input: a number of bytes and who wants them ([`Who`]: what for, and the client ([`Peer`]) it is
+//! charged to). Output: a [`Reservation`] that returns its bytes when dropped, or
+//! [`Error::Overloaded`] (RESOURCE_EXHAUSTED) saying what was asked, what is in use and which limit
+//! refused it: `GetClips needs 12582912750 bytes (11.7 GiB), 0 of 2147483648 in use (max-inflight-bytes)`.
+//!
+//! How the budget is shared ([`Shares`], the same rule admission applies to stream places):
+//! - A client may hold at most `per_client` bytes (`--client-inflight-bytes`, default half the budget).
+//! - The first `capacity - reserved` bytes go to any client within its quota. The last `reserved`
+//!   bytes (`--reserved-inflight-bytes`, default an eighth) go only to a client that, with them, holds no
+//!   more than its fair share: `(capacity - reserved) / k`, where k counts the clients holding bytes,
+//!   the asker included. So heavy clients filling the budget leave room for a light one to start.
+//! - Reservations of no client, and of in-process calls ([`PeerKey::Local`]), count only against the
+//!   whole budget.
 //!
 //! Invariants:
-//! - Bytes reserved ≤ capacity, always; a reservation is released exactly once (on drop, or in part
-//!   by [`Reservation::shrink_to`]).
+//! - Bytes reserved ≤ capacity, always; a client's bytes ≤ its quota; a reservation is released exactly
+//!   once (on drop, or in part by [`Reservation::shrink_to`]), from the total and from its client.
 //! - A wait is bounded: [`Budget::try_reserve`] waits at most the budget's wait for others to release,
-//!   then refuses. A request larger than the whole capacity is refused at once (waiting cannot help).
+//!   then refuses. A request larger than the whole capacity, or than a client's quota, is refused at
+//!   once (waiting cannot help).
 //! - The budget counts what the handlers say they will hold; the frame cache, index cache and decode
 //!   queue have their own bounds (`--cache-bytes`, `--decode-queue`) and are not counted here.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,16 +35,73 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::error::Error;
+use crate::peer::{Peer, PeerKey};
 
 /// How long a reservation waits for bytes others are about to release before it is refused.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(2);
 
-/// Who a reservation is for: what it holds the bytes for (named in refusals) and, once per-client
-/// quotas exist, the client it is charged to.
+/// How one pooled capacity (bytes, or stream places) is shared between clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shares {
+    /// All clients together.
+    pub capacity: u64,
+    /// One client.
+    pub per_client: u64,
+    /// The last part of `capacity`, kept for clients below their fair share (less than `capacity`).
+    pub reserved: u64,
+}
+
+/// Why [`Shares::check`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Over {
+    /// The client would hold more than `per_client`.
+    Client,
+    /// All clients would hold more than `capacity`.
+    Global,
+    /// The ask reaches into the reserve and the client would then hold more than `fair`, its fair
+    /// share with `holders` clients holding some (the asker included).
+    Reserve { fair: u64, holders: u64 },
+}
+
+impl Shares {
+    /// Everything for anyone: no per-client limit, no reserve.
+    pub fn whole(capacity: u64) -> Shares {
+        Shares {
+            capacity,
+            per_client: capacity,
+            reserved: 0,
+        }
+    }
+
+    /// Whether a client holding `mine` may take `want` more while all clients hold `used`, and
+    /// `others` other clients hold some.
+    pub fn check(&self, used: u64, mine: u64, others: u64, want: u64) -> Result<(), Over> {
+        let total = used.checked_add(want).ok_or(Over::Global)?;
+        if total > self.capacity {
+            return Err(Over::Global);
+        }
+        let mine_after = mine.checked_add(want).ok_or(Over::Client)?;
+        if mine_after > self.per_client {
+            return Err(Over::Client);
+        }
+        let open = self.capacity.saturating_sub(self.reserved);
+        if total > open {
+            let holders = others + 1;
+            let fair = (open / holders).max(1);
+            if mine_after > fair {
+                return Err(Over::Reserve { fair, holders });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Who a reservation is for: what it holds the bytes for (named in refusals) and the client it is
+/// charged to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Who {
     pub what: String,
-    pub client: Option<Arc<str>>,
+    pub client: Option<Peer>,
 }
 
 impl Who {
@@ -43,11 +112,18 @@ impl Who {
         }
     }
 
-    /// Charges the reservation to a client key as well (kept with the reservation; the per-client
-    /// accounting lives in admission).
-    pub fn client(mut self, key: impl Into<Arc<str>>) -> Who {
-        self.client = Some(key.into());
+    /// Charges the reservation to a client as well (its quota and fair share).
+    pub fn client(mut self, peer: &Peer) -> Who {
+        self.client = Some(peer.clone());
         self
+    }
+
+    /// The key per-client accounting uses: none for in-process calls.
+    fn key(&self) -> Option<&PeerKey> {
+        self.client
+            .as_ref()
+            .map(|p| &p.key)
+            .filter(|k| **k != PeerKey::Local)
     }
 }
 
@@ -69,11 +145,18 @@ pub struct Budget {
     inner: Arc<Inner>,
 }
 
+#[derive(Debug, Default)]
+struct Used {
+    total: u64,
+    /// Bytes per client holding some (entries go at zero).
+    clients: HashMap<PeerKey, u64>,
+}
+
 #[derive(Debug)]
 struct Inner {
-    capacity: u64,
+    shares: Shares,
     wait: Duration,
-    used: Mutex<u64>,
+    used: Mutex<Used>,
     /// Woken whenever bytes are returned.
     freed: Notify,
     refusals: AtomicU64,
@@ -88,13 +171,24 @@ pub struct Reservation {
 }
 
 impl Budget {
-    /// A budget of `capacity` bytes whose reservations wait at most `wait` for bytes to be freed.
+    /// A budget of `capacity` bytes, all of it open to every client, whose reservations wait at most
+    /// `wait` for bytes to be freed.
     pub fn new(capacity: u64, wait: Duration) -> Budget {
+        Budget::shared(Shares::whole(capacity), wait)
+    }
+
+    /// A budget shared between clients as `shares` says.
+    pub fn shared(shares: Shares, wait: Duration) -> Budget {
+        let shares = Shares {
+            per_client: shares.per_client.clamp(1, shares.capacity.max(1)),
+            reserved: shares.reserved.min(shares.capacity.saturating_sub(1)),
+            ..shares
+        };
         Budget {
             inner: Arc::new(Inner {
-                capacity,
+                shares,
                 wait,
-                used: Mutex::new(0),
+                used: Mutex::new(Used::default()),
                 freed: Notify::new(),
                 refusals: AtomicU64::new(0),
             }),
@@ -102,12 +196,27 @@ impl Budget {
     }
 
     pub fn capacity(&self) -> u64 {
-        self.inner.capacity
+        self.inner.shares.capacity
+    }
+
+    pub fn shares(&self) -> Shares {
+        self.inner.shares
     }
 
     /// Bytes reserved now.
     pub fn in_use(&self) -> u64 {
-        *self.inner.used.lock()
+        self.inner.used.lock().total
+    }
+
+    /// Bytes reserved now by one client.
+    pub fn client_in_use(&self, key: &PeerKey) -> u64 {
+        self.inner
+            .used
+            .lock()
+            .clients
+            .get(key)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Reservations refused since start-up.
@@ -130,8 +239,8 @@ impl Budget {
     /// Reserves `bytes` now or refuses: never waits.
     pub fn try_reserve_now(&self, bytes: u64, who: impl Into<Who>) -> Result<Reservation, Error> {
         let who = who.into();
-        if !self.inner.take_now(bytes) {
-            return Err(self.inner.refuse(bytes, &who));
+        if let Err(over) = self.inner.take_now(bytes, &who) {
+            return Err(self.inner.refuse(bytes, &who, over));
         }
         Ok(Reservation {
             inner: self.inner.clone(),
@@ -142,63 +251,120 @@ impl Budget {
 }
 
 impl Inner {
-    fn take_now(&self, bytes: u64) -> bool {
+    fn take_now(&self, bytes: u64, who: &Who) -> Result<(), Over> {
         let mut used = self.used.lock();
-        match used.checked_add(bytes) {
-            Some(total) if total <= self.capacity => {
-                *used = total;
-                true
+        match who.key() {
+            None => {
+                Shares::whole(self.shares.capacity).check(used.total, 0, 0, bytes)?;
+                used.total += bytes;
             }
-            _ => false,
+            Some(key) => {
+                let mine = used.clients.get(key).copied().unwrap_or(0);
+                let others = used.clients.len() as u64 - u64::from(mine > 0);
+                self.shares.check(used.total, mine, others, bytes)?;
+                used.total += bytes;
+                if bytes > 0 {
+                    *used.clients.entry(key.clone()).or_insert(0) += bytes;
+                }
+            }
         }
+        Ok(())
     }
 
     async fn take(&self, bytes: u64, who: &Who) -> Result<(), Error> {
-        if bytes > self.capacity {
-            return Err(self.refuse(bytes, who));
+        if bytes > self.shares.capacity {
+            return Err(self.refuse(bytes, who, Over::Global));
+        }
+        if who.key().is_some() && bytes > self.shares.per_client {
+            return Err(self.refuse(bytes, who, Over::Client));
         }
         let deadline = tokio::time::Instant::now() + self.wait;
         loop {
             // Registered before the check, so a release between the check and the wait is not missed.
             let freed = self.freed.notified();
-            if self.take_now(bytes) {
+            if self.take_now(bytes, who).is_ok() {
                 return Ok(());
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
                 // One last look: bytes freed just at the deadline still count.
-                if self.take_now(bytes) {
-                    return Ok(());
-                }
-                return Err(self.refuse(bytes, who));
+                return self
+                    .take_now(bytes, who)
+                    .map_err(|over| self.refuse(bytes, who, over));
             }
         }
     }
 
-    fn give_back(&self, bytes: u64) {
+    fn give_back(&self, bytes: u64, who: &Who) {
         if bytes == 0 {
             return;
         }
         {
             let mut used = self.used.lock();
-            *used = used.saturating_sub(bytes);
+            used.total = used.total.saturating_sub(bytes);
+            if let Some(key) = who.key() {
+                if let Some(mine) = used.clients.get_mut(key) {
+                    *mine = mine.saturating_sub(bytes);
+                    if *mine == 0 {
+                        used.clients.remove(key);
+                    }
+                }
+            }
         }
         self.freed.notify_waiters();
     }
 
-    fn refuse(&self, bytes: u64, who: &Who) -> Error {
+    fn refuse(&self, bytes: u64, who: &Who, over: Over) -> Error {
         self.refusals.fetch_add(1, Ordering::Relaxed);
-        let used = *self.used.lock();
-        let whole = if bytes > self.capacity {
-            ", more than the whole budget"
-        } else {
-            ""
+        let (used, mine) = {
+            let u = self.used.lock();
+            let mine = who
+                .key()
+                .and_then(|k| u.clients.get(k))
+                .copied()
+                .unwrap_or(0);
+            (u.total, mine)
         };
-        Error::Overloaded(format!(
-            "{} needs {bytes} bytes ({}){whole}, {used} of {} in use (max-inflight-bytes)",
+        let s = &self.shares;
+        // In-process calls are not charged to a client: not named either.
+        let client = match (who.key(), &who.client) {
+            (Some(_), Some(p)) => format!(" for {}", p.describe()),
+            _ => String::new(),
+        };
+        let asked = format!(
+            "{}{client} needs {bytes} bytes ({})",
             who.what,
-            human_bytes(bytes),
-            self.capacity,
-        ))
+            human_bytes(bytes)
+        );
+        Error::Overloaded(match over {
+            Over::Global => {
+                let whole = if bytes > s.capacity {
+                    ", more than the whole budget"
+                } else {
+                    ""
+                };
+                format!(
+                    "{asked}{whole}, {used} of {} in use (max-inflight-bytes)",
+                    s.capacity
+                )
+            }
+            Over::Client => {
+                let whole = if bytes > s.per_client {
+                    ", more than a client's whole quota"
+                } else {
+                    ""
+                };
+                format!(
+                    "{asked}{whole}, {mine} of {} in use by this client (client-inflight-bytes)",
+                    s.per_client
+                )
+            }
+            Over::Reserve { fair, holders } => format!(
+                "{asked}, {used} of {} in use; the last {} are kept for clients below their fair share \
+                 ({fair} bytes with {holders} clients holding memory) and this one holds {mine} \
+                 (reserved-inflight-bytes)",
+                s.capacity, s.reserved
+            ),
+        })
     }
 }
 
@@ -214,14 +380,15 @@ impl Reservation {
     /// Returns all but `bytes` to the budget (nothing when it holds no more than that).
     pub fn shrink_to(&mut self, bytes: u64) {
         if bytes < self.bytes {
-            self.inner.give_back(self.bytes - bytes);
+            self.inner.give_back(self.bytes - bytes, &self.who);
             self.bytes = bytes;
         }
     }
 
-    /// Takes `other`'s bytes into this reservation (both were reserved on the same budget).
+    /// Takes `other`'s bytes into this reservation (both were reserved on the same budget, for the
+    /// same client).
     pub fn absorb(&mut self, mut other: Reservation) {
-        if Arc::ptr_eq(&self.inner, &other.inner) {
+        if Arc::ptr_eq(&self.inner, &other.inner) && self.who.key() == other.who.key() {
             self.bytes += other.bytes;
             other.bytes = 0;
         }
@@ -230,7 +397,7 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.inner.give_back(self.bytes);
+        self.inner.give_back(self.bytes, &self.who);
     }
 }
 
@@ -326,19 +493,158 @@ mod tests {
     async fn absorbed_and_client_charged_reservations_keep_the_count() {
         let b = Budget::new(100, Duration::ZERO);
         let mut window = b
-            .try_reserve(30, Who::new("stream").client("uid:1000"))
+            .try_reserve(30, Who::new("stream").client(&Peer::unix(None, 1000)))
             .await
             .unwrap();
-        assert_eq!(window.who().client.as_deref(), Some("uid:1000"));
-        let extra = b.try_reserve_now(20, "stream growth").unwrap();
+        assert_eq!(
+            window.who().client.as_ref().map(|p| &p.key),
+            Some(&PeerKey::User(1000))
+        );
+        let me = Peer::unix(None, 1000);
+        let extra = b
+            .try_reserve_now(20, Who::new("stream growth").client(&me))
+            .unwrap();
         window.absorb(extra);
         assert_eq!((window.bytes(), b.in_use()), (50, 50));
         let other = Budget::new(10, Duration::ZERO);
         let foreign = other.try_reserve_now(5, "x").unwrap();
         window.absorb(foreign);
         assert_eq!((window.bytes(), b.in_use(), other.in_use()), (50, 50, 0));
+        assert_eq!(b.client_in_use(&PeerKey::User(1000)), 50);
         drop(window);
         assert_eq!(b.in_use(), 0);
+        assert_eq!(b.client_in_use(&PeerKey::User(1000)), 0);
+        assert!(b.inner.used.lock().clients.is_empty());
+    }
+
+    fn client(pid: i32) -> Peer {
+        Peer {
+            key: PeerKey::Process { pid, start: 1 },
+            uid: Some(1000),
+        }
+    }
+
+    #[test]
+    fn shares_refuse_past_the_quota_the_capacity_and_into_the_reserve() {
+        let s = Shares {
+            capacity: 8,
+            per_client: 8,
+            reserved: 2,
+        };
+        // Alone, a client takes the open part and no more: 6 of 8.
+        assert_eq!(s.check(5, 5, 0, 1), Ok(()));
+        assert_eq!(
+            s.check(6, 6, 0, 1),
+            Err(Over::Reserve {
+                fair: 6,
+                holders: 1
+            })
+        );
+        // A client holding none gets a place of the reserve beside it, and a second: its fair share
+        // with two holders is 3.
+        assert_eq!(s.check(6, 0, 1, 1), Ok(()));
+        assert_eq!(s.check(7, 1, 1, 1), Ok(()));
+        assert_eq!(s.check(8, 2, 1, 1), Err(Over::Global));
+        // Three places asked at once beside the heavy one: 3 is its share, so they fit...
+        assert_eq!(s.check(5, 0, 1, 3), Ok(()));
+        // ... and 4 do not.
+        assert_eq!(
+            s.check(4, 0, 1, 4),
+            Err(Over::Reserve {
+                fair: 3,
+                holders: 2
+            })
+        );
+        // The quota; sums that overflow are refused, never wrapped.
+        let q = Shares { per_client: 4, ..s };
+        assert_eq!(q.check(0, 4, 0, 1), Err(Over::Client));
+        assert_eq!(q.check(0, 1, 0, u64::MAX), Err(Over::Global));
+        assert_eq!(
+            Shares::whole(10).check(u64::MAX, 0, 0, 1),
+            Err(Over::Global)
+        );
+        // Many holders: the fair share never drops below one place.
+        assert_eq!(s.check(6, 0, 100, 1), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_client_is_held_to_its_quota_while_another_is_served() {
+        let b = Budget::shared(
+            Shares {
+                capacity: 1000,
+                per_client: 400,
+                reserved: 0,
+            },
+            Duration::from_millis(20),
+        );
+        let (a, other) = (client(10), client(11));
+        let _a1 = b
+            .try_reserve(300, Who::new("GetClips").client(&a))
+            .await
+            .unwrap();
+        let e = b
+            .try_reserve(200, Who::new("GetClips").client(&a))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "GetClips for pid 10 (uid 1000) needs 200 bytes (200 B), 300 of 400 in use by this client (client-inflight-bytes)"
+        );
+        assert_eq!(e.code(), crate::error::Code::ResourceExhausted);
+        // More than the quota at all: refused without waiting, saying so.
+        let e = b
+            .try_reserve_now(401, Who::new("x").client(&other))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("more than a client's whole quota"),
+            "{e}"
+        );
+        // The other client is not charged for the first one's bytes.
+        let o = b
+            .try_reserve(400, Who::new("GetClips").client(&other))
+            .await
+            .unwrap();
+        assert_eq!(b.in_use(), 700);
+        assert_eq!(b.client_in_use(&a.key), 300);
+        drop(o);
+        // In-process calls count only against the whole budget.
+        let _local = b
+            .try_reserve_now(700, Who::new("x").client(&Peer::local()))
+            .unwrap();
+        assert_eq!(b.in_use(), 1000);
+        assert_eq!(b.refusals(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_reserve_is_left_for_a_light_client() {
+        let b = Budget::shared(
+            Shares {
+                capacity: 800,
+                per_client: 800,
+                reserved: 200,
+            },
+            Duration::ZERO,
+        );
+        let (heavy, light) = (client(20), client(21));
+        let _h = b
+            .try_reserve(600, Who::new("stream").client(&heavy))
+            .await
+            .unwrap();
+        let e = b
+            .try_reserve(100, Who::new("stream").client(&heavy))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "stream for pid 20 (uid 1000) needs 100 bytes (100 B), 600 of 800 in use; the last 200 are kept \
+             for clients below their fair share (600 bytes with 1 clients holding memory) and this one holds 600 \
+             (reserved-inflight-bytes)"
+        );
+        let l = b
+            .try_reserve(200, Who::new("GetClips").client(&light))
+            .await
+            .unwrap();
+        assert_eq!((l.bytes(), b.in_use()), (200, 800));
     }
 
     #[test]

@@ -167,8 +167,16 @@ impl Engine {
             streams: StreamCounters::default(),
             limits: config.limits.clone(),
             stream_idle: config.tenancy.stream_idle,
-            budget: Budget::new(
-                config.limits.max_inflight_bytes,
+            budget: Budget::shared(
+                crate::budget::Shares {
+                    capacity: config.limits.max_inflight_bytes,
+                    per_client: config
+                        .tenancy
+                        .client_inflight_bytes(config.limits.max_inflight_bytes),
+                    reserved: config
+                        .tenancy
+                        .reserved_inflight_bytes(config.limits.max_inflight_bytes),
+                },
                 crate::budget::DEFAULT_WAIT,
             ),
             draining: watch::channel(false).0,

@@ -21,12 +21,13 @@
 //!   threads), [`check`] (a dataset's health: every video decoded whole, into the store), [`cache`],
 //!   [`batch`], [`transport`].
 //! - [`error`]: one `Error` and the one [`error::Code`] table (gRPC statuses, skipped-sample reports).
-//!   [`budget`]: the in-flight memory budget (`--max-inflight-bytes`) every request and stream reserves
+//!   [`budget`]: the in-flight memory budget (`--max-inflight-bytes`, per client `--client-inflight-bytes`) every request and stream reserves
 //!   its bytes from before any work.
 //! - [`request`]: domain request types, validation, geometry. [`catalog`]: datasets, frame tables, failure
 //!   memory. [`frames`]: cache + single flight + fleet. [`engine`]: wires them. [`handle`]: one module per
 //!   RPC's logic. [`api`]: proto ↔ domain, statuses at the edge.
-//! - Operating: [`metrics`] (one registry), [`admission`] (per-client and global limits), [`rpc`] (per-call
+//! - Operating: [`metrics`] (one registry), [`refusal`] (refusal lines rate-limited per client and
+//!   limit), [`admission`] (per-client and global limits, a reserve for light clients), [`rpc`] (per-call
 //!   metrics), [`auth`] (bearer token on TCP), [`admin`] (`/metrics`, `/livez`, `/readyz`), [`server`]
 //!   (listeners, `run(config, shutdown)`, drain), [`shutdown`] (signals).
 //! - [`cli`] (flags) and [`commands`] (client subcommands, `doctor`, `ingest`, `gulp-check`, `check`).
@@ -56,6 +57,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod peer;
 pub mod plan;
+pub mod refusal;
 pub mod request;
 pub mod rpc;
 pub mod sample;

@@ -3,8 +3,9 @@
 //! against `--max-streams`.
 //!
 //! Input: HTTP/2 requests for any service (vserve, health, reflection). Output: the inner service's
-//! response, its body wrapped to observe the end of the call; or, for a streaming call beyond the limit,
-//! RESOURCE_EXHAUSTED at once without calling the service.
+//! response, its body wrapped to observe the end of the call; or, for a call beyond its admission limit
+//! ([`crate::admission`]), RESOURCE_EXHAUSTED at once without calling the service, logged through the
+//! refusal log's rate limit ([`crate::refusal`]) and always counted in the metrics.
 //!
 //! Invariants: every call is counted exactly once, when its reply ends (code from the trailers, or from the
 //! headers of a trailers-only reply) or is dropped unfinished (`CANCELLED`); the method label is one of
@@ -31,7 +32,11 @@ pub enum Kind {
     Work,
     /// A reply stream that carries arrays: admitted against `--max-streams`, bytes counted.
     DataStream,
-    /// Another streaming call (health Watch, reflection, CheckDataset's progress).
+    /// A reply stream of progress lines for long work (CheckDataset decodes a whole dataset on threads
+    /// of its own for minutes): admitted against `--max-streams` / `--client-streams` like a data
+    /// stream, since it holds the daemon's CPU as long as one; the unary limits are for short calls.
+    WorkStream,
+    /// Another streaming call (health Watch, reflection): not admitted.
     OtherStream,
 }
 
@@ -50,7 +55,7 @@ pub const METHODS: &[(&str, &str, Kind)] = &[
     (
         "/vserve.v1.VServe/CheckDataset",
         "CheckDataset",
-        Kind::OtherStream,
+        Kind::WorkStream,
     ),
     (
         "/vserve.v1.VServe/ReleaseSlots",
@@ -131,7 +136,7 @@ where
         let peer = Peer::from_extensions(req.extensions());
         req.extensions_mut().insert(peer.clone());
         let class = match kind {
-            Kind::DataStream => Some(Class::Stream),
+            Kind::DataStream | Kind::WorkStream => Some(Class::Stream),
             Kind::Work => Some(Class::Unary),
             Kind::Unary | Kind::OtherStream => None,
         };
@@ -140,7 +145,11 @@ where
                 Ok(p) => Some(p),
                 Err(e) => {
                     let status = tonic::Status::from(e);
-                    tracing::warn!(method, client = %peer.describe(), message = status.message(), "request refused");
+                    crate::refusal::RefusalLog::global().log(
+                        method,
+                        &peer.describe(),
+                        status.message(),
+                    );
                     self.metrics
                         .requests
                         .get_or_create(&MethodCodeLabels {
@@ -192,7 +201,9 @@ impl Call {
     ) -> Call {
         match kind {
             Kind::Unary | Kind::Work => metrics.in_flight_requests.inc(),
-            Kind::DataStream | Kind::OtherStream => metrics.in_flight_streams.inc(),
+            Kind::DataStream | Kind::WorkStream | Kind::OtherStream => {
+                metrics.in_flight_streams.inc()
+            }
         };
         Call {
             metrics,
@@ -215,7 +226,7 @@ impl Call {
         let m = &self.metrics;
         match self.kind {
             Kind::Unary | Kind::Work => m.in_flight_requests.dec(),
-            Kind::DataStream | Kind::OtherStream => m.in_flight_streams.dec(),
+            Kind::DataStream | Kind::WorkStream | Kind::OtherStream => m.in_flight_streams.dec(),
         };
         let code = self.code.unwrap_or(tonic::Code::Cancelled);
         m.requests

@@ -112,10 +112,12 @@ pub async fn serve_engine(
             ClassLimits {
                 total: config.limits.max_streams,
                 per_client: config.tenancy.client_streams(config.limits.max_streams),
+                reserved: config.tenancy.reserved_streams(config.limits.max_streams),
             },
             ClassLimits {
                 total: config.tenancy.max_unary,
                 per_client: config.tenancy.client_unary.min(config.tenancy.max_unary),
+                reserved: 0,
             },
         ),
     );

@@ -190,7 +190,11 @@ async fn the_requests_that_ended_the_daemon_get_a_status_and_it_serves_on() {
     refused(
         res,
         "RESOURCE_EXHAUSTED",
-        "GetClips (decoded frames 12582912000 bytes + output 750 bytes) needs 12582912750 bytes (11.7 GiB), more than the whole budget, 0 of 1073741824 in use (max-inflight-bytes)",
+        &format!(
+            "GetClips (decoded frames 12582912000 bytes + output 750 bytes) for pid {} (uid {}) needs 12582912750 bytes (11.7 GiB), more than the whole budget, 0 of 1073741824 in use (max-inflight-bytes)",
+            std::process::id(),
+            std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()),
+        ),
         took,
         what,
     );

@@ -11,6 +11,7 @@ const PIPELINE: &[&str] = &[
     "state",
     "peer",
     "metrics",
+    "refusal",
     "dataset",
     "journal",
     "manifest",

@@ -47,12 +47,22 @@ impl From<Error> for Status {
     }
 }
 
-/// Converts and logs a failure of `method`.
+/// Converts and logs a failure of `method` from no known client.
 fn fail(method: &'static str, e: Error) -> Status {
+    fail_for(method, None, e)
+}
+
+/// Converts and logs a failure of `method` for `peer`. Refusals for load (RESOURCE_EXHAUSTED) go through
+/// the refusal log's rate limit per (client, limit); the rest are logged each time.
+fn fail_for(method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
     let status = Status::from(e);
     match status.code() {
         tonic::Code::Internal => {
             tracing::error!(method, code = ?status.code(), message = status.message(), "request failed")
+        }
+        tonic::Code::ResourceExhausted => {
+            let client = peer.map_or_else(|| "unknown".to_owned(), Peer::describe);
+            crate::refusal::RefusalLog::global().log(method, &client, status.message());
         }
         _ => {
             tracing::warn!(method, code = ?status.code(), message = status.message(), "request refused")
@@ -456,7 +466,7 @@ impl pb::v_serve_server::VServe for Api {
         let layout = req.transform.batch.layout;
         let reply = handle::clips::get_clips(&self.engine, req, &peer)
             .await
-            .map_err(|e| fail("GetClips", e))?;
+            .map_err(|e| fail_for("GetClips", Some(&peer), e))?;
         let header = pb::BatchHeader {
             shape: reply.shape,
             dtype: dtype_to_proto(dtype),
@@ -509,12 +519,12 @@ impl pb::v_serve_server::VServe for Api {
         let peer = peer_of(&request);
         let req = stream_from_proto(request.into_inner()).map_err(|e| fail("StreamBatches", e))?;
         let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);
-        let rx = handle::stream::start(&self.engine, req, peer)
+        let rx = handle::stream::start(&self.engine, req, peer.clone())
             .await
-            .map_err(|e| fail("StreamBatches", e))?;
+            .map_err(|e| fail_for("StreamBatches", Some(&peer), e))?;
         let messages = tokio_stream::wrappers::ReceiverStream::new(rx).flat_map(move |item| {
             let out: Vec<Result<pb::StreamBatchesResponse, Status>> = match item {
-                Err(e) => vec![Err(fail("StreamBatches", e))],
+                Err(e) => vec![Err(fail_for("StreamBatches", Some(&peer), e))],
                 Ok(b) => stream_batch_messages(b, dtype, layout),
             };
             tokio_stream::iter(out)

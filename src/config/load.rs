@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+mod tenancy;
+
 use super::{check_nvdec_sessions, parse_gpus, DEFAULT_NVDEC_SESSIONS};
 use super::{
     check_readable, parse_admin_listen, parse_log_format, parse_socket_group, parse_socket_mode,
@@ -114,6 +116,16 @@ pub struct ServeArgs {
     /// Shared-memory bytes of one client's arenas (default: half of --shm-bytes).
     #[arg(long, env = "VSERVE_CLIENT_SHM_BYTES", value_name = "SIZE")]
     pub client_shm_bytes: Option<String>,
+    /// In-flight bytes (--max-inflight-bytes) one client may hold (default: half of it).
+    #[arg(long, env = "VSERVE_CLIENT_INFLIGHT_BYTES", value_name = "SIZE")]
+    pub client_inflight_bytes: Option<String>,
+    /// The last places of --max-streams, kept for clients holding fewer than their fair share
+    /// (default: an eighth of --max-streams).
+    #[arg(long, env = "VSERVE_RESERVED_STREAMS", value_name = "N")]
+    pub reserved_streams: Option<usize>,
+    /// The last bytes of --max-inflight-bytes, kept the same way (default: an eighth of it).
+    #[arg(long, env = "VSERVE_RESERVED_INFLIGHT_BYTES", value_name = "SIZE")]
+    pub reserved_inflight_bytes: Option<String>,
     /// Seconds a stream may go without its client taking a batch or releasing a slot before it is
     /// ended with DEADLINE_EXCEEDED (default 600; 0: never).
     #[arg(long, env = "VSERVE_STREAM_IDLE_TIMEOUT", value_name = "SECONDS")]
@@ -175,6 +187,9 @@ struct FileConfig {
     client_unary: Option<usize>,
     shm_bytes: Option<toml::Value>,
     client_shm_bytes: Option<toml::Value>,
+    client_inflight_bytes: Option<toml::Value>,
+    reserved_streams: Option<usize>,
+    reserved_inflight_bytes: Option<toml::Value>,
     stream_idle_timeout: Option<f64>,
     allow_insecure_tcp: Option<bool>,
     max_streams: Option<usize>,
@@ -503,53 +518,6 @@ impl ServeArgs {
             allow_insecure_tcp: self.allow_insecure_tcp || file.allow_insecure_tcp == Some(true),
         })
     }
-
-    fn tenancy(&self, file: &FileConfig) -> Result<Tenancy, ConfigError> {
-        let defaults = Tenancy::default();
-        let size =
-            |key: &str, flag: &Option<String>, value: &Option<toml::Value>| match (flag, value) {
-                (Some(s), _) => parse_bytes(key, s).map(Some),
-                (None, Some(v)) => size_value(key, v).map(Some),
-                (None, None) => Ok(None),
-            };
-        let at_least_one = |key: &str, n: Option<usize>| match n {
-            Some(0) => Err(ConfigError::new(key, "0", "must be at least 1")),
-            n => Ok(n),
-        };
-        let idle = self
-            .stream_idle_timeout
-            .or(file.stream_idle_timeout)
-            .unwrap_or(defaults.stream_idle.as_secs_f64());
-        if !idle.is_finite() || !(0.0..=86_400.0).contains(&idle) {
-            return Err(ConfigError::new(
-                "stream-idle-timeout",
-                idle.to_string(),
-                "must be 0..=86400 seconds",
-            ));
-        }
-        let shm_bytes = size("shm-bytes", &self.shm_bytes, &file.shm_bytes)?;
-        let client_shm_bytes = size(
-            "client-shm-bytes",
-            &self.client_shm_bytes,
-            &file.client_shm_bytes,
-        )?;
-        if shm_bytes == Some(0) || client_shm_bytes == Some(0) {
-            return Err(ConfigError::new("shm-bytes", "0", "must be at least 1"));
-        }
-        Ok(Tenancy {
-            client_streams: at_least_one(
-                "client-streams",
-                self.client_streams.or(file.client_streams),
-            )?,
-            max_unary: at_least_one("max-unary", self.max_unary.or(file.max_unary))?
-                .unwrap_or(defaults.max_unary),
-            client_unary: at_least_one("client-unary", self.client_unary.or(file.client_unary))?
-                .unwrap_or(defaults.client_unary),
-            shm_bytes,
-            client_shm_bytes,
-            stream_idle: std::time::Duration::from_secs_f64(idle),
-        })
-    }
 }
 
 /// The configuration as a TOML file would state it (`vserve config`).
@@ -599,27 +567,8 @@ fn ops_to_toml(c: &Config) -> String {
         Some(p) => format!("{key} = {:?}\n", p.display().to_string()),
         None => format!("# {key} = (not set)\n"),
     };
-    let t = &c.tenancy;
     let mut out = format!("rescan-interval = {}\n", c.rescan_interval.as_secs_f64());
-    out += &match t.client_streams {
-        Some(n) => format!("client-streams = {n}\n"),
-        None => "# client-streams = (half of max-streams)\n".to_owned(),
-    };
-    out += &format!(
-        "max-unary = {}\nclient-unary = {}\nstream-idle-timeout = {}\n",
-        t.max_unary,
-        t.client_unary,
-        t.stream_idle.as_secs_f64(),
-    );
-    for (key, v) in [
-        ("shm-bytes", t.shm_bytes),
-        ("client-shm-bytes", t.client_shm_bytes),
-    ] {
-        out += &match v {
-            Some(b) => format!("{key} = {b}\n"),
-            None => format!("# {key} = (derived from the shm directory's size)\n"),
-        };
-    }
+    out += &tenancy::tenancy_to_toml(&c.tenancy);
     if o.allow_insecure_tcp {
         out += "allow-insecure-tcp = true\n";
     }

@@ -206,6 +206,13 @@ pub struct Tenancy {
     pub shm_bytes: Option<u64>,
     /// Arena bytes of one client; `None`: half of `shm-bytes`.
     pub client_shm_bytes: Option<u64>,
+    /// In-flight bytes ([`crate::budget`]) of one client; `None`: half of `max-inflight-bytes`.
+    pub client_inflight_bytes: Option<u64>,
+    /// The last places of `max-streams`, kept for clients holding fewer than their fair share
+    /// ([`crate::admission`]); `None`: an eighth of `max-streams`.
+    pub reserved_streams: Option<usize>,
+    /// The last bytes of `max-inflight-bytes`, kept the same way; `None`: an eighth of it.
+    pub reserved_inflight_bytes: Option<u64>,
     /// A stream whose client takes no batch and releases no slot for this long is ended
     /// (DEADLINE_EXCEEDED); zero never ends one.
     pub stream_idle: std::time::Duration,
@@ -219,6 +226,9 @@ impl Default for Tenancy {
             client_unary: 16,
             shm_bytes: None,
             client_shm_bytes: None,
+            client_inflight_bytes: None,
+            reserved_streams: None,
+            reserved_inflight_bytes: None,
             stream_idle: std::time::Duration::from_secs(600),
         }
     }
@@ -230,6 +240,27 @@ impl Tenancy {
         self.client_streams
             .unwrap_or((max_streams / 2).max(1))
             .clamp(1, max_streams.max(1))
+    }
+
+    /// Places of `max_streams` kept for clients below their fair share (fewer than `max_streams`).
+    pub fn reserved_streams(&self, max_streams: usize) -> usize {
+        self.reserved_streams
+            .unwrap_or(max_streams / 8)
+            .min(max_streams.saturating_sub(1))
+    }
+
+    /// In-flight bytes one client may hold of `max_bytes`.
+    pub fn client_inflight_bytes(&self, max_bytes: u64) -> u64 {
+        self.client_inflight_bytes
+            .unwrap_or(max_bytes / 2)
+            .clamp(1, max_bytes.max(1))
+    }
+
+    /// In-flight bytes of `max_bytes` kept for clients below their fair share.
+    pub fn reserved_inflight_bytes(&self, max_bytes: u64) -> u64 {
+        self.reserved_inflight_bytes
+            .unwrap_or(max_bytes / 8)
+            .min(max_bytes.saturating_sub(1))
     }
 }
 

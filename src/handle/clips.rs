@@ -114,7 +114,10 @@ async fn get_clips_once(
     let who = format!("GetClips (decoded frames {held} bytes + output {nbytes} bytes)",);
     let mut reservation = engine
         .budget()
-        .try_reserve(held.saturating_add(nbytes), who)
+        .try_reserve(
+            held.saturating_add(nbytes),
+            crate::budget::Who::new(who).client(peer),
+        )
         .await?;
 
     // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.

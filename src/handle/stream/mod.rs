@@ -41,6 +41,7 @@ use futures::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
+use crate::budget::Who;
 use crate::config::Limits;
 use crate::engine::Engine;
 use crate::error::{blocking, Error};
@@ -200,7 +201,7 @@ pub async fn start(
                 .budget()
                 .try_reserve(
                     bytes,
-                    window_who(&req, footprint.batch_bytes.unwrap_or(0), 0),
+                    Who::new(window_who(&req, footprint.batch_bytes.unwrap_or(0), 0)).client(&peer),
                 )
                 .await?,
         ),

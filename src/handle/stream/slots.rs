@@ -20,7 +20,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::budget::Reservation;
+use crate::budget::{Reservation, Who};
 use crate::cache::VideoId;
 use crate::decode::{Frame, Geometry, VideoSource};
 use crate::error::{Code, Error};
@@ -482,7 +482,7 @@ impl Context {
             (self.window_need(b, f), w.bytes(), b, f)
         };
         if need > have {
-            let who = super::window_who(&self.req, b, f);
+            let who = Who::new(super::window_who(&self.req, b, f)).client(&self.peer);
             let more = self.engine.budget().try_reserve(need - have, who).await?;
             let mut w = self.window.lock();
             match w.reservation.as_mut() {

@@ -511,8 +511,10 @@ impl ShmRegistry {
         {
             let mut one_shot = self.one_shot.lock();
             if let Some((a, _, reusable)) = one_shot.get(arena) {
-                if a.owner_key() != by.key {
-                    return Err(not_owner());
+                match may_release(a, by) {
+                    Releaser::Owner => {}
+                    Releaser::OwnerGone => return Ok(()),
+                    Releaser::Other => return Err(not_owner()),
                 }
                 let (a, reusable) = (a.clone(), *reusable);
                 if reusable {
@@ -528,8 +530,10 @@ impl ShmRegistry {
         }
         let retired = self.retired.lock().get(arena).map(|(a, _)| a.clone());
         if let Some(a) = retired {
-            if a.owner_key() != by.key {
-                return Err(not_owner());
+            match may_release(&a, by) {
+                Releaser::Owner => {}
+                Releaser::OwnerGone => return Ok(()),
+                Releaser::Other => return Err(not_owner()),
             }
             a.release(slots)?;
             if a.all_free() {
@@ -539,8 +543,11 @@ impl ShmRegistry {
         }
         let found = self.streams.lock().get(arena).and_then(Weak::upgrade);
         match found {
-            Some(a) if a.owner_key() != by.key => Err(not_owner()),
-            Some(a) => a.release(slots),
+            Some(a) => match may_release(&a, by) {
+                Releaser::Owner => a.release(slots),
+                Releaser::OwnerGone => Ok(()),
+                Releaser::Other => Err(not_owner()),
+            },
             None => Err(ShmError::UnknownArena(arena.to_owned())),
         }
     }
@@ -592,4 +599,33 @@ fn instance_is_gone(dir: &Path) -> bool {
     };
     // SAFETY: flock on a descriptor we own; the lock (if taken) goes when `lock` is closed.
     unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Who is asking to release an arena's slots.
+#[derive(Debug, PartialEq, Eq)]
+enum Releaser {
+    /// Its owner: the release goes ahead.
+    Owner,
+    /// A caller known only by its uid (its process has just exited, so the kernel's pid no longer
+    /// names a process the daemon can see) of the same user as an owner that has exited: almost
+    /// certainly the owner's last release, sent as it exited. Nothing to do: the reaper removes the
+    /// arena within a second. Answered OK, so a client exiting is not told PERMISSION_DENIED.
+    OwnerGone,
+    /// Anyone else: PERMISSION_DENIED.
+    Other,
+}
+
+fn may_release(a: &Arena, by: &Peer) -> Releaser {
+    let owner = a.owner.lock().clone();
+    if owner.key == by.key {
+        return Releaser::Owner;
+    }
+    match (&by.key, owner.uid) {
+        (PeerKey::User(uid), Some(owner_uid))
+            if *uid == owner_uid && owner.is_alive() == Some(false) =>
+        {
+            Releaser::OwnerGone
+        }
+        _ => Releaser::Other,
+    }
 }

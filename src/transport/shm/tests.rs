@@ -308,3 +308,35 @@ async fn a_release_with_a_bad_slot_frees_nothing_and_a_good_one_wakes_the_waiter
         .unwrap();
     assert_eq!(got, slot);
 }
+
+#[test]
+fn a_release_sent_as_its_owner_exits_is_harmless() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let owner = Peer::unix(Some(child.id() as i32), 1000);
+    let arena = reg.stream_arena(4, 2, &owner).unwrap();
+    let slot = arena.try_acquire().unwrap();
+    // While the owner runs, a caller known only by the same uid is someone else.
+    let by_uid = Peer::unix(None, 1000);
+    assert!(matches!(
+        reg.release(arena.name(), &[slot], &by_uid),
+        Err(ShmError::NotOwner { .. })
+    ));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Once it has exited, its last release (whose pid the daemon can no longer see) is answered OK and
+    // changes nothing; another user is still refused.
+    reg.release(arena.name(), &[slot], &by_uid).unwrap();
+    assert_eq!(arena.try_acquire(), Some(1 - slot));
+    assert_eq!(arena.try_acquire(), None, "slot {slot} was not freed");
+    assert!(matches!(
+        reg.release(arena.name(), &[slot], &Peer::unix(None, 1001)),
+        Err(ShmError::NotOwner { .. })
+    ));
+    let r = reg.one_shot(&[1; 8], &owner).unwrap();
+    reg.release(&r.arena, &[0], &by_uid).unwrap();
+}

