@@ -29,6 +29,8 @@ pub struct Stats {
     pub cache_misses: u64,
     pub cache_bytes: u64,
     pub cache_entries: u64,
+    pub cache_admitted: u64,
+    pub cache_bypassed: u64,
     pub index_builds: u64,
     pub requests: u64,
     pub decode_queue_depth: u64,
@@ -148,7 +150,10 @@ impl Engine {
                 max_stuck: threads.max(1),
                 journal: journal.clone(),
             },
-            config.cache.bytes,
+            crate::cache::FrameCache::with_admission(
+                config.cache.bytes,
+                f64::from(config.cache.admit_ppm) / 1e6,
+            ),
             metrics.clone(),
             on_failure,
         )?;
@@ -238,6 +243,8 @@ impl Engine {
             cache_misses: f.cache_misses,
             cache_bytes: f.cache_bytes,
             cache_entries: f.cache_entries,
+            cache_admitted: f.cache_admitted,
+            cache_bypassed: f.cache_bypassed,
             index_builds: self.catalog.index_builds(),
             requests: self.requests.load(Ordering::Relaxed),
             decode_queue_depth: f.decode_queue_depth,
@@ -296,6 +303,16 @@ impl Engine {
                 "cache_evictions",
                 "Frames evicted from the frame cache to stay within its size.",
                 self.frames.stats().cache_evictions,
+            ),
+            Scraped::counter(
+                "cache_admitted",
+                "Decoded frames that entered the frame cache.",
+                s.cache_admitted,
+            ),
+            Scraped::counter(
+                "cache_bypassed",
+                "Decoded frames served without entering the frame cache (scans, one-pass requests).",
+                s.cache_bypassed,
             ),
             Scraped::counter("decode_frames_decoded", "Frames decoded.", s.frames_decoded),
             Scraped::counter(

@@ -120,11 +120,14 @@ async fn get_clips_once(
     // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.
     let mut fetches = Vec::with_capacity(videos.len());
     for (i, ((id, _, source), wanted)) in videos.iter().zip(wanted).enumerate() {
-        fetches.push(
-            engine
-                .frames()
-                .fetch(id, source, geometries[i], wanted, tenant),
-        );
+        fetches.push(engine.frames().fetch(
+            id,
+            source,
+            geometries[i],
+            wanted,
+            tenant,
+            req.cache_policy,
+        ));
     }
     let mut stats = RequestStats::default();
     let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
@@ -211,6 +214,7 @@ async fn get_clips_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::CachePolicy;
     use crate::config::{CacheConfig, DatasetConfig, DecodeConfig};
     use crate::config::{Config, Limits};
     use crate::decode::fake::{fake_value, FakeBackend};
@@ -240,6 +244,7 @@ mod tests {
                 bytes: 64 << 20,
                 index_bytes: 1 << 20,
                 store_bytes: 1 << 20,
+                admit_ppm: crate::config::DEFAULT_ADMIT_PPM,
             },
             decode: DecodeConfig {
                 threads,
@@ -276,6 +281,7 @@ mod tests {
         ClipsRequest {
             shm: false,
             shm_reuse: false,
+            cache_policy: CachePolicy::Auto,
             dataset: "demo".into(),
             clips: vec![ClipRequest {
                 video: "nasa_13013.mp4".into(),
@@ -315,7 +321,14 @@ mod tests {
             let (e, id, source) = (e.clone(), id.clone(), source.clone());
             backlog.push(tokio::spawn(async move {
                 e.frames()
-                    .fetch(&id, &source, geometry(w), BTreeSet::from([5]), a)
+                    .fetch(
+                        &id,
+                        &source,
+                        geometry(w),
+                        BTreeSet::from([5]),
+                        a,
+                        CachePolicy::Auto,
+                    )
                     .await
                     .map(|_| ())
             }));
@@ -323,7 +336,14 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         let (got, stats) = e
             .frames()
-            .fetch(&id, &source, geometry(10), BTreeSet::from([5]), b)
+            .fetch(
+                &id,
+                &source,
+                geometry(10),
+                BTreeSet::from([5]),
+                b,
+                CachePolicy::Auto,
+            )
             .await
             .unwrap();
         assert_eq!(got[&5].data[0], fake_value(5));

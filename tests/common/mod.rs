@@ -376,8 +376,7 @@ pub fn clips_req(
         dataset: dataset.into(),
         clips,
         transform,
-        transport: 0,
-        reuse_arena: false,
+        ..Default::default()
     }
 }
 
