@@ -5,8 +5,9 @@
 //! until assembly, the output until sent) reserved from the in-flight [`crate::budget`] (refused with
 //! RESOURCE_EXHAUSTED when they do not fit) → frames per video ([`crate::frames`]:
 //! cache, single flight, fleet) → [`batch`] assembly, into a reply buffer or straight into a
-//! shared-memory arena. A video found damaged mid-request is marked (its next index comes from a decode)
-//! and the whole request is resolved once more.
+//! shared-memory arena; frames only this request held (they bypassed the cache) go back to the
+//! decoders' buffer pool ([`crate::decode::pool`]). A video found damaged mid-request is marked (its
+//! next index comes from a decode) and the whole request is resolved once more.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -170,6 +171,9 @@ async fn get_clips_once(
                 .collect(),
         });
     }
+    // The clips hold the only references the request keeps, so frames nobody else holds (those that
+    // bypassed the cache) can go back to the buffer pool after assembly.
+    drop(per_video);
     let spec = req.transform.batch.clone();
     let assembly_timer = Timer::start();
     let (to_shm, reuse, shared, owner) = (req.shm, req.shm_reuse, engine.clone(), peer.clone());
@@ -195,6 +199,7 @@ async fn get_clips_once(
                 buf,
             )?)
         })?;
+        crate::decode::pool::recycle(frames_by_clip.into_iter().flatten());
         let (data, shm) = delivered.into_parts();
         Ok((shape, data, shm))
     })
