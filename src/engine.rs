@@ -393,6 +393,11 @@ impl Engine {
                 s.cache_entries,
             ),
             Scraped::gauge(
+                "frame_pool_bytes",
+                "Bytes of free frame buffers kept for the decoders to reuse.",
+                crate::decode::pool::held_bytes() as u64,
+            ),
+            Scraped::gauge(
                 "decode_queue_depth_runs",
                 "GOP runs waiting for a decode thread.",
                 s.decode_queue_depth,
