@@ -904,7 +904,7 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
     manifest = write_manifest(work, videos)
 
     def fresh_daemon() -> Tuple[Daemon, Dict[str, Dict[str, Any]]]:
-        d = Daemon(args.vserve_bin, root, args.cores, args.cache, dlog, manifest)
+        d = Daemon(args.vserve_bin, root, args.cores, args.cache, dlog, manifest, args.daemon_arg)
         try:
             infos = probe_all(d, videos)  # builds the index, untimed (the peers get the same tables)
         except BaseException:
@@ -1304,7 +1304,7 @@ def open_loop_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str,
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     daemon = Daemon(args.vserve_bin, root, args.cores, args.cache, outdir / f"daemon-open-loop-{variant}.log",
-                    write_manifest(work, videos))  # fmt: skip
+                    write_manifest(work, videos), args.daemon_arg)  # fmt: skip
     rows = []
     ranks = max(1, args.open_loop_ranks)
     try:
@@ -1577,6 +1577,12 @@ def main() -> None:
     ap.add_argument("--shared-jobs", type=int, default=4)
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--cache", default="3G", help="the daemon's frame cache")
+    ap.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        help="one more flag for the daemon, repeatable (e.g. --daemon-arg=--cache-admit-fraction=1)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1, help="trials per variant; the fastest row of each system counts")
     ap.add_argument("--inflight", type=int, default=2, help="GetClips requests in flight per vserve rank")

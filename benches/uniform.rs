@@ -989,8 +989,7 @@ async fn serve_pass(
                     dataset: DATASET.into(),
                     clips: vec![vserve_client::clip_frames(&name, &video.indices)],
                     transform: Some(transform.clone()),
-                    transport: 0,
-                    reuse_arena: false,
+                    ..Default::default()
                 };
                 let batch = tokio::time::timeout(Duration::from_secs(300), client.get_clips(req))
                     .await

@@ -4,6 +4,12 @@
 //! serves stale frames and different output sizes never collide. Weighted by bytes and bounded by
 //! `--cache-bytes` (moka evicts by TinyLFU admission and LRU). Values are shared `Arc<Frame>`s: a hit
 //! copies nothing until batch assembly.
+//!
+//! Admission ([`FrameCache::admits`]): a request's frames of one video enter the cache unless they are a
+//! scan (more decoded bytes than `--cache-admit-fraction` of the capacity) or the client marked the
+//! request one-pass ([`CachePolicy`]). Frames kept out are still served (and shared with concurrent
+//! requests through single flight); they only never displace the working set of other jobs, and cost no
+//! insertion. Lookups always happen, whatever the policy: a scan still takes the frames that are there.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,17 +37,54 @@ pub struct FrameKey {
     pub geometry: Geometry,
 }
 
+/// Whether a request's decoded frames may enter the cache (the client's `cache_policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CachePolicy {
+    /// Enter unless the request's frames of one video are a scan (over the admission fraction).
+    #[default]
+    Auto,
+    /// Never enter: the client reads these frames once (a full pass over a dataset, an evaluation).
+    OnePass,
+    /// Always enter, whatever their size (the behaviour before admission control).
+    Keep,
+}
+
+/// `--cache-admit-fraction`'s default: a request's frames of one video that need more than 1/64 of
+/// the cache (32 MiB of the default 2 GiB: 120 frames at 340x256, 5 at 1920x1080) are a scan.
+pub const DEFAULT_ADMIT_FRACTION: f64 = crate::config::DEFAULT_ADMIT_PPM as f64 / 1e6;
+
 #[derive(Clone)]
 pub struct FrameCache {
     inner: moka::sync::Cache<FrameKey, Arc<Frame>>,
-    /// Entries removed to stay within the byte budget (for `/metrics`).
-    evictions: Arc<AtomicU64>,
+    /// The capacity in bytes, and the share of it above which one video's frames of a request are kept
+    /// out (`Auto`).
+    capacity: u64,
+    admit_fraction: f64,
+    counters: Arc<CacheCounters>,
+}
+
+/// What the cache did since start-up (for `/metrics` and GetStats).
+#[derive(Default)]
+struct CacheCounters {
+    /// Entries removed to stay within the byte budget.
+    evictions: AtomicU64,
+    /// Frames inserted.
+    admitted: AtomicU64,
+    /// Decoded frames served without entering the cache (scans and one-pass requests).
+    bypassed: AtomicU64,
 }
 
 impl FrameCache {
+    /// A cache of `max_bytes` with the default admission fraction.
     pub fn new(max_bytes: u64) -> Self {
-        let evictions = Arc::new(AtomicU64::new(0));
-        let evicted = evictions.clone();
+        Self::with_admission(max_bytes, DEFAULT_ADMIT_FRACTION)
+    }
+
+    /// A cache of `max_bytes` that keeps out a request's frames of one video beyond `admit_fraction`
+    /// of it (`Auto` policy; 1.0 or more: only what exceeds the whole cache).
+    pub fn with_admission(max_bytes: u64, admit_fraction: f64) -> Self {
+        let counters = Arc::new(CacheCounters::default());
+        let evicted = counters.clone();
         let inner = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
             .weigher(|_k: &FrameKey, v: &Arc<Frame>| {
@@ -50,16 +93,41 @@ impl FrameCache {
             })
             .eviction_listener(move |_k, _v, cause| {
                 if cause == moka::notification::RemovalCause::Size {
-                    evicted.fetch_add(1, Ordering::Relaxed);
+                    evicted.evictions.fetch_add(1, Ordering::Relaxed);
                 }
             })
             .build();
-        FrameCache { inner, evictions }
+        FrameCache {
+            inner,
+            capacity: max_bytes,
+            admit_fraction,
+            counters,
+        }
+    }
+
+    /// Whether `bytes` of one video's decoded frames, asked for by one request under `policy`, enter
+    /// the cache.
+    pub fn admits(&self, policy: CachePolicy, bytes: u64) -> bool {
+        match policy {
+            CachePolicy::OnePass => false,
+            CachePolicy::Keep => true,
+            CachePolicy::Auto => bytes as f64 <= self.admit_fraction * self.capacity as f64,
+        }
     }
 
     /// Entries evicted so far to stay within the byte budget.
     pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+        self.counters.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Frames inserted so far.
+    pub fn admitted(&self) -> u64 {
+        self.counters.admitted.load(Ordering::Relaxed)
+    }
+
+    /// Decoded frames served so far without entering the cache.
+    pub fn bypassed(&self) -> u64 {
+        self.counters.bypassed.load(Ordering::Relaxed)
     }
 
     pub fn get(&self, key: &FrameKey) -> Option<Arc<Frame>> {
@@ -67,7 +135,13 @@ impl FrameCache {
     }
 
     pub fn insert(&self, key: FrameKey, frame: Arc<Frame>) {
+        self.counters.admitted.fetch_add(1, Ordering::Relaxed);
         self.inner.insert(key, frame);
+    }
+
+    /// Counts `frames` decoded frames that were served without entering the cache.
+    pub fn bypass(&self, frames: u64) {
+        self.counters.bypassed.fetch_add(frames, Ordering::Relaxed);
     }
 
     /// Bytes held (approximate until moka's pending maintenance runs).
@@ -126,6 +200,24 @@ mod tests {
         );
         assert!(cache.entries() >= 5);
         assert!(cache.evictions() > 0);
+    }
+
+    #[test]
+    fn admission_follows_the_policy_and_the_fraction() {
+        let cache = FrameCache::with_admission(1000, 0.25);
+        assert!(cache.admits(CachePolicy::Auto, 250));
+        assert!(!cache.admits(CachePolicy::Auto, 251));
+        assert!(!cache.admits(CachePolicy::OnePass, 1));
+        assert!(cache.admits(CachePolicy::Keep, 1 << 40));
+        let f = Arc::new(Frame {
+            width: 1,
+            height: 1,
+            data: vec![1, 2, 3],
+        });
+        cache.insert(key(1), f.clone());
+        cache.insert(key(2), f);
+        cache.bypass(5);
+        assert_eq!((cache.admitted(), cache.bypassed()), (2, 5));
     }
 
     #[test]

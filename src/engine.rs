@@ -27,7 +27,8 @@ macro_rules! for_each_stat {
     ($then:ident) => {
         $then! {
             frames_decoded gop_runs cache_hits cache_misses cache_bytes cache_entries index_builds
-            requests decode_queue_depth shared_frames frames_skipped active_streams inflight_requests
+            cache_admitted cache_bypassed requests decode_queue_depth shared_frames frames_skipped active_streams
+            inflight_requests
             samples_skipped batches_sent shm_arenas
         }
     };
@@ -152,7 +153,10 @@ impl Engine {
                 max_stuck: threads.max(1),
                 journal: journal.clone(),
             },
-            config.cache.bytes,
+            crate::cache::FrameCache::with_admission(
+                config.cache.bytes,
+                f64::from(config.cache.admit_ppm) / 1e6,
+            ),
             metrics.clone(),
             on_failure,
         )?;
@@ -250,6 +254,8 @@ impl Engine {
             cache_misses: f.cache_misses,
             cache_bytes: f.cache_bytes,
             cache_entries: f.cache_entries,
+            cache_admitted: f.cache_admitted,
+            cache_bypassed: f.cache_bypassed,
             index_builds: self.catalog.index_builds(),
             requests: self.requests.load(Ordering::Relaxed),
             decode_queue_depth: f.decode_queue_depth,
@@ -308,6 +314,16 @@ impl Engine {
                 "cache_evictions",
                 "Frames evicted from the frame cache to stay within its size.",
                 self.frames.stats().cache_evictions,
+            ),
+            Scraped::counter(
+                "cache_admitted",
+                "Decoded frames that entered the frame cache.",
+                s.cache_admitted,
+            ),
+            Scraped::counter(
+                "cache_bypassed",
+                "Decoded frames served without entering the frame cache (scans, one-pass requests).",
+                s.cache_bypassed,
             ),
             Scraped::counter("decode_frames_decoded", "Frames decoded.", s.frames_decoded),
             Scraped::counter(
@@ -386,6 +402,11 @@ impl Engine {
                 "cache_entries_frames",
                 "Frames held by the frame cache.",
                 s.cache_entries,
+            ),
+            Scraped::gauge(
+                "frame_pool_bytes",
+                "Bytes of free frame buffers kept for the decoders to reuse.",
+                crate::decode::pool::held_bytes() as u64,
             ),
             Scraped::gauge(
                 "decode_queue_depth_runs",

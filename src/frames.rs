@@ -11,18 +11,23 @@
 //! of its own. Decoded frames enter the cache on the decode thread, whether or not the requester is still
 //! there, so cancelled work is never wasted; a run nobody waits for any more is skipped before it starts.
 //!
+//! Admission: each fetch decides once, from its [`CachePolicy`] and the decoded bytes it wants of the
+//! video, whether its runs' frames enter the cache ([`FrameCache::admits`]). A run's frames enter if any
+//! request waiting on it admits them (an admitting joiner upgrades a scan's run); otherwise they only
+//! reach the requests and are counted as bypassed.
+//!
 //! Deadlines: a run past the fleet's deadline fails its leader and every joiner with DEADLINE_EXCEEDED
 //! (a joiner does not decode the stuck file again), and the file is reported to the [`FailureHook`] so
 //! the catalogue stops offering it for a while.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::cache::{FrameCache, FrameKey, VideoId};
+use crate::cache::{CachePolicy, FrameCache, FrameKey, VideoId};
 use crate::decode::fleet::{BackendFactory, Fleet, FleetOptions, Job, OnDone, PendingRun};
 use crate::decode::{DecodeError, DecodedOn, Frame, Geometry, GopRun, RunOutput, VideoSource};
 use crate::error::Error;
@@ -43,6 +48,8 @@ struct InFlight {
     tx: RunSender,
     pending: Arc<Mutex<PendingRun>>,
     job: Job,
+    /// Whether the run's frames enter the cache: set by the leader, raised by an admitting joiner.
+    admit: Arc<AtomicBool>,
 }
 
 /// Whose decode work a fetch queues: the fleet shares threads fairly between tenants. `bounded` work
@@ -90,6 +97,9 @@ pub struct FrameStats {
     pub cache_bytes: u64,
     pub cache_entries: u64,
     pub cache_evictions: u64,
+    /// Decoded frames inserted into the cache, and decoded frames served without entering it.
+    pub cache_admitted: u64,
+    pub cache_bypassed: u64,
     pub shared_frames: u64,
     pub decode_queue_depth: u64,
     /// Runs failed for passing their deadline.
@@ -100,21 +110,21 @@ pub struct FrameStats {
 
 impl Frames {
     /// Starts a decode fleet of `threads` threads (`factory` gives each its backend; `queue` bounds the
-    /// runs waiting; `options` its deadline and journal) behind a frame cache of `cache_bytes`.
-    /// `on_failure` hears of runs past their deadline.
+    /// runs waiting; `options` its deadline and journal) behind `cache`. `on_failure` hears of runs past
+    /// their deadline.
     pub fn start(
         threads: usize,
         queue: usize,
         factory: BackendFactory,
         options: FleetOptions,
-        cache_bytes: u64,
+        cache: FrameCache,
         metrics: EngineMetrics,
         on_failure: FailureHook,
     ) -> Result<Frames, String> {
         let fleet = Fleet::start(threads, queue, factory, options)
             .map_err(|e| format!("cannot start decode threads: {e}"))?;
         Ok(Frames {
-            cache: FrameCache::new(cache_bytes),
+            cache,
             fleet,
             inflight: Arc::new(Mutex::new(HashMap::new())),
             counters: Counters::default(),
@@ -157,6 +167,8 @@ impl Frames {
             cache_bytes: self.cache.weighted_bytes(),
             cache_entries: self.cache.entries(),
             cache_evictions: self.cache.evictions(),
+            cache_admitted: self.cache.admitted(),
+            cache_bypassed: self.cache.bypassed(),
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
             decode_queue_depth: self.fleet.queue_depth() as u64,
             deadline_exceeded: f.deadline_exceeded.load(Ordering::Relaxed),
@@ -175,6 +187,7 @@ impl Frames {
     }
 
     /// Returns the wanted frames of one video: from the cache, another request's pass, or new GOP runs.
+    /// Frames decoded for it enter the cache if `policy` admits the wanted frames' bytes.
     pub async fn fetch(
         &self,
         id: &Arc<VideoId>,
@@ -182,8 +195,13 @@ impl Frames {
         geometry: Geometry,
         wanted: BTreeSet<usize>,
         tenant: Tenant,
+        policy: CachePolicy,
     ) -> Result<(HashMap<usize, Arc<Frame>>, RequestStats), Error> {
         let mut stats = RequestStats::default();
+        let frame_bytes = u64::from(geometry.scaled_width) * u64::from(geometry.scaled_height) * 3;
+        let admit = self
+            .cache
+            .admits(policy, (wanted.len() as u64).saturating_mul(frame_bytes));
         let key_of = |frame: usize| FrameKey {
             video: id.clone(),
             frame,
@@ -228,7 +246,7 @@ impl Frames {
                 // Round 0 registers a new pass only if nobody registered one since it looked.
                 loop {
                     if round == 0 {
-                        if let Some(rx) = self.join(&key, &run.wanted, tenant) {
+                        if let Some(rx) = self.join(&key, &run.wanted, tenant, admit) {
                             waits.push((rx, false));
                             break;
                         }
@@ -241,6 +259,7 @@ impl Frames {
                         geometry,
                         tenant,
                         exclusive,
+                        admit,
                     )? {
                         waits.push((rx, true));
                         break;
@@ -295,14 +314,19 @@ impl Frames {
 
     /// Joins the registered pass of `key`, if any: adds `wanted` to it while it is queued, and, when it
     /// is queued under another tenant, queues a copy under `tenant` too, so the run starts at whichever
-    /// turn comes first (fair share holds for joiners).
+    /// turn comes first (fair share holds for joiners). `admit`: this request lets the run's frames enter
+    /// the cache.
     fn join(
         &self,
         key: &RunKey,
         wanted: &[usize],
         tenant: Tenant,
+        admit: bool,
     ) -> Option<watch::Receiver<Option<RunResult>>> {
         let (rx, queued) = self.inflight.lock().get(key).map(|f| {
+            if admit {
+                f.admit.store(true, Ordering::Relaxed);
+            }
             let queued = f.pending.lock().extend(wanted);
             (f.tx.subscribe(), queued.then(|| f.job.clone()))
         })?;
@@ -319,6 +343,8 @@ impl Frames {
 
     /// Registers a run for single flight and queues it on the fleet. `exclusive`: if another request
     /// registered the same run meanwhile, registers nothing and returns None (the caller joins it).
+    /// `admit`: the run's frames enter the cache (unless only requests that keep them out wait on it).
+    #[allow(clippy::too_many_arguments)]
     fn start_run(
         &self,
         key: RunKey,
@@ -327,7 +353,10 @@ impl Frames {
         geometry: Geometry,
         tenant: Tenant,
         exclusive: bool,
+        admit: bool,
     ) -> Result<Option<watch::Receiver<Option<RunResult>>>, Error> {
+        let admit = Arc::new(AtomicBool::new(admit));
+        let admit_done = admit.clone();
         let (tx, rx) = watch::channel(None);
         let tx: RunSender = Arc::new(tx);
         let pending = Arc::new(Mutex::new(PendingRun {
@@ -372,15 +401,19 @@ impl Frames {
                             out.decoded,
                             out.frames.len() as u64,
                         );
-                        for (k, f) in &out.frames {
-                            cache.insert(
-                                FrameKey {
-                                    video: video.clone(),
-                                    frame: *k,
-                                    geometry,
-                                },
-                                f.clone(),
-                            );
+                        if admit_done.load(Ordering::Relaxed) {
+                            for (k, f) in &out.frames {
+                                cache.insert(
+                                    FrameKey {
+                                        video: video.clone(),
+                                        frame: *k,
+                                        geometry,
+                                    },
+                                    f.clone(),
+                                );
+                            }
+                        } else {
+                            cache.bypass(out.frames.len() as u64);
                         }
                     }
                     {
@@ -411,6 +444,7 @@ impl Frames {
                     tx: tx.clone(),
                     pending: job.run.clone(),
                     job: job.clone(),
+                    admit,
                 },
             );
         }

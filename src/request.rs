@@ -72,6 +72,8 @@ pub struct ClipsRequest {
     pub shm: bool,
     /// With `shm`: the client lets the arena be reused after releasing it (`reuse_arena`).
     pub shm_reuse: bool,
+    /// Whether the decoded frames may enter the cache.
+    pub cache_policy: crate::cache::CachePolicy,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -214,7 +214,8 @@ pub async fn serve_engine(
                     .local_addr()
                     .map(|a| a.to_string())
                     .unwrap_or(name.clone());
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let incoming =
+                    tcp_nodelay(tokio_stream::wrappers::TcpListenerStream::new(listener));
                 let mut builder = transport();
                 if let Some(tls) = &access.tls {
                     builder = builder
@@ -308,6 +309,23 @@ pub async fn serve_engine(
     }
     tracing::info!("stopped");
     result
+}
+
+/// Accepted TCP connections with Nagle's algorithm off. With it on, a reply's last small write (the
+/// trailers, or a header-only message when the array went through shared memory) waits for the client's
+/// ACK of the previous segment, which the client delays by up to 40 ms: a small reply took ~50 ms over
+/// TCP against ~5 ms on the Unix socket.
+fn tcp_nodelay(
+    incoming: tokio_stream::wrappers::TcpListenerStream,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    incoming.map(|accepted| {
+        accepted.inspect(|stream| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
+            }
+        })
+    })
 }
 
 /// HTTP/2 settings for large replies: receive windows big enough that a multi-megabyte chunk is not

@@ -337,3 +337,234 @@ async fn sequential_single_frame_requests_continue_the_decoder() {
         "frames {frames:?} one per request: the keyframe prefix is decoded once, not once per request"
     );
 }
+
+/// A counter of the daemon's `/metrics` (0 when the series is not there yet).
+fn metric(d: &Daemon, name: &str) -> u64 {
+    let (status, body) = d.admin_get("/metrics");
+    assert_eq!(status, 200, "/metrics: {body}");
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .map(|v| v.parse::<f64>().expect("metric value") as u64)
+        })
+        .unwrap_or(0)
+}
+
+/// The cache counters of GetStats and `/metrics`, which must agree: (hits, misses, admitted, bypassed).
+async fn cache_counters(d: &Daemon, c: &mut Client) -> (u64, u64, u64, u64) {
+    let s = c.stats().await.expect("GetStats");
+    let from_stats = (
+        s.cache_hits,
+        s.cache_misses,
+        s.cache_admitted,
+        s.cache_bypassed,
+    );
+    let from_metrics = (
+        metric(d, "vserve_cache_hits_total"),
+        metric(d, "vserve_cache_misses_total"),
+        metric(d, "vserve_cache_admitted_total"),
+        metric(d, "vserve_cache_bypassed_total"),
+    );
+    assert_eq!(from_stats, from_metrics, "GetStats and /metrics agree");
+    from_stats
+}
+
+fn with_policy(
+    mut req: proto::GetClipsRequest,
+    policy: proto::CachePolicy,
+) -> proto::GetClipsRequest {
+    req.cache_policy = policy as i32;
+    req
+}
+
+fn sized(width: u32, height: u32) -> Option<proto::Transform> {
+    Some(proto::Transform {
+        resize: Some(proto::transform::Resize::Size(proto::Size {
+            width,
+            height,
+        })),
+        ..Default::default()
+    })
+}
+
+/// Frames a one-pass request decodes never enter the cache and are exact; a request larger than the
+/// admission fraction is kept out too; the counters of hits, misses, admissions and bypasses follow a
+/// known sequence exactly, in GetStats and `/metrics` alike.
+#[tokio::test]
+async fn one_pass_and_scans_bypass_the_cache_with_exact_pixels_and_counters() {
+    // 64 MiB cache, 1/8 of it (8 MiB) per video per request: 20 frames of 640x272 (10.4 MB) are a scan.
+    let d =
+        Daemon::start_with(&["--cache-bytes", "64MiB", "--cache-admit-fraction", "0.125"]).await;
+    let mut c = d.client().await;
+    let p = probe(&mut c, probe_req(MEDIA, BIKES, None, false)).await;
+    let kf = p.keyframes.clone();
+    let small: Vec<u64> = vec![kf[1] + 1, kf[1] + 3];
+    let scan: Vec<u64> = (kf[2]..kf[2] + 20).collect();
+    let all: Vec<u64> = small.iter().chain(&scan).copied().collect();
+    let ff = Ffmpeg::default().frames(&media_path(BIKES), 640, 272, Some(&all));
+    let check = |b: &Batch, frames: &[u64], what: &str| {
+        for (k, f) in frames.iter().zip(u8_frames(b, frames.len(), 272, 640)) {
+            assert_bytes_eq(&f, &ff[k], Some((640, 272)), &format!("{what}: frame {k}"));
+        }
+    };
+    let req = |frames: &[u64]| clips_req(MEDIA, vec![frames_clip(BIKES, frames, None)], None);
+    let base = cache_counters(&d, &mut c).await;
+    let moved = |now: (u64, u64, u64, u64)| {
+        (
+            now.0 - base.0,
+            now.1 - base.1,
+            now.2 - base.2,
+            now.3 - base.3,
+        )
+    };
+
+    // One pass: decoded, exact, not kept; asked again, decoded again.
+    for round in 0..2 {
+        let b = get(
+            &mut c,
+            with_policy(req(&small), proto::CachePolicy::OnePass),
+        )
+        .await;
+        check(&b, &small, &format!("one-pass round {round}"));
+        let st = stats(&b);
+        assert_eq!(
+            (st.cache_hits, st.cache_misses),
+            (0, 2),
+            "one-pass round {round}: {st:?}"
+        );
+        assert!(st.frames_decoded > 0, "one-pass round {round} decodes");
+    }
+    assert_eq!(moved(cache_counters(&d, &mut c).await), (0, 4, 0, 4));
+    let s = c.stats().await.expect("GetStats");
+    assert_eq!(s.cache_entries, 0, "one-pass frames are not in the cache");
+
+    // The same frames under the default policy: decoded once, then hits; a one-pass request takes the
+    // cached frames too (lookups happen whatever the policy).
+    let first = get(&mut c, req(&small)).await;
+    check(&first, &small, "admitted");
+    let again = get(
+        &mut c,
+        with_policy(req(&small), proto::CachePolicy::OnePass),
+    )
+    .await;
+    assert_eq!(stats(&again).cache_hits, 2);
+    assert_eq!(stats(&again).frames_decoded, 0);
+    assert_bytes_eq(
+        &again.data,
+        &first.data,
+        None,
+        "one-pass hit equals the admitted reply",
+    );
+    assert_eq!(moved(cache_counters(&d, &mut c).await), (2, 6, 2, 4));
+
+    // A scan (20 frames, 10.4 MB > 8 MiB): kept out under the default policy, twice; admitted with KEEP.
+    for round in 0..2 {
+        let b = get(&mut c, req(&scan)).await;
+        check(&b, &scan, &format!("scan round {round}"));
+        assert_eq!(
+            stats(&b).cache_misses,
+            20,
+            "scan round {round} is not cached"
+        );
+    }
+    assert_eq!(moved(cache_counters(&d, &mut c).await), (2, 46, 2, 44));
+    let kept = get(&mut c, with_policy(req(&scan), proto::CachePolicy::Keep)).await;
+    check(&kept, &scan, "scan kept");
+    let hit = get(&mut c, req(&scan)).await;
+    assert_eq!(stats(&hit).cache_hits, 20, "a kept scan is cached");
+    assert_bytes_eq(
+        &hit.data,
+        &kept.data,
+        None,
+        "cached scan equals the decoded one",
+    );
+    assert_eq!(moved(cache_counters(&d, &mut c).await), (22, 66, 22, 44));
+
+    // An unknown policy is refused by name.
+    let mut bad = req(&small);
+    bad.cache_policy = 9;
+    expect_code(
+        c.get_clips(bad).await,
+        &["INVALID_ARGUMENT"],
+        "unknown cache policy",
+    );
+}
+
+/// A job's warm working set stays cached while another client scans a whole video larger than the
+/// admission fraction; the same scan admitted (KEEP) shows what the policy protects against.
+#[tokio::test]
+async fn a_full_video_scan_leaves_another_jobs_working_set_cached() {
+    // 24 MiB cache, a quarter (6 MiB) per video per request. The job: 3 requests of 8 native frames of
+    // bikes (4.2 MB each, 12.5 MB in all). The scan: all 132 frames of bigbuckbunny at 320x180 (22.8 MB).
+    let d = Daemon::start_with(&["--cache-bytes", "24MiB", "--cache-admit-fraction", "0.25"]).await;
+    let mut job = d.client().await;
+    let mut scanner = d.client().await;
+    let p = probe(&mut job, probe_req(MEDIA, BIKES, None, false)).await;
+    let working: Vec<Vec<u64>> = (1..4)
+        .map(|g| (0..8).map(|i| p.keyframes[g] + 2 * i).collect())
+        .collect();
+    let bunny = probe(&mut scanner, probe_req(MEDIA, BUNNY, None, false)).await;
+    let every: Vec<u64> = (0..bunny.frame_count).collect();
+    let scan = |policy: proto::CachePolicy| {
+        with_policy(
+            clips_req(
+                MEDIA,
+                vec![frames_clip(BUNNY, &every, None)],
+                sized(320, 180),
+            ),
+            policy,
+        )
+    };
+    let read_working_set = |c: &mut Client| {
+        let reqs: Vec<_> = working
+            .iter()
+            .map(|f| clips_req(MEDIA, vec![frames_clip(BIKES, f, None)], None))
+            .collect();
+        let mut c = c.clone();
+        async move {
+            let mut hits = 0;
+            let mut data = Vec::new();
+            for r in reqs {
+                let b = get(&mut c, r).await;
+                hits += stats(&b).cache_hits;
+                data.push(b.data);
+            }
+            (hits, data)
+        }
+    };
+    let total = (working.len() * 8) as u64;
+    let (cold_hits, cold) = read_working_set(&mut job).await;
+    assert_eq!(cold_hits, 0);
+    let (warm_hits, _) = read_working_set(&mut job).await;
+    assert_eq!(warm_hits, total, "the working set is cached");
+
+    let before = job.stats().await.expect("GetStats");
+    let b = get(&mut scanner, scan(proto::CachePolicy::Auto)).await;
+    assert_eq!(b.header.shape, vec![1, bunny.frame_count, 180, 320, 3]);
+    let after = job.stats().await.expect("GetStats");
+    assert_eq!(
+        after.cache_bypassed - before.cache_bypassed,
+        bunny.frame_count,
+        "every frame of the scan bypassed the cache"
+    );
+    assert_eq!(after.cache_admitted, before.cache_admitted);
+    let (hits, data) = read_working_set(&mut job).await;
+    eprintln!("working set after a scan kept out: {hits} of {total} frames cached");
+    assert!(
+        hits * 10 >= total * 9,
+        "after the scan only {hits} of {total} working-set frames were cached"
+    );
+    assert_eq!(data, cold, "cached working set equals the decoded one");
+
+    // The same scan admitted: its frames enter (and compete with the working set for 24 MiB).
+    let before = job.stats().await.expect("GetStats");
+    get(&mut scanner, scan(proto::CachePolicy::Keep)).await;
+    let after = job.stats().await.expect("GetStats");
+    assert_eq!(
+        after.cache_admitted - before.cache_admitted,
+        bunny.frame_count
+    );
+    let (hits_kept, _) = read_working_set(&mut job).await;
+    eprintln!("working set after the same scan admitted: {hits_kept} of {total} frames cached");
+}

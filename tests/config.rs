@@ -225,8 +225,7 @@ async fn serves_tcp_and_unix_from_a_config_file_and_stops_on_sigterm() {
                 dataset: "demo".into(),
                 clips: vec![vserve_client::clip_frames("nasa_13013.mp4", &[0, 240])],
                 transform: None,
-                transport: 0,
-                reuse_arena: false,
+                ..Default::default()
             })
             .await
             .expect("GetClips");
@@ -247,8 +246,7 @@ async fn serves_tcp_and_unix_from_a_config_file_and_stops_on_sigterm() {
                 resize: Some(vserve_client::proto::transform::Resize::ShortSide(36)),
                 ..Default::default()
             }),
-            transport: 0,
-            reuse_arena: false,
+            ..Default::default()
         })
         .await
     });

@@ -206,6 +206,7 @@ fn clips_request() -> impl Strategy<Value = ClipsRequest> {
             transform,
             shm,
             shm_reuse: false,
+            cache_policy: Default::default(),
         })
 }
 
@@ -323,6 +324,7 @@ fn stream_request() -> impl Strategy<Value = StreamRequest> {
                     worker,
                     workers,
                     start_sample: 0,
+                    cache_policy: Default::default(),
                 }
             },
         )

@@ -9,6 +9,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::batch::{BatchSpec, DType, Layout};
+use crate::cache::CachePolicy;
 use crate::engine::{for_each_stat, Engine};
 use crate::error::{Code, Error};
 use crate::handle;
@@ -161,6 +162,7 @@ fn clips_from_proto(req: pb::GetClipsRequest) -> Result<ClipsRequest, Error> {
         transform: transform_from_proto(req.transform)?,
         shm: false,
         shm_reuse: false,
+        cache_policy: cache_policy_from_proto(req.cache_policy)?,
     })
 }
 
@@ -195,6 +197,15 @@ fn transport_from_proto(t: i32) -> Result<Transport, Error> {
         Ok(pb::Transport::Inline) => Ok(Transport::Inline),
         Ok(pb::Transport::Shm) => Ok(Transport::Shm),
         Err(_) => Err(Error::InvalidArgument(format!("unknown transport {t}"))),
+    }
+}
+
+fn cache_policy_from_proto(p: i32) -> Result<CachePolicy, Error> {
+    match pb::CachePolicy::try_from(p) {
+        Ok(pb::CachePolicy::Auto) => Ok(CachePolicy::Auto),
+        Ok(pb::CachePolicy::OnePass) => Ok(CachePolicy::OnePass),
+        Ok(pb::CachePolicy::Keep) => Ok(CachePolicy::Keep),
+        Err(_) => Err(Error::InvalidArgument(format!("unknown cache policy {p}"))),
     }
 }
 
@@ -308,6 +319,7 @@ fn stream_from_proto(req: pb::StreamBatchesRequest) -> Result<StreamRequest, Err
         remainder,
         on_error,
         transport: transport_from_proto(req.transport)?,
+        cache_policy: cache_policy_from_proto(req.cache_policy)?,
         worker: req.worker as u64,
         workers: (req.num_workers as u64).max(1),
         start_sample: req.start_sample,

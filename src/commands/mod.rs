@@ -174,6 +174,7 @@ pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
             }),
             transport: local_transport(&args.addr.addr),
             reuse_arena: false,
+            cache_policy: proto::CachePolicy::Auto as i32,
         })
         .await?;
     // [1, T, H, W, 3] → [T, H, W, 3]
@@ -279,6 +280,7 @@ pub fn stream_request(args: &StreamArgs) -> Result<proto::StreamBatchesRequest, 
         worker: 0,
         num_workers: 0,
         start_sample: 0,
+        cache_policy: proto::CachePolicy::Auto as i32,
     })
 }
 

@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// Decoded-frame cache size (e.g. 8GiB).
     #[arg(long, env = "VSERVE_CACHE_BYTES", value_name = "SIZE")]
     pub cache_bytes: Option<String>,
+    /// Share of the cache one request's frames of one video may need and still enter it (0..=1,
+    /// default 1/64); more is a scan, served without entering the cache.
+    #[arg(long, env = "VSERVE_CACHE_ADMIT_FRACTION", value_name = "FRACTION")]
+    pub cache_admit_fraction: Option<f64>,
     /// CPU decode threads (default: the number of cores; none when GPUs decode, unless set).
     #[arg(long, env = "VSERVE_DECODE_THREADS", value_name = "N")]
     pub decode_threads: Option<usize>,
@@ -166,6 +170,7 @@ struct FileConfig {
     listen: Option<Vec<String>>,
     dataset: Option<Vec<String>>,
     cache_bytes: Option<toml::Value>,
+    cache_admit_fraction: Option<f64>,
     decode_threads: Option<usize>,
     decode_queue: Option<usize>,
     decode_deadline: Option<f64>,
@@ -419,6 +424,10 @@ impl ServeArgs {
                 bytes: cache_bytes,
                 index_bytes,
                 store_bytes,
+                admit_ppm: match self.cache_admit_fraction.or(file.cache_admit_fraction) {
+                    Some(f) => super::parse_admit_fraction(f)?,
+                    None => super::DEFAULT_ADMIT_PPM,
+                },
             },
             decode: DecodeConfig {
                 threads,
@@ -557,6 +566,9 @@ pub fn config_to_toml(c: &Config) -> String {
             .map(|d| d.display().to_string())
             .unwrap_or_else(|| "none".into()),
         c.cache.store_bytes,
+    ) + &format!(
+        "cache-admit-fraction = {}\n",
+        f64::from(c.cache.admit_ppm) / 1e6
     ) + &ops_to_toml(c)
 }
 
@@ -591,58 +603,5 @@ fn ops_to_toml(c: &Config) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn file_fills_what_flags_leave_open_and_flags_win() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("v.toml");
-        std::fs::write(
-            &path,
-            "listen = [\"127.0.0.1:7000\"]\ndataset = [\"a=/x\"]\ncache-bytes = \"1GiB\"\ndecode-threads = 3\n",
-        )
-        .unwrap();
-        let args = ServeArgs {
-            config: Some(path.clone()),
-            decode_threads: Some(5),
-            ..ServeArgs::default()
-        };
-        let c = args.to_config().unwrap();
-        assert_eq!(c.cache.bytes, 1 << 30);
-        assert_eq!(c.decode.threads, 5);
-        assert_eq!(c.datasets[0].name, "a");
-        assert_eq!(c.listen[0].to_string(), "127.0.0.1:7000");
-        // What `vserve config` prints reads back as the same configuration.
-        let printed = dir.path().join("p.toml");
-        std::fs::write(&printed, config_to_toml(&c)).unwrap();
-        let again = ServeArgs {
-            config: Some(printed),
-            ..ServeArgs::default()
-        }
-        .to_config()
-        .unwrap();
-        assert_eq!(again, c);
-    }
-
-    #[test]
-    fn bad_values_name_their_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("v.toml");
-        std::fs::write(&path, "decode-threadz = 3\n").unwrap();
-        let e = ServeArgs {
-            config: Some(path),
-            ..ServeArgs::default()
-        }
-        .to_config()
-        .unwrap_err();
-        assert!(e.to_string().contains("decode-threadz"), "{e}");
-        let e = ServeArgs {
-            decode_threads: Some(0),
-            ..ServeArgs::default()
-        }
-        .to_config()
-        .unwrap_err();
-        assert_eq!(e.key, "decode-threads");
-    }
-}
+#[path = "load_tests.rs"]
+mod tests;

@@ -45,6 +45,24 @@ pub struct CacheConfig {
     pub index_bytes: u64,
     /// Bound on the state directory's store of frame tables and health ([`crate::state`]).
     pub store_bytes: u64,
+    /// `--cache-admit-fraction` in millionths: a request's frames of one video needing more of the cache
+    /// than this are a scan and do not enter it.
+    pub admit_ppm: u32,
+}
+
+/// `--cache-admit-fraction`'s default, in millionths: 1/64 (32 MiB of the default 2 GiB cache).
+pub const DEFAULT_ADMIT_PPM: u32 = 15_625;
+
+/// Parses `--cache-admit-fraction` (0..=1) into millionths.
+pub fn parse_admit_fraction(v: f64) -> Result<u32, ConfigError> {
+    if !v.is_finite() || !(0.0..=1.0).contains(&v) {
+        return Err(ConfigError::new(
+            "cache-admit-fraction",
+            v.to_string(),
+            "must be 0..=1 (the share of --cache-bytes one video's frames of a request may take)",
+        ));
+    }
+    Ok((v * 1e6).round() as u32)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

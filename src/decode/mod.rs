@@ -15,7 +15,7 @@
 //! sends GulpIO videos (by [`VideoSource::gulp`]) to [`gulp`]. [`fleet`] runs a backend on named OS threads,
 //! with a watchdog that fails and replaces runs stuck past their deadline. Backends read the descriptor
 //! the catalogue checked ([`VideoSource::file`]), never the path again. [`faults`] holds the test-only
-//! hooks that stall or abort an open (debug builds only).
+//! hooks that stall or abort an open (debug builds only). [`pool`] keeps frame buffers for reuse.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -25,6 +25,7 @@ pub mod ffmpeg;
 pub mod fleet;
 pub mod gpus;
 pub mod gulp;
+pub mod pool;
 pub mod resize;
 pub mod select;
 
@@ -163,7 +164,8 @@ pub fn rotate_rgb(frame: Frame, rotation: u32) -> Frame {
     match rotation {
         90 | 270 => {
             // Output is h wide and w high.
-            let mut out = vec![0u8; src.len()];
+            let mut out = pool::take(src.len());
+            out.resize(src.len(), 0);
             for y in 0..h {
                 for x in 0..w {
                     // Clockwise: source (x, y) goes to column h-1-y, row x.
@@ -178,6 +180,7 @@ pub fn rotate_rgb(frame: Frame, rotation: u32) -> Frame {
                     out[d..d + 3].copy_from_slice(&src[s..s + 3]);
                 }
             }
+            pool::give(frame.data);
             Frame {
                 width: frame.height,
                 height: frame.width,
@@ -185,12 +188,14 @@ pub fn rotate_rgb(frame: Frame, rotation: u32) -> Frame {
             }
         }
         180 => {
-            let mut out = vec![0u8; src.len()];
+            let mut out = pool::take(src.len());
+            out.resize(src.len(), 0);
             let n = w * h;
             for i in 0..n {
                 let d = (n - 1 - i) * 3;
                 out[d..d + 3].copy_from_slice(&src[i * 3..i * 3 + 3]);
             }
+            pool::give(frame.data);
             Frame {
                 width: frame.width,
                 height: frame.height,

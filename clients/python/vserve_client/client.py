@@ -91,7 +91,20 @@ def _pem(tls_ca: Union[None, str, bytes, "os.PathLike[str]"]) -> Optional[bytes]
 
 #: The keyword arguments of :meth:`Client.get_clips`.
 _GET_CLIPS_KEYWORDS = frozenset(
-    ("size", "short_side", "crop", "flip", "dtype", "mean", "std", "layout", "rotate", "height", "width")
+    (
+        "size",
+        "short_side",
+        "crop",
+        "flip",
+        "dtype",
+        "mean",
+        "std",
+        "layout",
+        "rotate",
+        "height",
+        "width",
+        "cache_policy",
+    )
 )
 
 
@@ -413,6 +426,7 @@ class Client:
         rotate: bool = True,
         height: Optional[int] = None,
         width: Optional[int] = None,
+        cache_policy: str = "auto",
     ) -> Batch:
         """Decodes explicit clips into one array ``[clips, T, H, W, 3]`` (THWC; or TCHW, CTHW).
 
@@ -420,7 +434,10 @@ class Client:
         ``"stream": N``). ``size=(height, width)`` (or ``height=``/``width=``) or ``short_side=N`` resizes
         (bilinear), ``crop=(height, width)`` centre-crops after it, ``flip`` mirrors, ``dtype`` "uint8" |
         "float16" | "float32" | "bfloat16" (floats are ``(x/255 - mean) / std`` per channel), ``layout``
-        "THWC" | "TCHW" | "CTHW", ``rotate=False`` keeps the stored orientation.
+        "THWC" | "TCHW" | "CTHW", ``rotate=False`` keeps the stored orientation. ``cache_policy``
+        "auto" | "one_pass" | "keep": whether the decoded frames may enter the daemon's frame cache
+        ("auto": unless the request's frames of one video are a scan; "one_pass" for frames read once,
+        such as a pass over every frame of a dataset, so they do not displace other jobs' cached frames).
 
         One request at a time waits for each reply before sending the next: :meth:`get_clips_many` (or
         :meth:`get_clips_async`) keeps several in flight.
@@ -439,6 +456,7 @@ class Client:
             rotate=rotate,
             height=height,
             width=width,
+            cache_policy=cache_policy,
         ).result()
 
     def get_clips_async(self, dataset: str, clips: Sequence[Any], **kwargs: Any) -> "ClipsFuture":
@@ -536,6 +554,8 @@ class Client:
           start_batch [0] (resume: the next batch after the last one consumed), start_sample [0] (resume
           after a change of world size: samples of the epoch's order already consumed by all ranks),
           prefetch [2], shuffle [True], shard_remainder ["uneven"] | "pad" | "drop", on_error ["skip"] | "fail".
+        - cache_policy ["auto"] | "one_pass" | "keep": whether the decoded frames may enter the daemon's
+          frame cache (as in :meth:`get_clips`; each sample's frames are judged alone).
 
         vserve 0.1's sampler names (clips_per_video, frames_per_clip, frame_stride, range_start,
         range_end, short_video) still work, with a DeprecationWarning.

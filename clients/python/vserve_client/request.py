@@ -62,6 +62,15 @@ SHARD_REMAINDER = {
     "drop": pb.SHARD_REMAINDER_DROP,
 }
 ON_ERROR = {"skip": pb.ON_ERROR_SKIP, "fail": pb.ON_ERROR_FAIL}
+#: ``cache_policy``: whether the decoded frames may enter the daemon's frame cache. ``auto``: unless a
+#: request's frames of one video are a scan (more than the daemon's ``--cache-admit-fraction`` of its
+#: cache); ``one_pass``: never (frames read once: they do not displace other jobs' cached frames);
+#: ``keep``: always.
+CACHE_POLICIES = {
+    "auto": pb.CACHE_POLICY_AUTO,
+    "one_pass": pb.CACHE_POLICY_ONE_PASS,
+    "keep": pb.CACHE_POLICY_KEEP,
+}
 
 #: Sampler arguments of vserve 0.1 -> TorchCodec's names, which replace them.
 DEPRECATED_NAMES: Dict[str, str] = {
@@ -280,8 +289,14 @@ def _indices(clip: Any, frames: Any) -> Iterable[int]:
     return (int(i) for i in arr)
 
 
-def get_clips_request(dataset: str, clips: Iterable[Any], **transform: Any) -> "pb.GetClipsRequest":
-    req = pb.GetClipsRequest(dataset=dataset, transform=transform_msg(**transform))
+def get_clips_request(
+    dataset: str, clips: Iterable[Any], cache_policy: str = "auto", **transform: Any
+) -> "pb.GetClipsRequest":
+    req = pb.GetClipsRequest(
+        dataset=dataset,
+        transform=transform_msg(**transform),
+        cache_policy=_choice("cache_policy", cache_policy, CACHE_POLICIES),
+    )
     req.clips.extend(clip_msg(c) for c in clips)
     return req
 
@@ -352,6 +367,7 @@ def stream_request(
     shuffle: bool = True,
     shard_remainder: str = "uneven",
     on_error: str = "skip",
+    cache_policy: str = "auto",
     **deprecated: Any,
 ) -> "pb.StreamBatchesRequest":
     """A StreamBatchesRequest. Sampler arguments are TorchCodec's (``clips_at_random_indices`` and
@@ -446,6 +462,7 @@ def stream_request(
         no_shuffle=not shuffle,
         shard_remainder=_choice("shard_remainder", shard_remainder, SHARD_REMAINDER),
         on_error=_choice("on_error", on_error, ON_ERROR),
+        cache_policy=_choice("cache_policy", cache_policy, CACHE_POLICIES),
     )
     start_sample = _uint("start_sample", start_sample)
     if start_sample:

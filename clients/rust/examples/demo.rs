@@ -70,6 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         // Client::get_clips copies the reply out before releasing its slot, so it may be reused.
         reuse_arena: true,
+        // The default: the frames enter the daemon's cache unless one video's are a scan. A client
+        // reading frames once (a pass over a whole dataset) sends CachePolicy::OnePass instead.
+        cache_policy: proto::CachePolicy::Auto as i32,
     };
     for pass in ["cold", "warm"] {
         let started = Instant::now();

@@ -19,6 +19,11 @@
 //! Addresses are `unix:/path/to.sock`, `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT` (with
 //! [`ConnectOptions::tls_ca_pem`]); [`Client::connect_with`] also sends a bearer token. `GetClips`
 //! replies arrive as chunks; [`Client::get_clips`] reassembles them into one [`Batch`].
+//!
+//! `GetClipsRequest::cache_policy` and `StreamBatchesRequest::cache_policy` ([`proto::CachePolicy`])
+//! say whether the decoded frames may enter the daemon's frame cache: `Auto` (the default: unless a
+//! request's frames of one video are a scan larger than the daemon's `--cache-admit-fraction` of its
+//! cache), `OnePass` (never: frames read once do not displace other jobs' cached frames) or `Keep`.
 
 use std::path::PathBuf;
 

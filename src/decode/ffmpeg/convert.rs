@@ -158,7 +158,7 @@ impl Converter {
         let row = width as usize * 3;
         let stride = out.stride(0);
         let plane = out.data(0);
-        let mut data = Vec::with_capacity(row * height as usize);
+        let mut data = crate::decode::pool::take(row * height as usize);
         for y in 0..height as usize {
             data.extend_from_slice(&plane[y * stride..y * stride + row]);
         }

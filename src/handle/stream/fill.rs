@@ -106,6 +106,8 @@ pub(super) async fn assemble(
     } else {
         None
     };
+    // Frames only this batch holds (they bypassed the cache) go back to the buffer pool once assembled.
+    drop(frames);
     let engine = ctx.engine.clone();
     let (shape, data, shm) = blocking(move || {
         let to = match to {
@@ -120,6 +122,7 @@ pub(super) async fn assemble(
                 buf,
             )?)
         })?;
+        crate::decode::pool::recycle(clip_frames.into_iter().flatten());
         let (data, shm) = delivered.into_parts();
         Ok((shape, data, shm))
     })

@@ -91,6 +91,8 @@ pub struct StreamRequest {
     /// Resume after a change of world size: the epoch's first `start_sample` samples are left out
     /// before sharding.
     pub start_sample: u64,
+    /// Whether the decoded frames may enter the cache.
+    pub cache_policy: crate::cache::CachePolicy,
 }
 
 #[derive(Clone, Debug)]

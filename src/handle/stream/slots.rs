@@ -381,9 +381,14 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
         let keys: Vec<(usize, usize)> = wanted.keys().copied().collect();
         let fetches = keys.iter().map(|k| {
             let (r, set) = &wanted[k];
-            ctx.engine
-                .frames()
-                .fetch(&r.id, &r.source, r.geometry, set.clone(), ctx.tenant)
+            ctx.engine.frames().fetch(
+                &r.id,
+                &r.source,
+                r.geometry,
+                set.clone(),
+                ctx.tenant,
+                ctx.req.cache_policy,
+            )
         });
         let results = futures::future::join_all(fetches).await;
         for (key, result) in keys.into_iter().zip(results) {

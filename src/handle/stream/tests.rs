@@ -58,6 +58,7 @@ fn engine_serving(
             bytes: 64 << 20,
             index_bytes: 1 << 20,
             store_bytes: 1 << 20,
+            admit_ppm: crate::config::DEFAULT_ADMIT_PPM,
         },
         decode: DecodeConfig {
             threads: 2,
@@ -119,6 +120,7 @@ fn request(dataset: &str, batch_size: usize) -> StreamRequest {
         epoch: 0,
         rank: 0,
         world_size: 1,
+        cache_policy: crate::cache::CachePolicy::Auto,
         start_batch: 0,
         prefetch: 2,
         shuffle: false,

@@ -45,10 +45,14 @@ mod tests;
 pub use arena::{filesystem_bytes, Arena};
 use arena::{random_hex, Access};
 
-/// Released reusable GetClips arenas kept for later replies: at most this many...
+/// Released reusable GetClips arenas kept for later replies: at least this many may be kept, more while
+/// clients keep more reusable replies in flight at once (pipelining), up to [`MAX_SPARE_ARENAS`]...
 pub const SPARE_ARENAS: usize = 4;
-/// ... holding at most this many bytes together.
+/// ... holding at most this many bytes together, or as many as the reusable replies in flight held at
+/// their peak, but never more than half of the shared-memory budget (`--shm-bytes`).
 pub const SPARE_BYTES: usize = 512 << 20;
+/// The most spare arenas kept, however many replies were in flight.
+pub const MAX_SPARE_ARENAS: usize = 64;
 /// Reusable GetClips arenas are sized in multiples of this, so replies of similar sizes share them.
 pub const SPARE_ROUND: usize = 1 << 20;
 /// How often the reaper looks for arenas of exited clients and expired replies.
@@ -120,9 +124,12 @@ pub struct ShmRegistry {
     streams: Mutex<HashMap<String, Weak<Arena>>>,
     /// GetClips replies not released yet.
     one_shot: Mutex<HashMap<String, OneShot>>,
-    /// Released reusable GetClips arenas, ready for the next reply that fits (at most [`SPARE_ARENAS`] and
-    /// [`SPARE_BYTES`]; each dropped after the time to live unused).
+    /// Released reusable GetClips arenas, ready for the next reply that fits (bounded by
+    /// [`ShmRegistry::spare_bounds`]; each dropped after the time to live unused).
     spare: Mutex<Vec<(Arc<Arena>, Instant)>>,
+    /// The most reusable replies unreleased at once, and their bytes, since the spare pool last ran
+    /// empty: the spare pool may keep that many, so a client pipelining N requests finds N arenas.
+    reusable_peak: Mutex<(usize, usize)>,
     /// Arenas of streams that ended with slots the client has not released yet: kept until it does,
     /// or for the time to live, or until the client exits.
     retired: Mutex<HashMap<String, (Arc<Arena>, Instant)>>,
@@ -187,6 +194,7 @@ impl ShmRegistry {
             streams: Mutex::new(HashMap::new()),
             one_shot: Mutex::new(HashMap::new()),
             spare: Mutex::new(Vec::new()),
+            reusable_peak: Mutex::new((0, 0)),
             retired: Mutex::new(HashMap::new()),
         })
     }
@@ -389,10 +397,31 @@ impl ShmRegistry {
                 return Err(e);
             }
         };
-        self.one_shot
-            .lock()
-            .insert(arena.name.clone(), (arena, Instant::now(), reusable));
+        let mut one_shot = self.one_shot.lock();
+        one_shot.insert(arena.name.clone(), (arena, Instant::now(), reusable));
+        if reusable {
+            let now = reusable_in_flight(&one_shot);
+            drop(one_shot);
+            let mut peak = self.reusable_peak.lock();
+            *peak = (peak.0.max(now.0), peak.1.max(now.1));
+        }
         Ok((v, r))
+    }
+
+    /// How many spare arenas, and how many bytes of them, the pool keeps at most now: as many as the
+    /// reusable replies in flight at their peak (at least [`SPARE_ARENAS`] and [`SPARE_BYTES`]), at
+    /// most [`MAX_SPARE_ARENAS`] and half of the shared-memory budget.
+    pub fn spare_bounds(&self) -> (usize, usize) {
+        let (count, bytes) = *self.reusable_peak.lock();
+        (
+            count.clamp(SPARE_ARENAS, MAX_SPARE_ARENAS),
+            bytes.max(SPARE_BYTES).min(self.budget.total / 2),
+        )
+    }
+
+    /// Spare arenas held now (for tests and stats).
+    pub fn spare_arenas(&self) -> usize {
+        self.spare.lock().len()
     }
 
     /// The smallest spare arena that holds `nbytes` without wasting more than half of itself and whose
@@ -418,13 +447,14 @@ impl ShmRegistry {
 
     /// Keeps a released reusable arena for later replies, within the pool's bounds (the newest stay).
     fn put_spare(&self, arena: Arc<Arena>) {
-        if arena.slot_bytes > SPARE_BYTES {
+        let (most, most_bytes) = self.spare_bounds();
+        if arena.slot_bytes > most_bytes {
             return;
         }
         let mut spare = self.spare.lock();
         spare.push((arena, Instant::now()));
-        while spare.len() > SPARE_ARENAS
-            || spare.iter().map(|(a, _)| a.slot_bytes).sum::<usize>() > SPARE_BYTES
+        while spare.len() > most
+            || spare.iter().map(|(a, _)| a.slot_bytes).sum::<usize>() > most_bytes
         {
             spare.remove(0);
         }
@@ -434,10 +464,19 @@ impl ShmRegistry {
     /// (An expired one-shot reply is dropped, never pooled: its client may still be reading it.)
     pub fn expire(&self) {
         let ttl = self.ttl;
-        self.one_shot
-            .lock()
-            .retain(|_, (_, at, _)| at.elapsed() < ttl);
-        self.spare.lock().retain(|(_, at)| at.elapsed() < ttl);
+        let in_flight = {
+            let mut one_shot = self.one_shot.lock();
+            one_shot.retain(|_, (_, at, _)| at.elapsed() < ttl);
+            reusable_in_flight(&one_shot)
+        };
+        let mut spare = self.spare.lock();
+        spare.retain(|(_, at)| at.elapsed() < ttl);
+        if spare.is_empty() {
+            // Nobody reused a spare for a whole time to live: the peak starts again from what is in
+            // flight now, so a pipelining client that left does not keep the pool large.
+            *self.reusable_peak.lock() = in_flight;
+        }
+        drop(spare);
         self.retired.lock().retain(|_, (_, at)| at.elapsed() < ttl);
     }
 
@@ -628,4 +667,12 @@ fn may_release(a: &Arena, by: &Peer) -> Releaser {
         }
         _ => Releaser::Other,
     }
+}
+
+/// Reusable GetClips replies not released yet, and their arenas' bytes.
+fn reusable_in_flight(one_shot: &HashMap<String, OneShot>) -> (usize, usize) {
+    one_shot
+        .values()
+        .filter(|(_, _, reusable)| *reusable)
+        .fold((0, 0), |(n, b), (a, _, _)| (n + 1, b + a.slot_bytes))
 }

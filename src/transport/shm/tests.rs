@@ -107,6 +107,58 @@ fn released_reusable_replies_lend_their_arena_to_the_next_one() {
 }
 
 #[test]
+fn the_spare_pool_follows_the_replies_in_flight_within_half_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let fill = |reg: &ShmRegistry, v: u8| {
+        reg.one_shot_with(1000, true, &me(), |b| {
+            b.fill(v);
+            Ok::<_, ShmError>(())
+        })
+        .unwrap()
+        .1
+    };
+    // A client pipelining 10 reusable replies: all 10 arenas are kept once released...
+    let n = SPARE_ARENAS + 6;
+    let first: Vec<ShmRef> = (0..n).map(|i| fill(&reg, i as u8)).collect();
+    for r in &first {
+        reg.release(&r.arena, &[0], &me()).unwrap();
+    }
+    assert_eq!(reg.spare_arenas(), n, "{:?}", reg.spare_bounds());
+    // ... and the next 10 in flight take them all: no new file.
+    let second: Vec<ShmRef> = (0..n).map(|i| fill(&reg, 100 + i as u8)).collect();
+    let mut old: Vec<&str> = first.iter().map(|r| r.arena.as_str()).collect();
+    let mut new: Vec<&str> = second.iter().map(|r| r.arena.as_str()).collect();
+    old.sort();
+    new.sort();
+    assert_eq!(old, new, "every reply of the second round reused an arena");
+    for (i, r) in second.iter().enumerate() {
+        assert_eq!(
+            std::fs::read(&r.path).unwrap()[..1000],
+            [100 + i as u8; 1000][..]
+        );
+    }
+
+    // Half the budget bounds the pool's bytes: 4 MiB of budget keeps at most 2 MiB of 1 MiB arenas.
+    let small = tempfile::tempdir().unwrap();
+    let reg = ShmRegistry::new(
+        small.path().into(),
+        Duration::from_secs(60),
+        ShmBudget {
+            total: 4 * SPARE_ROUND,
+            per_client: 4 * SPARE_ROUND,
+        },
+    )
+    .unwrap();
+    let held: Vec<ShmRef> = (0..4).map(|i| fill(&reg, i)).collect();
+    assert_eq!(reg.spare_bounds(), (SPARE_ARENAS, 2 * SPARE_ROUND));
+    for r in &held {
+        reg.release(&r.arena, &[0], &me()).unwrap();
+    }
+    assert_eq!(reg.spare_arenas(), 2);
+}
+
+#[test]
 fn spare_arenas_expire_unused() {
     let dir = tempfile::tempdir().unwrap();
     let reg = registry(dir.path(), Duration::from_millis(50));

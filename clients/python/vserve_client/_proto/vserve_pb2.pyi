@@ -23,6 +23,12 @@ class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSPORT_INLINE: _ClassVar[Transport]
     TRANSPORT_SHM: _ClassVar[Transport]
 
+class CachePolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_POLICY_AUTO: _ClassVar[CachePolicy]
+    CACHE_POLICY_ONE_PASS: _ClassVar[CachePolicy]
+    CACHE_POLICY_KEEP: _ClassVar[CachePolicy]
+
 class SamplerKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SAMPLER_RANDOM_INDICES: _ClassVar[SamplerKind]
@@ -53,6 +59,9 @@ LAYOUT_THWC: Layout
 LAYOUT_TCHW: Layout
 TRANSPORT_INLINE: Transport
 TRANSPORT_SHM: Transport
+CACHE_POLICY_AUTO: CachePolicy
+CACHE_POLICY_ONE_PASS: CachePolicy
+CACHE_POLICY_KEEP: CachePolicy
 SAMPLER_RANDOM_INDICES: SamplerKind
 SAMPLER_REGULAR_INDICES: SamplerKind
 SAMPLER_RANDOM_TIMESTAMPS: SamplerKind
@@ -177,18 +186,20 @@ class Transform(_message.Message):
     def __init__(self, size: _Optional[_Union[Size, _Mapping]] = ..., short_side: _Optional[int] = ..., center_crop: _Optional[_Union[Size, _Mapping]] = ..., hflip: _Optional[bool] = ..., dtype: _Optional[_Union[DType, str]] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., layout: _Optional[_Union[Layout, str]] = ..., no_rotate: _Optional[bool] = ...) -> None: ...
 
 class GetClipsRequest(_message.Message):
-    __slots__ = ("dataset", "clips", "transform", "transport", "reuse_arena")
+    __slots__ = ("dataset", "clips", "transform", "transport", "reuse_arena", "cache_policy")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     CLIPS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     REUSE_ARENA_FIELD_NUMBER: _ClassVar[int]
+    CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     clips: _containers.RepeatedCompositeFieldContainer[ClipSpec]
     transform: Transform
     transport: Transport
     reuse_arena: bool
-    def __init__(self, dataset: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[ClipSpec, _Mapping]]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., reuse_arena: _Optional[bool] = ...) -> None: ...
+    cache_policy: CachePolicy
+    def __init__(self, dataset: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[ClipSpec, _Mapping]]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., reuse_arena: _Optional[bool] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ...) -> None: ...
 
 class ClipInfo(_message.Message):
     __slots__ = ("video", "frame_indices", "pts", "pts_seconds", "label", "label_index", "sample", "clip", "replaced_by", "crop", "flipped", "duration_seconds")
@@ -370,7 +381,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("frames_decoded", "gop_runs", "cache_hits", "cache_misses", "cache_bytes", "cache_entries", "index_builds", "requests", "decode_queue_depth", "shared_frames", "frames_skipped", "active_streams", "inflight_requests", "samples_skipped", "batches_sent", "shm_arenas")
+    __slots__ = ("frames_decoded", "gop_runs", "cache_hits", "cache_misses", "cache_bytes", "cache_entries", "index_builds", "requests", "decode_queue_depth", "shared_frames", "frames_skipped", "active_streams", "inflight_requests", "samples_skipped", "batches_sent", "shm_arenas", "cache_admitted", "cache_bypassed")
     FRAMES_DECODED_FIELD_NUMBER: _ClassVar[int]
     GOP_RUNS_FIELD_NUMBER: _ClassVar[int]
     CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +398,8 @@ class GetStatsResponse(_message.Message):
     SAMPLES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
     SHM_ARENAS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYPASSED_FIELD_NUMBER: _ClassVar[int]
     frames_decoded: int
     gop_runs: int
     cache_hits: int
@@ -403,7 +416,9 @@ class GetStatsResponse(_message.Message):
     samples_skipped: int
     batches_sent: int
     shm_arenas: int
-    def __init__(self, frames_decoded: _Optional[int] = ..., gop_runs: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., index_builds: _Optional[int] = ..., requests: _Optional[int] = ..., decode_queue_depth: _Optional[int] = ..., shared_frames: _Optional[int] = ..., frames_skipped: _Optional[int] = ..., active_streams: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., batches_sent: _Optional[int] = ..., shm_arenas: _Optional[int] = ...) -> None: ...
+    cache_admitted: int
+    cache_bypassed: int
+    def __init__(self, frames_decoded: _Optional[int] = ..., gop_runs: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., index_builds: _Optional[int] = ..., requests: _Optional[int] = ..., decode_queue_depth: _Optional[int] = ..., shared_frames: _Optional[int] = ..., frames_skipped: _Optional[int] = ..., active_streams: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., batches_sent: _Optional[int] = ..., shm_arenas: _Optional[int] = ..., cache_admitted: _Optional[int] = ..., cache_bypassed: _Optional[int] = ...) -> None: ...
 
 class ClipSampler(_message.Message):
     __slots__ = ("kind", "num_clips", "frames_per_clip", "frame_stride", "seconds_between_frames", "seconds_between_clip_starts", "range_start", "range_end", "short_video")
@@ -452,7 +467,7 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, size: _Optional[_Union[Size, _Mapping]] = ..., scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "sampler", "transform", "augment", "batch_size", "drop_last", "seed", "epoch", "rank", "world_size", "start_batch", "prefetch", "no_shuffle", "shard_remainder", "on_error", "transport", "worker", "num_workers", "start_sample")
+    __slots__ = ("dataset", "sampler", "transform", "augment", "batch_size", "drop_last", "seed", "epoch", "rank", "world_size", "start_batch", "prefetch", "no_shuffle", "shard_remainder", "on_error", "transport", "worker", "num_workers", "start_sample", "cache_policy")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
@@ -472,6 +487,7 @@ class StreamBatchesRequest(_message.Message):
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     START_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     sampler: ClipSampler
     transform: Transform
@@ -491,7 +507,8 @@ class StreamBatchesRequest(_message.Message):
     worker: int
     num_workers: int
     start_sample: int
-    def __init__(self, dataset: _Optional[str] = ..., sampler: _Optional[_Union[ClipSampler, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., augment: _Optional[_Union[Augment, _Mapping]] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., prefetch: _Optional[int] = ..., no_shuffle: _Optional[bool] = ..., shard_remainder: _Optional[_Union[ShardRemainder, str]] = ..., on_error: _Optional[_Union[OnError, str]] = ..., transport: _Optional[_Union[Transport, str]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ...) -> None: ...
+    cache_policy: CachePolicy
+    def __init__(self, dataset: _Optional[str] = ..., sampler: _Optional[_Union[ClipSampler, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., augment: _Optional[_Union[Augment, _Mapping]] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., prefetch: _Optional[int] = ..., no_shuffle: _Optional[bool] = ..., shard_remainder: _Optional[_Union[ShardRemainder, str]] = ..., on_error: _Optional[_Union[OnError, str]] = ..., transport: _Optional[_Union[Transport, str]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ...) -> None: ...
 
 class StreamBatchesResponse(_message.Message):
     __slots__ = ("header", "offset", "data")
