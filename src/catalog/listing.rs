@@ -256,7 +256,9 @@ impl Catalog {
     }
 
     /// Lists every directory dataset now on a named thread, then again every `every` (zero: only on
-    /// [`Catalog::reload`] calls, as on SIGHUP), until the catalogue is dropped.
+    /// [`Catalog::reload`] calls, as on SIGHUP), until the catalogue is dropped. A periodic walk never
+    /// takes more than 2 % of a core: the pause after a walk is at least [`RESCAN_PAUSE_FACTOR`] times
+    /// its duration (a million files on a slow disk are walked less often than `every`).
     pub fn start_rescans(catalog: &Arc<Catalog>, every: std::time::Duration) {
         let weak = Arc::downgrade(catalog);
         let spawned = std::thread::Builder::new()
@@ -265,6 +267,7 @@ impl Catalog {
                 let mut first = true;
                 loop {
                     let Some(cat) = weak.upgrade() else { return };
+                    let started = std::time::Instant::now();
                     if first {
                         cat.walk_unlisted();
                     } else {
@@ -275,7 +278,7 @@ impl Catalog {
                         return;
                     }
                     first = false;
-                    std::thread::sleep(every);
+                    std::thread::sleep(rescan_pause(every, started.elapsed()));
                 }
             });
         if let Err(e) = spawned {
@@ -296,8 +299,30 @@ impl Catalog {
     }
 }
 
+/// The pause after a periodic walk is at least this many times the walk's duration.
+pub const RESCAN_PAUSE_FACTOR: u32 = 50;
+
+/// How long to wait before the next periodic walk, after one that took `took`.
+fn rescan_pause(every: std::time::Duration, took: std::time::Duration) -> std::time::Duration {
+    every.max(took.saturating_mul(RESCAN_PAUSE_FACTOR))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn periodic_walks_take_at_most_a_fiftieth_of_the_time() {
+        use std::time::Duration;
+        let minute = Duration::from_secs(60);
+        assert_eq!(
+            super::rescan_pause(minute, Duration::from_millis(100)),
+            minute
+        );
+        assert_eq!(
+            super::rescan_pause(minute, Duration::from_secs(4)),
+            Duration::from_secs(200)
+        );
+    }
+
     use super::*;
     use crate::config::load::ServeArgs;
     use crate::metrics::EngineMetrics;

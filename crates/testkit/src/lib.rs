@@ -379,10 +379,20 @@ impl Daemon {
     }
 
     /// The TCP address the daemon serves gRPC on (from its log), for a daemon given a TCP `--listen`.
+    /// Listeners are bound and logged one after another, so the Unix socket may answer before the TCP
+    /// line is in the log: waits up to 10 s for it.
     pub fn tcp_addr(&self) -> Option<String> {
-        self.logged_addrs("listening")
-            .into_iter()
-            .find(|a| !a.starts_with("unix:") && Some(a.as_str()) != self.admin())
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self
+                .logged_addrs("listening")
+                .into_iter()
+                .find(|a| !a.starts_with("unix:") && Some(a.as_str()) != self.admin());
+            if found.is_some() || Instant::now() > deadline || self.exited.is_some() {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// `GET path` on the admin listener: (status code, body).
