@@ -50,6 +50,20 @@ cm = next(d for d in docs if d and d.get("kind") == "ConfigMap")
 open(sys.argv[1], "w").write(cm["data"]["vserve.toml"])
 PY
 "$bin" config --config "$tmp/cm.toml" >/dev/null || fail "the ConfigMap's vserve.toml is invalid"
+# The daemon's state directory (frame tables, health, the poison-file journal) must be a writable volume of
+# the DaemonSet that its init container hands to the daemon's user: the root filesystem is read-only.
+"$venv/bin/python" - "$tmp/cm.toml" <<'PY' || fail "the DaemonSet's state directory is not a writable volume"
+import sys, tomllib, yaml
+state = tomllib.load(open(sys.argv[1], "rb"))["state-dir"]
+ds = next(d for d in yaml.safe_load_all(open("deploy/k8s/daemonset.yaml")) if d and d["kind"] == "DaemonSet")
+pod = ds["spec"]["template"]["spec"]
+c = pod["containers"][0]
+assert c["securityContext"]["readOnlyRootFilesystem"], "root filesystem not read-only"
+mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+assert state in mounts and not mounts[state].get("readOnly"), f"{state} is not a writable mount"
+init = next(i for i in pod["initContainers"] if i["name"] == "own-dirs")
+assert state in init["command"] and str(pod["securityContext"]["runAsUser"]) in init["command"][1], init
+PY
 # The index Job: Indexed, its --shard N equal to completions, the shard from the completion index, the
 # store on its PVC; then its own args run for every shard over a small dataset laid out as on the nodes
 # (/data, /index under $tmp), and a whole-dataset run over the store they wrote finds every video stored.

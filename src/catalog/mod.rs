@@ -1,6 +1,7 @@
-//! The catalogue: the datasets served, their sample lists (manifests, gulp sets, recent directory
-//! scans), and every video's frame table, cached by file identity, with the memory of files that failed
-//! to index or turned out damaged.
+//! The catalogue: the datasets served, their sample lists (manifests, gulp sets, and the last complete
+//! walk of each directory root, `listing.rs`), and every video's frame table, cached by file identity
+//! (packed, or mapped from the store), with the memory of files that failed to index or turned out
+//! damaged.
 //!
 //! Input: a dataset name and a video path (or gulp id). Output: the video's identity ([`VideoId`], the
 //! cache key), its [`VideoIndex`] and the [`VideoSource`] a decode job needs ([`Catalog::resolve`]).
