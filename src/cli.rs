@@ -42,6 +42,10 @@ pub enum Command {
     /// Make a daemon walk its dataset roots again and re-read its manifests now (as SIGHUP does);
     /// prints the datasets after it as JSON; exit 1 when a dataset could not be reloaded.
     Reload(AddrArgs),
+    /// List or clear the files in a daemon's crash quarantine (each crashed a daemon and is refused as
+    /// DATA_LOSS until it changes).
+    #[command(subcommand)]
+    Quarantine(QuarantineCommand),
     /// Decode every video of a dataset once into a GulpIO dataset (chunked JPEG frames); resumable.
     Ingest(IngestArgs),
     /// Check a GulpIO directory (GulpIO's sanity checks plus JPEG validity); exit 1 on any problem.
@@ -157,6 +161,43 @@ pub struct GulpCheckArgs {
     /// The GulpIO directory.
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
+}
+
+/// `vserve quarantine`: the crash quarantine of a running daemon (or, for `list`, of a state directory).
+#[derive(Subcommand, Debug, Clone)]
+pub enum QuarantineCommand {
+    /// Print the quarantined files: one line each, or one JSON object with --json.
+    List(QuarantineListArgs),
+    /// Remove files from the daemon's quarantine (memory and state directory): they are served again.
+    /// Needs the daemon's own user or root, on its Unix socket.
+    Clear(QuarantineClearArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct QuarantineListArgs {
+    #[command(flatten)]
+    pub addr: AddrArgs,
+    /// Read the quarantine persisted in this state directory instead of asking a daemon.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// One JSON object instead of lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct QuarantineClearArgs {
+    #[command(flatten)]
+    pub addr: AddrArgs,
+    /// A quarantined file's path, as `vserve quarantine list` prints it (repeatable).
+    #[arg(long, value_name = "P", required_unless_present = "all")]
+    pub path: Vec<String>,
+    /// Clear every entry.
+    #[arg(long, conflicts_with = "path")]
+    pub all: bool,
+    /// One JSON object instead of lines.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -19,7 +19,8 @@
 //! reads the quarantine without touching the owner's records).
 //!
 //! Quarantine: `quarantine.json`, written atomically; entries leave it when the file at that path has
-//! another identity (replaced or touched), or when an operator deletes the file. A clean shutdown clears
+//! another identity (replaced or touched), when an operator clears them (`vserve quarantine clear`, the
+//! Quarantine RPC: [`Quarantine::clear`]), or when an operator deletes the file. A clean shutdown clears
 //! the journal ([`Journal::clear_all`]), so only a process that died leaves entries behind.
 
 use std::collections::HashMap;
@@ -281,9 +282,8 @@ impl Quarantine {
         }
         tracing::info!(path = %key.path.display(), "quarantined file has changed; trying it again");
         files.remove(&key.path);
-        let snapshot = self.serialise(&files);
-        drop(files);
-        self.persist(snapshot);
+        // Written under the lock: a snapshot never overwrites a later one (a concurrent clear).
+        self.persist(self.serialise(&files));
         None
     }
 
@@ -301,6 +301,53 @@ impl Quarantine {
             || "memory (no --state-dir)".to_owned(),
             |s| s.path(QUARANTINE_FILE).display().to_string(),
         )
+    }
+
+    /// Why every entry is there (the journal records no more than that a thread was inside the file).
+    pub const REASON: &'static str = "a daemon died while opening, indexing or decoding this file";
+
+    /// The entries, by path.
+    pub fn list(&self) -> Vec<Quarantined> {
+        let mut out: Vec<Quarantined> = self.files.lock().values().cloned().collect();
+        out.sort_by(|a, b| a.key.path.cmp(&b.key.path));
+        out
+    }
+
+    /// Removes the entries of `paths` (every entry with `all`), in the persisted file first and then in
+    /// memory, under one lock: either both change or neither. A path not in the quarantine is an error
+    /// and clears nothing (`Err(Ok(path))`); a failed write clears nothing (`Err(Err(io))`).
+    pub fn clear(
+        &self,
+        paths: &[PathBuf],
+        all: bool,
+    ) -> Result<Vec<Quarantined>, Result<PathBuf, std::io::Error>> {
+        let mut files = self.files.lock();
+        if let Some(p) = paths.iter().find(|p| !files.contains_key(*p)) {
+            return Err(Ok(p.clone()));
+        }
+        let mut kept = files.clone();
+        let mut cleared: Vec<Quarantined> = if all {
+            kept.drain().map(|(_, q)| q).collect()
+        } else {
+            paths.iter().filter_map(|p| kept.remove(p)).collect()
+        };
+        if let Some(state) = &self.state {
+            state
+                .write_atomic(QUARANTINE_FILE, &self.serialise(&kept))
+                .map_err(Err)?;
+        }
+        *files = kept;
+        cleared.sort_by(|a, b| a.key.path.cmp(&b.key.path));
+        Ok(cleared)
+    }
+
+    /// The persisted quarantine of a state directory, read without taking its journal (for
+    /// `vserve quarantine list --state-dir`); None when the directory does not exist.
+    pub fn read_persisted(root: &Path) -> std::io::Result<Option<Quarantine>> {
+        if !root.is_dir() {
+            return Ok(None);
+        }
+        Ok(Some(Quarantine::load(&StateDir::open(root)?)))
     }
 
     fn add(&self, key: FileKey, since: u64) {
@@ -522,6 +569,38 @@ mod tests {
         assert_eq!(q.check(&poison), None);
         let (_journal, q) = recover(&state).unwrap();
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn clearing_removes_entries_from_memory_and_the_file_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let (_, q) = recover(&state).unwrap();
+        let (a, b, c) = (key("/d/a.mp4", 1), key("/d/b.mp4", 2), key("/d/c.mp4", 3));
+        for k in [&a, &b, &c] {
+            q.add(k.clone(), 7);
+        }
+        // An unknown path clears nothing.
+        let missing = PathBuf::from("/d/none.mp4");
+        let err = q.clear(&[a.path.clone(), missing.clone()], false);
+        assert_eq!(err.err().map(|e| e.ok()), Some(Some(missing)));
+        assert_eq!(q.len(), 3);
+        let cleared = q.clear(std::slice::from_ref(&b.path), false).unwrap();
+        assert_eq!(cleared.iter().map(|x| &x.key).collect::<Vec<_>>(), [&b]);
+        let paths = |q: &Quarantine| q.list().into_iter().map(|x| x.key).collect::<Vec<_>>();
+        assert_eq!(paths(&q), [a.clone(), c.clone()]);
+        let on_disk = Quarantine::read_persisted(dir.path()).unwrap().unwrap();
+        assert_eq!(paths(&on_disk), [a.clone(), c.clone()]);
+        assert_eq!(on_disk.list()[0].since, 7);
+        assert_eq!(q.clear(&[], true).unwrap().len(), 2);
+        assert!(q.is_empty());
+        assert!(Quarantine::read_persisted(dir.path())
+            .unwrap()
+            .unwrap()
+            .is_empty());
+        assert!(Quarantine::read_persisted(&dir.path().join("no"))
+            .unwrap()
+            .is_none());
     }
 
     #[test]

@@ -131,6 +131,7 @@ fn main() -> std::process::ExitCode {
                     Command::Datasets(a) => vserve::commands::datasets(a).await,
                     Command::Stats(a) => vserve::commands::stats(a).await,
                     Command::Reload(a) => vserve::commands::reload(a).await,
+                    Command::Quarantine(a) => vserve::commands::quarantine::run(a).await,
                     Command::Serve(_)
                     | Command::Config(_)
                     | Command::Doctor(_)

@@ -1,7 +1,9 @@
 //! The refusal log: calls refused for load (RESOURCE_EXHAUSTED) are logged at WARN at most once per
 //! interval for each (client, reason), so a client retrying against a full limit thousands of times a
-//! minute costs a line every few seconds, not a line per try. The metrics still count every refusal
-//! (`vserve_rpc_requests_total{code="RESOURCE_EXHAUSTED"}`); only the log is thinned.
+//! minute costs a line every few seconds, not a line per try. Errors a client caused (INVALID_ARGUMENT,
+//! NOT_FOUND, OUT_OF_RANGE, PERMISSION_DENIED) are thinned the same way per (client, code): the key's
+//! reason is then the code's name, which no limit name equals. The metrics still count every refusal
+//! (`vserve_rpc_requests_total{code=...}`); only the log is thinned.
 //!
 //! Input: a refusal's client (as [`crate::peer::Peer::describe`] names it) and message. Output: whether
 //! to log it now, and how many refusals of the same key were left out since the last line logged
@@ -121,6 +123,21 @@ impl RefusalLog {
         }
     }
 
+    /// Logs an error a client caused (`code`: INVALID_ARGUMENT, NOT_FOUND, ...) of `method` for
+    /// `client` at WARN if its (client, code) key is due: a client sending bad requests in a loop costs
+    /// a line per interval, carrying how many were left out.
+    pub fn log_client_error(
+        &self,
+        method: &'static str,
+        client: &str,
+        code: &'static str,
+        message: &str,
+    ) {
+        if let Some(suppressed) = self.note_at(client, code, Instant::now()) {
+            tracing::warn!(method, client, code, suppressed, message, "request refused");
+        }
+    }
+
     /// Keys in the table now.
     pub fn keys(&self) -> usize {
         self.keys.lock().len()
@@ -152,6 +169,44 @@ mod tests {
         assert_eq!(log.note_at("pid 7", "max-streams", at(15.0)), None);
         assert_eq!(log.note_at("pid 7", "max-streams", at(20.5)), Some(1));
         assert_eq!(log.keys(), 3);
+    }
+
+    #[test]
+    fn client_errors_are_thinned_per_client_and_code_beside_refusals() {
+        let log = RefusalLog::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        assert_eq!(
+            log.note_at("10.0.0.1", "INVALID_ARGUMENT", at(0.0)),
+            Some(0)
+        );
+        for i in 0..99 {
+            assert_eq!(
+                log.note_at("10.0.0.1", "INVALID_ARGUMENT", at(i as f64 * 0.05)),
+                None
+            );
+        }
+        // Another code, a load refusal of the same client, and another client: keys of their own.
+        assert_eq!(log.note_at("10.0.0.1", "NOT_FOUND", at(1.0)), Some(0));
+        assert_eq!(log.note_at("10.0.0.1", "max-streams", at(1.0)), Some(0));
+        assert_eq!(
+            log.note_at("10.0.0.2", "INVALID_ARGUMENT", at(1.0)),
+            Some(0)
+        );
+        assert_eq!(
+            log.note_at("10.0.0.1", "INVALID_ARGUMENT", at(10.0)),
+            Some(99)
+        );
+        assert_eq!(log.keys(), 4);
+        // A code name is never taken for a limit a RESOURCE_EXHAUSTED message names.
+        assert!(REASONS
+            .iter()
+            .all(|r| !r.chars().any(|c| c.is_ascii_uppercase())));
+        // The logging entry point goes through the same table.
+        log.log_client_error("Probe", "10.0.0.3", "OUT_OF_RANGE", "frame 9 of 4");
+        log.log_client_error("Probe", "10.0.0.3", "OUT_OF_RANGE", "frame 9 of 4");
+        assert_eq!(log.note_at("10.0.0.3", "OUT_OF_RANGE", at(0.5)), None);
+        assert_eq!(log.keys(), 5);
     }
 
     #[test]

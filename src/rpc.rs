@@ -52,6 +52,7 @@ pub const METHODS: &[(&str, &str, Kind)] = &[
     ("/vserve.v1.VServe/ListDatasets", "ListDatasets", Kind::Work),
     ("/vserve.v1.VServe/GetStats", "GetStats", Kind::Unary),
     ("/vserve.v1.VServe/Reload", "Reload", Kind::Work),
+    ("/vserve.v1.VServe/Quarantine", "Quarantine", Kind::Unary),
     (
         "/vserve.v1.VServe/CheckDataset",
         "CheckDataset",

@@ -54,16 +54,29 @@ fn fail(method: &'static str, e: Error) -> Status {
 }
 
 /// Converts and logs a failure of `method` for `peer`. Refusals for load (RESOURCE_EXHAUSTED) go through
-/// the refusal log's rate limit per (client, limit); the rest are logged each time.
+/// the refusal log's rate limit per (client, limit), and errors the client caused (a bad argument, a
+/// name that does not exist, a position out of range, no permission) through it per (client, code);
+/// the rest (the daemon's or a file's failures) are logged each time. The metrics count every one.
 fn fail_for(method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
     let status = Status::from(e);
+    let client = || peer.map_or_else(|| "unknown".to_owned(), Peer::describe);
     match status.code() {
         tonic::Code::Internal => {
             tracing::error!(method, code = ?status.code(), message = status.message(), "request failed")
         }
         tonic::Code::ResourceExhausted => {
-            let client = peer.map_or_else(|| "unknown".to_owned(), Peer::describe);
-            crate::refusal::RefusalLog::global().log(method, &client, status.message());
+            crate::refusal::RefusalLog::global().log(method, &client(), status.message());
+        }
+        code @ (tonic::Code::InvalidArgument
+        | tonic::Code::NotFound
+        | tonic::Code::OutOfRange
+        | tonic::Code::PermissionDenied) => {
+            crate::refusal::RefusalLog::global().log_client_error(
+                method,
+                &client(),
+                vserve_client::code_name(code),
+                status.message(),
+            );
         }
         _ => {
             tracing::warn!(method, code = ?status.code(), message = status.message(), "request refused")
@@ -417,6 +430,18 @@ fn peer_of<T>(request: &Request<T>) -> Peer {
         .unwrap_or_else(Peer::local)
 }
 
+/// Whether `peer` may change the daemon's state for everyone (clear the quarantine): a process of the
+/// daemon's own user or root on the Unix socket, or an in-process call; never a TCP client (its uid is
+/// unknowable).
+fn may_administer(peer: &Peer) -> bool {
+    if peer.key == crate::peer::PeerKey::Local {
+        return true;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    matches!(peer.uid, Some(uid) if uid == 0 || uid == me)
+}
+
 type ClipStream = Pin<Box<dyn Stream<Item = Result<pb::GetClipsResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -425,10 +450,11 @@ impl pb::v_serve_server::VServe for Api {
         &self,
         request: Request<pb::ProbeRequest>,
     ) -> Result<Response<pb::ProbeResponse>, Status> {
+        let peer = peer_of(&request);
         let req = request.into_inner();
         let index = handle::probe::probe(&self.engine, &req.dataset, &req.video, req.stream)
             .await
-            .map_err(|e| fail("Probe", e))?;
+            .map_err(|e| fail_for("Probe", Some(&peer), e))?;
         let (dw, dh) = index.display_size();
         Ok(Response::new(pb::ProbeResponse {
             codec: index.codec.clone(),
@@ -469,9 +495,10 @@ impl pb::v_serve_server::VServe for Api {
     ) -> Result<Response<Self::GetClipsStream>, Status> {
         let peer = peer_of(&request);
         let raw = request.into_inner();
-        let transport = transport_from_proto(raw.transport).map_err(|e| fail("GetClips", e))?;
+        let transport = transport_from_proto(raw.transport)
+            .map_err(|e| fail_for("GetClips", Some(&peer), e))?;
         let reuse = raw.reuse_arena;
-        let mut req = clips_from_proto(raw).map_err(|e| fail("GetClips", e))?;
+        let mut req = clips_from_proto(raw).map_err(|e| fail_for("GetClips", Some(&peer), e))?;
         req.shm = transport == Transport::Shm;
         req.shm_reuse = req.shm && reuse;
         let dtype = req.transform.batch.dtype;
@@ -529,7 +556,8 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::StreamBatchesRequest>,
     ) -> Result<Response<Self::StreamBatchesStream>, Status> {
         let peer = peer_of(&request);
-        let req = stream_from_proto(request.into_inner()).map_err(|e| fail("StreamBatches", e))?;
+        let req = stream_from_proto(request.into_inner())
+            .map_err(|e| fail_for("StreamBatches", Some(&peer), e))?;
         let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);
         let rx = handle::stream::start(&self.engine, req, peer.clone())
             .await
@@ -553,7 +581,7 @@ impl pb::v_serve_server::VServe for Api {
         self.engine
             .shm()
             .release(&req.arena, &req.slots, &peer)
-            .map_err(|e| fail("ReleaseSlots", Error::from(e)))?;
+            .map_err(|e| fail_for("ReleaseSlots", Some(&peer), Error::from(e)))?;
         Ok(Response::new(pb::ReleaseSlotsResponse {}))
     }
 
@@ -634,6 +662,58 @@ impl pb::v_serve_server::VServe for Api {
             })
         });
         Ok(Response::new(Box::pin(messages)))
+    }
+
+    async fn quarantine(
+        &self,
+        request: Request<pb::QuarantineRequest>,
+    ) -> Result<Response<pb::QuarantineResponse>, Status> {
+        let peer = peer_of(&request);
+        let req = request.into_inner();
+        let fail = |e| fail_for("Quarantine", Some(&peer), e);
+        let q = self.engine.catalog().quarantine().clone();
+        let cleared = if req.all || !req.clear.is_empty() {
+            if !may_administer(&peer) {
+                return Err(fail(Error::PermissionDenied(format!(
+                    "{} may not clear the quarantine: only the daemon's own user or root, on the Unix socket",
+                    peer.describe()
+                ))));
+            }
+            let paths: Vec<std::path::PathBuf> = req.clear.iter().map(Into::into).collect();
+            let cleared = tokio::task::spawn_blocking(move || q.clear(&paths, req.all))
+                .await
+                .map_err(|e| fail(Error::Internal(e.to_string())))?
+                .map_err(|e| {
+                    fail(match e {
+                        Ok(p) => Error::NotFound(format!(
+                            "{} is not in the quarantine; nothing was cleared",
+                            p.display()
+                        )),
+                        Err(io) => Error::Internal(format!(
+                            "cannot write the quarantine; nothing was cleared: {io}"
+                        )),
+                    })
+                })?;
+            for c in &cleared {
+                tracing::info!(path = %c.key.path.display(), client = %peer.describe(), "cleared from the quarantine; it is served again");
+            }
+            cleared
+        } else {
+            Vec::new()
+        };
+        let q = self.engine.catalog().quarantine();
+        let entry = |e: crate::journal::Quarantined| pb::QuarantinedFile {
+            path: e.key.path.display().to_string(),
+            size: e.key.size,
+            mtime_ns: i64::try_from(e.key.mtime_ns).unwrap_or(i64::MAX),
+            since: e.since,
+            reason: crate::journal::Quarantine::REASON.to_owned(),
+        };
+        Ok(Response::new(pb::QuarantineResponse {
+            files: q.list().into_iter().map(entry).collect(),
+            cleared: cleared.into_iter().map(entry).collect(),
+            location: q.location(),
+        }))
     }
 
     async fn get_stats(

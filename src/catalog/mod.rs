@@ -210,6 +210,11 @@ impl Catalog {
         self.quarantine.len()
     }
 
+    /// The quarantine this catalogue refuses files from (listed and cleared by the Quarantine RPC).
+    pub fn quarantine(&self) -> &Arc<Quarantine> {
+        &self.quarantine
+    }
+
     /// Index builds abandoned past their deadline and still stuck, and those that passed it in all.
     pub fn stuck_builds(&self) -> (u64, u64) {
         (

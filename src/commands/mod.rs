@@ -7,6 +7,7 @@ pub mod check;
 pub mod doctor;
 pub mod index;
 pub mod ingest;
+pub mod quarantine;
 
 pub use ingest::{gulp_check, ingest};
 

@@ -281,6 +281,20 @@ impl Client {
             .into_inner())
     }
 
+    /// The crash quarantine after clearing `clear` (every entry with `all`); clearing needs the daemon's
+    /// uid or root on its Unix socket (PERMISSION_DENIED otherwise).
+    pub async fn quarantine(
+        &mut self,
+        clear: Vec<String>,
+        all: bool,
+    ) -> Result<proto::QuarantineResponse, ClientError> {
+        Ok(self
+            .inner
+            .quarantine(proto::QuarantineRequest { clear, all })
+            .await?
+            .into_inner())
+    }
+
     pub async fn stats(&mut self) -> Result<proto::GetStatsResponse, ClientError> {
         Ok(self
             .inner
