@@ -75,6 +75,38 @@ SHARD_REMAINDER_DROP: ShardRemainder
 ON_ERROR_SKIP: OnError
 ON_ERROR_FAIL: OnError
 
+class QuarantineRequest(_message.Message):
+    __slots__ = ("clear", "all")
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    clear: _containers.RepeatedScalarFieldContainer[str]
+    all: bool
+    def __init__(self, clear: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class QuarantinedFile(_message.Message):
+    __slots__ = ("path", "size", "mtime_ns", "since", "reason")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    mtime_ns: int
+    since: int
+    reason: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., since: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class QuarantineResponse(_message.Message):
+    __slots__ = ("files", "cleared", "location")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[QuarantinedFile]
+    cleared: _containers.RepeatedCompositeFieldContainer[QuarantinedFile]
+    location: str
+    def __init__(self, files: _Optional[_Iterable[_Union[QuarantinedFile, _Mapping]]] = ..., cleared: _Optional[_Iterable[_Union[QuarantinedFile, _Mapping]]] = ..., location: _Optional[str] = ...) -> None: ...
+
 class Rational(_message.Message):
     __slots__ = ("num", "den")
     NUM_FIELD_NUMBER: _ClassVar[int]
