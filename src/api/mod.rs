@@ -25,6 +25,8 @@ pub mod pb {
     tonic::include_proto!("vserve.v1");
 }
 
+mod quarantine;
+
 pub use pb::v_serve_server::VServeServer;
 
 /// Bytes of array data per GetClips message: large enough to amortise per-message cost, small enough
@@ -430,18 +432,6 @@ fn peer_of<T>(request: &Request<T>) -> Peer {
         .unwrap_or_else(Peer::local)
 }
 
-/// Whether `peer` may change the daemon's state for everyone (clear the quarantine): a process of the
-/// daemon's own user or root on the Unix socket, or an in-process call; never a TCP client (its uid is
-/// unknowable).
-fn may_administer(peer: &Peer) -> bool {
-    if peer.key == crate::peer::PeerKey::Local {
-        return true;
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    matches!(peer.uid, Some(uid) if uid == 0 || uid == me)
-}
-
 type ClipStream = Pin<Box<dyn Stream<Item = Result<pb::GetClipsResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -669,51 +659,9 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::QuarantineRequest>,
     ) -> Result<Response<pb::QuarantineResponse>, Status> {
         let peer = peer_of(&request);
-        let req = request.into_inner();
-        let fail = |e| fail_for("Quarantine", Some(&peer), e);
-        let q = self.engine.catalog().quarantine().clone();
-        let cleared = if req.all || !req.clear.is_empty() {
-            if !may_administer(&peer) {
-                return Err(fail(Error::PermissionDenied(format!(
-                    "{} may not clear the quarantine: only the daemon's own user or root, on the Unix socket",
-                    peer.describe()
-                ))));
-            }
-            let paths: Vec<std::path::PathBuf> = req.clear.iter().map(Into::into).collect();
-            let cleared = tokio::task::spawn_blocking(move || q.clear(&paths, req.all))
-                .await
-                .map_err(|e| fail(Error::Internal(e.to_string())))?
-                .map_err(|e| {
-                    fail(match e {
-                        Ok(p) => Error::NotFound(format!(
-                            "{} is not in the quarantine; nothing was cleared",
-                            p.display()
-                        )),
-                        Err(io) => Error::Internal(format!(
-                            "cannot write the quarantine; nothing was cleared: {io}"
-                        )),
-                    })
-                })?;
-            for c in &cleared {
-                tracing::info!(path = %c.key.path.display(), client = %peer.describe(), "cleared from the quarantine; it is served again");
-            }
-            cleared
-        } else {
-            Vec::new()
-        };
-        let q = self.engine.catalog().quarantine();
-        let entry = |e: crate::journal::Quarantined| pb::QuarantinedFile {
-            path: e.key.path.display().to_string(),
-            size: e.key.size,
-            mtime_ns: i64::try_from(e.key.mtime_ns).unwrap_or(i64::MAX),
-            since: e.since,
-            reason: crate::journal::Quarantine::REASON.to_owned(),
-        };
-        Ok(Response::new(pb::QuarantineResponse {
-            files: q.list().into_iter().map(entry).collect(),
-            cleared: cleared.into_iter().map(entry).collect(),
-            location: q.location(),
-        }))
+        quarantine::answer(&self.engine, &peer, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn get_stats(
