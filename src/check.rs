@@ -114,23 +114,29 @@ pub fn videos(ds: &Dataset, manifest: Option<&Path>) -> Result<Vec<String>, Stri
     Ok(v)
 }
 
+/// `video`'s path and store key, or the report of a video that cannot be opened beneath the root.
+fn resolve(ds: &Dataset, video: &str) -> Result<(std::path::PathBuf, Key), VideoReport> {
+    let (path, meta) = ds.resolve(video).map_err(|e| {
+        let health = Health::Unreadable {
+            reason: e.to_string(),
+            corrupt: false,
+        };
+        VideoReport::of(video, &health, 0.0)
+    })?;
+    let key = Key::new(&path, &meta, None);
+    Ok((path, key))
+}
+
 /// Checks one video and records what was found. Blocking (decodes the whole video).
 pub fn check_one(
     ds: &Dataset,
     video: &str,
     store: Option<&Store>,
 ) -> (VideoReport, Option<Record>) {
-    let (path, meta) = match ds.resolve(video) {
+    let (path, key) = match resolve(ds, video) {
         Ok(x) => x,
-        Err(e) => {
-            let health = Health::Unreadable {
-                reason: e.to_string(),
-                corrupt: false,
-            };
-            return (VideoReport::of(video, &health, 0.0), None);
-        }
+        Err(unreadable) => return (unreadable, None),
     };
-    let key = Key::new(&path, &meta, None);
     // A file that crashed the daemon would crash this process too: not opened again while unchanged.
     if let Some(known) = store.and_then(|s| s.get(&key)) {
         if matches!(known.health, Health::Quarantined { .. }) {
@@ -232,17 +238,10 @@ pub fn index_one(
     video: &str,
     store: Option<&Store>,
 ) -> (VideoReport, Option<Record>) {
-    let (path, meta) = match ds.resolve(video) {
+    let (path, key) = match resolve(ds, video) {
         Ok(x) => x,
-        Err(e) => {
-            let health = Health::Unreadable {
-                reason: e.to_string(),
-                corrupt: false,
-            };
-            return (VideoReport::of(video, &health, 0.0), None);
-        }
+        Err(unreadable) => return (unreadable, None),
     };
-    let key = Key::new(&path, &meta, None);
     let report = |record: &Record, status: &str| {
         let table = record.table.as_deref();
         let frames = table.map_or(0, |t| t.frame_count() as u64);
