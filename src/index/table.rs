@@ -185,11 +185,11 @@ impl Packed {
     }
 
     pub fn frames(self: &Arc<Self>) -> Frames {
-        Frames(FramesRepr::Packed(self.clone(), self.n))
+        Cells(Repr::Packed(self.clone(), self.n))
     }
 
     pub fn keyframes(self: &Arc<Self>) -> Keyframes {
-        Keyframes(KeyframesRepr::Packed(self.clone(), self.m))
+        Cells(Repr::Packed(self.clone(), self.m))
     }
 
     /// Bytes held on the heap (0 for a mapped record) and whether the record is mapped.
@@ -201,34 +201,58 @@ impl Packed {
     }
 }
 
+/// A column read as an owned vector (a fresh scan, tests) or in place from a packed table.
+pub trait Cell: Copy + std::fmt::Debug + PartialEq {
+    /// Cell `i` of the packed table's column of this kind.
+    fn read(p: &Packed, i: usize) -> Self;
+}
+
+impl Cell for FrameEntry {
+    fn read(p: &Packed, i: usize) -> FrameEntry {
+        p.frame(i)
+    }
+}
+
+impl Cell for usize {
+    fn read(p: &Packed, i: usize) -> usize {
+        p.keyframe(i)
+    }
+}
+
 #[derive(Clone)]
-enum FramesRepr {
-    Owned(Vec<FrameEntry>),
-    /// The first `usize` frames of the packed table.
+enum Repr<T> {
+    Owned(Vec<T>),
+    /// The first `usize` cells of the packed table's column.
     Packed(Arc<Packed>, usize),
 }
 
-/// Frames in presentation order.
+/// One column of a frame table: owned, or a view of a packed record ([`Frames`], [`Keyframes`]).
 #[derive(Clone)]
-pub struct Frames(FramesRepr);
+pub struct Cells<T>(Repr<T>);
 
-impl From<Vec<FrameEntry>> for Frames {
-    fn from(v: Vec<FrameEntry>) -> Frames {
-        Frames(FramesRepr::Owned(v))
+/// Frames in presentation order.
+pub type Frames = Cells<FrameEntry>;
+
+/// Keyframe positions, ascending.
+pub type Keyframes = Cells<usize>;
+
+impl<T> From<Vec<T>> for Cells<T> {
+    fn from(v: Vec<T>) -> Cells<T> {
+        Cells(Repr::Owned(v))
     }
 }
 
-impl FromIterator<FrameEntry> for Frames {
-    fn from_iter<I: IntoIterator<Item = FrameEntry>>(it: I) -> Frames {
-        Frames(FramesRepr::Owned(it.into_iter().collect()))
+impl<T> FromIterator<T> for Cells<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(it: I) -> Cells<T> {
+        Cells(Repr::Owned(it.into_iter().collect()))
     }
 }
 
-impl Frames {
+impl<T: Cell> Cells<T> {
     pub fn len(&self) -> usize {
         match &self.0 {
-            FramesRepr::Owned(v) => v.len(),
-            FramesRepr::Packed(_, n) => *n,
+            Repr::Owned(v) => v.len(),
+            Repr::Packed(_, n) => *n,
         }
     }
 
@@ -236,36 +260,36 @@ impl Frames {
         self.len() == 0
     }
 
-    /// Frame k, if the table has it.
-    pub fn get(&self, k: usize) -> Option<FrameEntry> {
+    /// Cell k, if the column has it.
+    pub fn get(&self, k: usize) -> Option<T> {
         (k < self.len()).then(|| self.at(k))
     }
 
-    /// Frame k. Panics past the end, as indexing a slice does.
-    pub fn at(&self, k: usize) -> FrameEntry {
+    /// Cell k. Panics past the end, as indexing a slice does.
+    pub fn at(&self, k: usize) -> T {
         match &self.0 {
-            FramesRepr::Owned(v) => v[k],
-            FramesRepr::Packed(p, n) => {
-                assert!(k < *n, "frame {k} of a table of {n}");
-                p.frame(k)
+            Repr::Owned(v) => v[k],
+            Repr::Packed(p, n) => {
+                assert!(k < *n, "cell {k} of a column of {n}");
+                T::read(p, k)
             }
         }
     }
 
-    pub fn first(&self) -> Option<FrameEntry> {
+    pub fn first(&self) -> Option<T> {
         self.get(0)
     }
 
-    pub fn last(&self) -> Option<FrameEntry> {
+    pub fn last(&self) -> Option<T> {
         self.len().checked_sub(1).map(|k| self.at(k))
     }
 
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = FrameEntry> + '_ {
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = T> + '_ {
         (0..self.len()).map(|k| self.at(k))
     }
 
     /// The first k for which `pred` is false, for a `pred` true on a prefix (as `slice::partition_point`).
-    pub fn partition_point(&self, mut pred: impl FnMut(&FrameEntry) -> bool) -> usize {
+    pub fn partition_point(&self, mut pred: impl FnMut(&T) -> bool) -> usize {
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
@@ -278,129 +302,52 @@ impl Frames {
         lo
     }
 
-    /// Keeps the first `n` frames.
+    /// Keeps the first `n` cells.
     pub fn truncate(&mut self, n: usize) {
         match &mut self.0 {
-            FramesRepr::Owned(v) => v.truncate(n),
-            FramesRepr::Packed(_, len) => *len = (*len).min(n),
+            Repr::Owned(v) => v.truncate(n),
+            Repr::Packed(_, len) => *len = (*len).min(n),
         }
     }
 
-    /// The frames as a vector to edit (copied out of a packed table first).
-    pub fn make_mut(&mut self) -> &mut Vec<FrameEntry> {
-        if let FramesRepr::Packed(..) = self.0 {
-            self.0 = FramesRepr::Owned(self.iter().collect());
+    pub fn to_vec(&self) -> Vec<T> {
+        self.iter().collect()
+    }
+
+    /// The cells as an owned vector to edit (a packed view is copied out first).
+    pub fn make_mut(&mut self) -> &mut Vec<T> {
+        if let Repr::Packed(..) = self.0 {
+            self.0 = Repr::Owned(self.iter().collect());
         }
         match &mut self.0 {
-            FramesRepr::Owned(v) => v,
-            FramesRepr::Packed(..) => unreachable!("made owned above"),
+            Repr::Owned(v) => v,
+            Repr::Packed(..) => unreachable!("made owned above"),
         }
     }
 
     pub fn is_packed(&self) -> bool {
-        matches!(self.0, FramesRepr::Packed(..))
+        matches!(self.0, Repr::Packed(..))
     }
 
-    /// Heap bytes this table holds (a packed table's record bytes once, with its keyframes).
+    /// Heap bytes this column holds (a packed view: its whole record's bytes, keyframes included, 0 when
+    /// mapped; count one column of a table).
     pub fn heap_bytes(&self) -> usize {
         match &self.0 {
-            FramesRepr::Owned(v) => v.len() * std::mem::size_of::<FrameEntry>(),
-            FramesRepr::Packed(p, _) => p.footprint().0,
+            Repr::Owned(v) => v.len() * std::mem::size_of::<T>(),
+            Repr::Packed(p, _) => p.footprint().0,
         }
     }
 
-    /// Whether the table reads a memory-mapped record.
+    /// Whether the column reads a memory-mapped record.
     pub fn is_mapped(&self) -> bool {
-        matches!(&self.0, FramesRepr::Packed(p, _) if p.footprint().1)
-    }
-}
-
-impl PartialEq for Frames {
-    fn eq(&self, other: &Frames) -> bool {
-        self.len() == other.len() && self.iter().eq(other.iter())
-    }
-}
-
-impl std::fmt::Debug for Frames {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
-
-#[derive(Clone)]
-enum KeyframesRepr {
-    Owned(Vec<usize>),
-    Packed(Arc<Packed>, usize),
-}
-
-/// Keyframe positions, ascending.
-#[derive(Clone)]
-pub struct Keyframes(KeyframesRepr);
-
-impl From<Vec<usize>> for Keyframes {
-    fn from(v: Vec<usize>) -> Keyframes {
-        Keyframes(KeyframesRepr::Owned(v))
-    }
-}
-
-impl FromIterator<usize> for Keyframes {
-    fn from_iter<I: IntoIterator<Item = usize>>(it: I) -> Keyframes {
-        Keyframes(KeyframesRepr::Owned(it.into_iter().collect()))
+        matches!(&self.0, Repr::Packed(p, _) if p.footprint().1)
     }
 }
 
 impl Keyframes {
-    pub fn len(&self) -> usize {
-        match &self.0 {
-            KeyframesRepr::Owned(v) => v.len(),
-            KeyframesRepr::Packed(_, m) => *m,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Keyframe i's position, if there are more than i.
-    pub fn get(&self, i: usize) -> Option<usize> {
-        (i < self.len()).then(|| self.at(i))
-    }
-
-    /// Keyframe i's position. Panics past the end.
-    pub fn at(&self, i: usize) -> usize {
-        match &self.0 {
-            KeyframesRepr::Owned(v) => v[i],
-            KeyframesRepr::Packed(p, m) => {
-                assert!(i < *m, "keyframe {i} of {m}");
-                p.keyframe(i)
-            }
-        }
-    }
-
-    pub fn first(&self) -> Option<usize> {
-        self.get(0)
-    }
-
-    pub fn last(&self) -> Option<usize> {
-        self.len().checked_sub(1).map(|i| self.at(i))
-    }
-
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
-        (0..self.len()).map(|i| self.at(i))
-    }
-
     /// Keyframes at or before `k`.
     pub fn count_at_or_before(&self, k: usize) -> usize {
-        let (mut lo, mut hi) = (0, self.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.at(mid) <= k {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        lo
+        self.partition_point(|&at| at <= k)
     }
 
     /// Keeps the keyframes before frame `n`.
@@ -410,24 +357,17 @@ impl Keyframes {
         } else {
             self.count_at_or_before(n - 1)
         };
-        match &mut self.0 {
-            KeyframesRepr::Owned(v) => v.truncate(keep),
-            KeyframesRepr::Packed(_, m) => *m = keep,
-        }
-    }
-
-    pub fn to_vec(&self) -> Vec<usize> {
-        self.iter().collect()
+        self.truncate(keep);
     }
 }
 
-impl PartialEq for Keyframes {
-    fn eq(&self, other: &Keyframes) -> bool {
+impl<T: Cell> PartialEq for Cells<T> {
+    fn eq(&self, other: &Cells<T>) -> bool {
         self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
-impl std::fmt::Debug for Keyframes {
+impl<T: Cell> std::fmt::Debug for Cells<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
