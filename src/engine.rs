@@ -29,7 +29,7 @@ macro_rules! for_each_stat {
             frames_decoded gop_runs cache_hits cache_misses cache_bytes cache_entries index_builds
             cache_admitted cache_bypassed requests decode_queue_depth shared_frames frames_skipped active_streams
             inflight_requests
-            samples_skipped batches_sent shm_arenas
+            samples_skipped batches_sent shm_arenas frames_in_place
         }
     };
 }
@@ -266,6 +266,7 @@ impl Engine {
             samples_skipped: self.streams.skipped.load(Ordering::Relaxed),
             batches_sent: self.streams.batches.load(Ordering::Relaxed),
             shm_arenas: self.shm.open_arenas(),
+            frames_in_place: f.frames_in_place,
         }
     }
 
@@ -326,6 +327,11 @@ impl Engine {
                 s.cache_bypassed,
             ),
             Scraped::counter("decode_frames_decoded", "Frames decoded.", s.frames_decoded),
+            Scraped::counter(
+                "decode_frames_in_place",
+                "Decoded frames converted straight into the shared-memory reply that wanted them.",
+                s.frames_in_place,
+            ),
             Scraped::counter(
                 "decode_frames_skipped",
                 "Disposable frames whose packets were never decoded.",

@@ -16,6 +16,13 @@
 //! request waiting on it admits them (an admitting joiner upgrades a scan's run); otherwise they only
 //! reach the requests and are counted as bypassed.
 //!
+//! In place: a fetch given a [`Sink`] (a GetClips reply in shared memory waiting for the frames) hands
+//! it to the runs it starts when it does not admit their frames: the decode thread converts those
+//! frames straight into the reply and they come back as places filled, not as frames. Such a run is
+//! still shared: a request that joins it marks the sink shared, and frames decoded from then on are
+//! also emitted as frames (frames written before the join are decoded again by the joiner's second
+//! round).
+//!
 //! Deadlines: a run past the fleet's deadline fails its leader and every joiner with DEADLINE_EXCEEDED
 //! (a joiner does not decode the stuck file again), and the file is reported to the [`FailureHook`] so
 //! the catalogue stops offering it for a while.
@@ -29,6 +36,7 @@ use tokio::sync::watch;
 
 use crate::cache::{CachePolicy, FrameCache, FrameKey, VideoId};
 use crate::decode::fleet::{BackendFactory, Fleet, FleetOptions, Job, OnDone, PendingRun};
+use crate::decode::sink::Sink;
 use crate::decode::{DecodeError, DecodedOn, Frame, Geometry, GopRun, RunOutput, VideoSource};
 use crate::error::Error;
 use crate::metrics::{BackendLabel, EngineMetrics, Timer};
@@ -50,6 +58,8 @@ struct InFlight {
     job: Job,
     /// Whether the run's frames enter the cache: set by the leader, raised by an admitting joiner.
     admit: Arc<AtomicBool>,
+    /// The leader's reply, where the run converts the leader's frames in place.
+    sink: Option<Arc<Sink>>,
 }
 
 /// Whose decode work a fetch queues: the fleet shares threads fairly between tenants. `bounded` work
@@ -73,6 +83,7 @@ struct Counters {
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
     shared_frames: AtomicU64,
+    in_place: AtomicU64,
     tenants: AtomicU64,
 }
 
@@ -101,6 +112,8 @@ pub struct FrameStats {
     pub cache_admitted: u64,
     pub cache_bypassed: u64,
     pub shared_frames: u64,
+    /// Decoded frames converted straight into the reply that wanted them (see [`Sink`]).
+    pub frames_in_place: u64,
     pub decode_queue_depth: u64,
     /// Runs failed for passing their deadline.
     pub deadline_exceeded: u64,
@@ -170,6 +183,7 @@ impl Frames {
             cache_admitted: self.cache.admitted(),
             cache_bypassed: self.cache.bypassed(),
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
+            frames_in_place: c.in_place.load(Ordering::Relaxed),
             decode_queue_depth: self.fleet.queue_depth() as u64,
             deadline_exceeded: f.deadline_exceeded.load(Ordering::Relaxed),
             stuck_threads: f.stuck.load(Ordering::Relaxed) as u64,
@@ -187,7 +201,10 @@ impl Frames {
     }
 
     /// Returns the wanted frames of one video: from the cache, another request's pass, or new GOP runs.
-    /// Frames decoded for it enter the cache if `policy` admits the wanted frames' bytes.
+    /// Frames decoded for it enter the cache if `policy` admits the wanted frames' bytes. When they do
+    /// not and `sink` is given, the runs this fetch starts write the wanted frames that have a place in
+    /// it there; those frames are absent from the map returned (every other wanted frame is in it).
+    #[allow(clippy::too_many_arguments)]
     pub async fn fetch(
         &self,
         id: &Arc<VideoId>,
@@ -196,12 +213,14 @@ impl Frames {
         wanted: BTreeSet<usize>,
         tenant: Tenant,
         policy: CachePolicy,
+        sink: Option<Arc<Sink>>,
     ) -> Result<(HashMap<usize, Arc<Frame>>, RequestStats), Error> {
         let mut stats = RequestStats::default();
         let frame_bytes = u64::from(geometry.scaled_width) * u64::from(geometry.scaled_height) * 3;
         let admit = self
             .cache
             .admits(policy, (wanted.len() as u64).saturating_mul(frame_bytes));
+        let sink = sink.filter(|_| !admit);
         let key_of = |frame: usize| FrameKey {
             video: id.clone(),
             frame,
@@ -260,6 +279,7 @@ impl Frames {
                         tenant,
                         exclusive,
                         admit,
+                        sink.clone(),
                     )? {
                         waits.push((rx, true));
                         break;
@@ -279,6 +299,12 @@ impl Frames {
                             stats.frames_decoded += out.decoded;
                             stats.frames_skipped += out.skipped;
                             stats.gop_runs += 1;
+                            // Written into our sink: done, whether or not also emitted as frames.
+                            let mut placed = 0;
+                            for k in &out.sunk {
+                                placed += u64::from(missing.remove(k));
+                            }
+                            self.counters.in_place.fetch_add(placed, Ordering::Relaxed);
                         }
                         for (k, f) in &out.frames {
                             if missing.remove(k) {
@@ -327,6 +353,9 @@ impl Frames {
             if admit {
                 f.admit.store(true, Ordering::Relaxed);
             }
+            if let Some(s) = &f.sink {
+                s.mark_shared();
+            }
             let queued = f.pending.lock().extend(wanted);
             (f.tx.subscribe(), queued.then(|| f.job.clone()))
         })?;
@@ -354,6 +383,7 @@ impl Frames {
         tenant: Tenant,
         exclusive: bool,
         admit: bool,
+        sink: Option<Arc<Sink>>,
     ) -> Result<Option<watch::Receiver<Option<RunResult>>>, Error> {
         let admit = Arc::new(AtomicBool::new(admit));
         let admit_done = admit.clone();
@@ -382,6 +412,7 @@ impl Frames {
             source: source.clone(),
             run: pending,
             geometry,
+            sink: sink.clone(),
             on_done: Arc::new(Mutex::new(Some(Box::new(
                 move |result: Result<RunOutput, DecodeError>| {
                     let result = result.map(Arc::new);
@@ -389,6 +420,13 @@ impl Frames {
                         on_failure(&video, e);
                     }
                     if let Ok(out) = &result {
+                        // Frames in place may also be in `frames` (a shared sink): count each once.
+                        let placed_only = out
+                            .sunk
+                            .iter()
+                            .filter(|&&k| out.frames.binary_search_by_key(&k, |(f, _)| *f).is_err())
+                            .count();
+                        let produced = (out.frames.len() + placed_only) as u64;
                         let started = *taken_at.get_or_init(std::time::Instant::now);
                         metrics.observe_run(
                             match out.decoded_on {
@@ -399,7 +437,7 @@ impl Frames {
                             started.saturating_duration_since(queued_at),
                             started.elapsed(),
                             out.decoded,
-                            out.frames.len() as u64,
+                            produced,
                         );
                         if admit_done.load(Ordering::Relaxed) {
                             for (k, f) in &out.frames {
@@ -412,8 +450,9 @@ impl Frames {
                                     f.clone(),
                                 );
                             }
+                            cache.bypass(placed_only as u64);
                         } else {
-                            cache.bypass(out.frames.len() as u64);
+                            cache.bypass(produced);
                         }
                     }
                     {
@@ -445,6 +484,7 @@ impl Frames {
                     pending: job.run.clone(),
                     job: job.clone(),
                     admit,
+                    sink,
                 },
             );
         }

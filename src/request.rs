@@ -340,9 +340,5 @@ pub fn check_output_bytes(
 
 /// Output size in display orientation.
 pub fn display_dims(g: Geometry) -> (u32, u32) {
-    if g.rotation % 180 == 90 {
-        (g.scaled_height, g.scaled_width)
-    } else {
-        (g.scaled_width, g.scaled_height)
-    }
+    g.display_dims()
 }

@@ -568,3 +568,79 @@ async fn a_full_video_scan_leaves_another_jobs_working_set_cached() {
     let (hits_kept, _) = read_working_set(&mut job).await;
     eprintln!("working set after the same scan admitted: {hits_kept} of {total} frames cached");
 }
+
+/// (video, frames, transform, output width, height, the CLI producing the reference)
+type Case = (
+    &'static str,
+    Vec<u64>,
+    Option<proto::Transform>,
+    usize,
+    usize,
+    Ffmpeg,
+);
+
+/// A one-pass request over shared memory is decoded straight into its reply (the decoders convert each
+/// frame into its place in the arena): exact against the FFmpeg CLI at native size, resized and rotated,
+/// with a frame listed twice, and counted in place in GetStats and `/metrics` alike.
+#[tokio::test]
+async fn in_place_shm_replies_are_exact() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let vf = |s: &str| Ffmpeg {
+        vf: Some(s.into()),
+        ..Default::default()
+    };
+    let cases: Vec<Case> = vec![
+        (
+            BIKES,
+            vec![3, 40, 41, 40, 7],
+            None,
+            640,
+            272,
+            Ffmpeg::default(),
+        ),
+        (
+            BIKES,
+            vec![0, 12, 5],
+            sized(298, 224),
+            298,
+            224,
+            vf("scale=298:224:flags=bilinear"),
+        ),
+        (
+            "decord/video_90.mov",
+            vec![0, 1, 2],
+            None,
+            320,
+            568,
+            Ffmpeg::default(),
+        ),
+    ];
+    for (video, frames, transform, w, h, cli) in cases {
+        let mut req = with_policy(
+            clips_req(MEDIA, vec![frames_clip(video, &frames, None)], transform),
+            proto::CachePolicy::OnePass,
+        );
+        req.transport = proto::Transport::Shm as i32;
+        let before = c.stats().await.expect("GetStats").frames_in_place;
+        let b = get(&mut c, req).await;
+        assert!(b.header.shm.is_some(), "{video}: a shared-memory reply");
+        let ff = cli.frames(&media_path(video), w, h, Some(&frames));
+        for (k, f) in frames.iter().zip(u8_frames(&b, frames.len(), h, w)) {
+            assert_bytes_eq(
+                &f,
+                &ff[k],
+                Some((w, h)),
+                &format!("{video} {w}x{h} frame {k}"),
+            );
+        }
+        let distinct: std::collections::BTreeSet<u64> = frames.iter().copied().collect();
+        let after = c.stats().await.expect("GetStats").frames_in_place;
+        assert_eq!(
+            after - before,
+            distinct.len() as u64,
+            "{video}: every distinct frame decoded in place"
+        );
+        assert_eq!(metric(&d, "vserve_decode_frames_in_place_total"), after);
+    }
+}

@@ -372,7 +372,7 @@ mod on_gpu {
         g: Geometry,
     ) -> Vec<RunOutput> {
         runs.iter()
-            .map(|r| b.decode_run(src, r, g).unwrap())
+            .map(|r| b.decode_run(src, r, g, None).unwrap())
             .collect()
     }
 

@@ -318,7 +318,7 @@ fn decode_all(source: vserve::decode::VideoSource) -> Option<Result<Vec<Vec<u8>>
             rotation: 0,
         };
         let out = backend
-            .decode_run(&source, &run, geometry)
+            .decode_run(&source, &run, geometry, None)
             .map(|o| o.frames.iter().map(|(_, f)| f.data.clone()).collect())
             .map_err(|e| e.to_string());
         let _ = tx.send(out);

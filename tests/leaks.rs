@@ -65,14 +65,14 @@ fn indexing_and_decoding_repeatedly_keep_memory_flat() {
     ];
     for run in &runs {
         backend
-            .decode_run(&source, run, geometry)
+            .decode_run(&source, run, geometry, None)
             .expect("warm-up run");
     }
     let before = rss_mb();
     let mut frames = 0;
     for i in 0..100 {
         let out = backend
-            .decode_run(&source, &runs[i % 2], geometry)
+            .decode_run(&source, &runs[i % 2], geometry, None)
             .expect("run");
         frames += out.frames.len();
     }

@@ -212,7 +212,7 @@ fn encode_video(
         let mut damaged = false;
         let (mut w, mut h) = (0, 0);
         for run in crate::plan::gop_runs(&index, &wanted) {
-            match backend.decode_run(&source, &run, geometry) {
+            match backend.decode_run(&source, &run, geometry, None) {
                 Ok(out) => {
                     for (k, frame) in out.frames {
                         (w, h) = (frame.width, frame.height);

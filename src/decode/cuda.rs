@@ -303,10 +303,11 @@ impl Backend for CudaBackend {
         source: &VideoSource,
         run: &GopRun,
         geometry: Geometry,
+        sink: Option<&super::sink::Sink>,
     ) -> Result<RunOutput, DecodeError> {
         let refused = self.refused.lock().set.contains(&source.path);
         if let (Some(gpu), false) = (self.gpu.as_mut(), refused) {
-            match gpu.decode_run(source, run, geometry) {
+            match gpu.decode_run(source, run, geometry, sink) {
                 Ok(mut out) => {
                     out.decoded_on = DecodedOn::Gpu;
                     return Ok(out);
@@ -319,7 +320,9 @@ impl Backend for CudaBackend {
                 }
             }
         }
-        let mut out = self.cpu.decode_run(source, run, geometry)?;
+        // Places the failed GPU pass took are written again by the CPU pass: those it wrote are listed
+        // nowhere, so the CPU pass emits them as frames.
+        let mut out = self.cpu.decode_run(source, run, geometry, sink)?;
         out.decoded_on = DecodedOn::CpuFallback;
         Ok(out)
     }

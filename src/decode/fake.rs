@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::sink::Sink;
 use super::{Backend, DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
 
 #[derive(Default)]
@@ -22,6 +23,7 @@ impl Backend for FakeBackend {
         source: &VideoSource,
         run: &GopRun,
         geometry: Geometry,
+        sink: Option<&Sink>,
     ) -> Result<RunOutput, DecodeError> {
         if let Some(&bad) = run
             .wanted
@@ -35,14 +37,20 @@ impl Backend for FakeBackend {
             });
         }
         std::thread::sleep(self.delay);
-        let (w, h) = if geometry.rotation % 180 == 90 {
-            (geometry.scaled_height, geometry.scaled_width)
-        } else {
-            (geometry.scaled_width, geometry.scaled_height)
-        };
+        let (w, h) = geometry.display_dims();
+        // Frames with a place in the sink are written there (and also emitted when it is shared).
+        let mut sunk = Vec::new();
+        let sink = sink.filter(|s| s.frame_bytes() == w as usize * h as usize * 3);
+        for &k in &run.wanted {
+            if let Some(mut slot) = sink.and_then(|s| s.take(k)) {
+                slot.fill(fake_value(k));
+                sunk.push(k);
+            }
+        }
         let frames = run
             .wanted
             .iter()
+            .filter(|&&k| sunk.binary_search(&k).is_err() || sink.is_some_and(Sink::shared))
             .map(|&k| {
                 let data = vec![fake_value(k); w as usize * h as usize * 3];
                 (
@@ -57,6 +65,7 @@ impl Backend for FakeBackend {
             .collect();
         Ok(RunOutput {
             frames,
+            sunk,
             decoded: run.span() as u64,
             skipped: 0,
             decoded_on: Default::default(),

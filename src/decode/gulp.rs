@@ -70,6 +70,7 @@ impl GulpBackend {
         }
         Ok(RunOutput {
             frames,
+            sunk: Vec::new(),
             decoded: run.wanted.len() as u64,
             skipped: 0,
             decoded_on: Default::default(),

@@ -15,7 +15,8 @@
 //! sends GulpIO videos (by [`VideoSource::gulp`]) to [`gulp`]. [`fleet`] runs a backend on named OS threads,
 //! with a watchdog that fails and replaces runs stuck past their deadline. Backends read the descriptor
 //! the catalogue checked ([`VideoSource::file`]), never the path again. [`faults`] holds the test-only
-//! hooks that stall or abort an open (debug builds only). [`pool`] keeps frame buffers for reuse.
+//! hooks that stall or abort an open (debug builds only). [`pool`] keeps frame buffers for reuse; [`sink`] lets a run convert wanted frames
+//! straight into the reply that waits for them.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -28,6 +29,7 @@ pub mod gulp;
 pub mod pool;
 pub mod resize;
 pub mod select;
+pub mod sink;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -73,6 +75,17 @@ pub struct Geometry {
     pub rotation: u32,
 }
 
+impl Geometry {
+    /// Output size in display orientation (after the rotation).
+    pub fn display_dims(self) -> (u32, u32) {
+        if self.rotation % 180 == 90 {
+            (self.scaled_height, self.scaled_width)
+        } else {
+            (self.scaled_width, self.scaled_height)
+        }
+    }
+}
+
 /// What a decode job needs to know about its video.
 #[derive(Clone, Debug)]
 pub struct VideoSource {
@@ -92,6 +105,9 @@ pub struct VideoSource {
 pub struct RunOutput {
     /// (frame index, frame), in index order.
     pub frames: Vec<(usize, Arc<Frame>)>,
+    /// Wanted frames written straight into the run's [`sink::Sink`] instead (not in `frames`, unless
+    /// the sink is shared), in index order.
+    pub sunk: Vec<usize>,
     /// Frames the decoder produced, wanted or not.
     pub decoded: u64,
     /// Disposable frames (unwanted, referenced by nothing) whose packets were never decoded.
@@ -147,12 +163,17 @@ pub enum DecodeError {
 
 /// A decoder backend: decodes runs of one video at a time. Implementations keep whatever per-video state
 /// (open demuxers, decoder contexts) makes consecutive runs cheap; one instance lives on one thread.
+///
+/// `sink`: where wanted frames that have a place there go instead of into `RunOutput::frames` (listed in
+/// `RunOutput::sunk`); a backend may ignore it, and must emit a frame whose place it does not take as a
+/// [`Frame`] as usual, and also as one when the sink is [`sink::Sink::shared`].
 pub trait Backend {
     fn decode_run(
         &mut self,
         source: &VideoSource,
         run: &GopRun,
         geometry: Geometry,
+        sink: Option<&sink::Sink>,
     ) -> Result<RunOutput, DecodeError>;
 }
 

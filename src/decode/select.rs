@@ -10,6 +10,7 @@ use super::ffmpeg::FfmpegBackend;
 use super::fleet::BackendFactory;
 use super::gpus::{resolve as resolve_gpus, Driver};
 use super::gulp::GulpBackend;
+use super::sink::Sink;
 use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
 use crate::config::{DecodeConfig, GpuSpec};
 
@@ -34,11 +35,13 @@ impl Backend for Routed {
         source: &VideoSource,
         run: &GopRun,
         geometry: Geometry,
+        sink: Option<&Sink>,
     ) -> Result<RunOutput, DecodeError> {
         if source.gulp.is_some() {
+            // Stored JPEGs decode into frames; the request copies them into its reply.
             self.stored.decode_run(source, run, geometry)
         } else {
-            self.video.decode_run(source, run, geometry)
+            self.video.decode_run(source, run, geometry, sink)
         }
     }
 }

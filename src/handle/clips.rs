@@ -13,6 +13,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::batch;
+use crate::catalog::Resolved;
+use crate::decode::sink::Sink;
 use crate::decode::Frame;
 use crate::engine::Engine;
 use crate::error::{blocking, Error};
@@ -22,7 +24,8 @@ use crate::request::{
     check_output_bytes, display_dims, frame_bytes, resolve_positions, ClipMeta, ClipsReply,
     ClipsRequest, RequestStats,
 };
-use crate::transport::{deliver, Destination};
+use crate::transport::shm::{PendingReply, ShmRef};
+use crate::transport::{deliver, publish_reply, Destination};
 
 /// Serves one GetClips request.
 pub async fn get_clips(
@@ -121,6 +124,22 @@ async fn get_clips_once(
         )
         .await?;
 
+    // A plain array over shared memory is laid out frame after frame: its arena is taken now and each
+    // video's runs that bypass the cache convert their frames straight into it.
+    let in_place = match req.shm && plain(&req.transform.batch) {
+        true => Some(InPlace::reserve(
+            engine,
+            req,
+            peer,
+            nbytes as usize,
+            (w, h),
+            &clip_frames,
+            &clip_video,
+            videos.len(),
+        )?),
+        false => None,
+    };
+
     // Every video's runs are queued before any is awaited, so the fleet decodes them in parallel.
     let mut fetches = Vec::with_capacity(videos.len());
     for (i, ((id, _, source), wanted)) in videos.iter().zip(wanted).enumerate() {
@@ -131,6 +150,7 @@ async fn get_clips_once(
             wanted,
             tenant,
             req.cache_policy,
+            in_place.as_ref().map(|p| p.sinks[i].clone()),
         ));
     }
     let mut stats = RequestStats::default();
@@ -147,11 +167,26 @@ async fn get_clips_once(
         per_video.push(frames);
     }
 
+    if let Some(in_place) = in_place {
+        let metas = clip_metas(req, &clip_frames, &clip_video, &videos);
+        let (to, frames) = (engine.clone(), per_video);
+        let shm = blocking(move || in_place.finish(&to, &clip_frames, &clip_video, frames)).await?;
+        reservation.shrink_to(nbytes);
+        return Ok(ClipsReply {
+            shape: shape.to_vec(),
+            data: Vec::new(),
+            shm: Some(shm),
+            nbytes,
+            clips: metas,
+            stats,
+            reservation: Some(reservation),
+        });
+    }
+
     // Assemble.
+    let metas = clip_metas(req, &clip_frames, &clip_video, &videos);
     let mut frames_by_clip: Vec<Vec<Arc<Frame>>> = Vec::with_capacity(req.clips.len());
-    let mut metas = Vec::with_capacity(req.clips.len());
     for ((c, frames), &vi) in req.clips.iter().zip(&clip_frames).zip(&clip_video) {
-        let index = &videos[vi].1;
         let mut list = Vec::with_capacity(frames.len());
         for k in frames {
             let f = per_video[vi].get(k).cloned().ok_or_else(|| {
@@ -160,19 +195,6 @@ async fn get_clips_once(
             list.push(f);
         }
         frames_by_clip.push(list);
-        metas.push(ClipMeta {
-            video: c.video.clone(),
-            frames: frames.iter().map(|&k| k as u64).collect(),
-            pts: frames.iter().map(|&k| index.frames.at(k).pts).collect(),
-            pts_seconds: frames
-                .iter()
-                .map(|&k| index.seconds(index.frames.at(k).pts))
-                .collect(),
-            duration_seconds: frames
-                .iter()
-                .map(|&k| index.seconds(index.frames.at(k).stated_duration))
-                .collect(),
-        });
     }
     // The clips hold the only references the request keeps, so frames nobody else holds (those that
     // bypassed the cache) can go back to the buffer pool after assembly.
@@ -219,6 +241,157 @@ async fn get_clips_once(
         reservation: Some(reservation),
     })
 }
+/// Per clip, its frames' numbers and times.
+fn clip_metas(
+    req: &ClipsRequest,
+    clip_frames: &[Vec<usize>],
+    clip_video: &[usize],
+    videos: &[Resolved],
+) -> Vec<ClipMeta> {
+    req.clips
+        .iter()
+        .zip(clip_frames)
+        .zip(clip_video)
+        .map(|((c, frames), &vi)| {
+            let index = &videos[vi].1;
+            ClipMeta {
+                video: c.video.clone(),
+                frames: frames.iter().map(|&k| k as u64).collect(),
+                pts: frames.iter().map(|&k| index.frames.at(k).pts).collect(),
+                pts_seconds: frames
+                    .iter()
+                    .map(|&k| index.seconds(index.frames.at(k).pts))
+                    .collect(),
+                duration_seconds: frames
+                    .iter()
+                    .map(|&k| index.seconds(index.frames.at(k).stated_duration))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// Whether the batch is the frames themselves, one after another (uint8 THWC, no crop, no flip): what
+/// a decoder can write in place.
+fn plain(spec: &batch::BatchSpec) -> bool {
+    spec.dtype == batch::DType::U8
+        && spec.layout == batch::Layout::Thwc
+        && spec.crop.is_none()
+        && !spec.hflip
+}
+
+/// A plain reply assembled in place: its shared-memory arena, taken before decoding, and per video a
+/// sink giving each wanted frame the place of its first position in the array.
+struct InPlace {
+    reply: Arc<PendingReply>,
+    reusable: bool,
+    frame_bytes: usize,
+    /// Per video, per frame: the offset of its first position.
+    first: Vec<HashMap<usize, usize>>,
+    sinks: Vec<Arc<Sink>>,
+}
+
+impl InPlace {
+    #[allow(clippy::too_many_arguments)]
+    fn reserve(
+        engine: &Arc<Engine>,
+        req: &ClipsRequest,
+        peer: &Peer,
+        nbytes: usize,
+        (w, h): (u32, u32),
+        clip_frames: &[Vec<usize>],
+        clip_video: &[usize],
+        videos: usize,
+    ) -> Result<InPlace, Error> {
+        let frame_bytes = w as usize * h as usize * 3;
+        let reply = Arc::new(engine.shm().reserve_reply(nbytes, req.shm_reuse, peer)?);
+        let mut first: Vec<HashMap<usize, usize>> = vec![HashMap::new(); videos];
+        let mut at = 0;
+        for (frames, &vi) in clip_frames.iter().zip(clip_video) {
+            for &k in frames {
+                first[vi].entry(k).or_insert(at);
+                at += frame_bytes;
+            }
+        }
+        if at != nbytes {
+            return Err(Error::Internal(format!(
+                "a plain batch of {nbytes} bytes holds {at} bytes of frames"
+            )));
+        }
+        let sinks = first
+            .iter()
+            .map(|places| {
+                reply
+                    .sink(frame_bytes, places.iter().map(|(&k, &o)| (k, o)))
+                    .map(Arc::new)
+                    .map_err(Error::Internal)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(InPlace {
+            reply,
+            reusable: req.shm_reuse,
+            frame_bytes,
+            first,
+            sinks,
+        })
+    }
+
+    /// Fills every position the decoders did not (frames from the cache or other requests' runs, and
+    /// frames listed twice), publishes the reply and gives frames nobody else holds back to the pool.
+    /// Called once every fetch given a sink has returned.
+    fn finish(
+        self,
+        engine: &Engine,
+        clip_frames: &[Vec<usize>],
+        clip_video: &[usize],
+        per_video: Vec<HashMap<usize, Arc<Frame>>>,
+    ) -> Result<ShmRef, Error> {
+        let fb = self.frame_bytes;
+        let timer = Timer::start();
+        // SAFETY: every fetch given one of this reply's sinks has returned, so every run that wrote into
+        // it has; the sinks still held by finished jobs write nothing more.
+        unsafe {
+            self.reply.with_bytes(|buf| -> Result<(), Error> {
+                let mut at = 0;
+                for (frames, &vi) in clip_frames.iter().zip(clip_video) {
+                    for &k in frames {
+                        match per_video[vi].get(&k) {
+                            Some(f) if f.data.len() == fb => {
+                                buf[at..at + fb].copy_from_slice(&f.data)
+                            }
+                            Some(f) => {
+                                return Err(Error::Internal(format!(
+                                    "frame {k} is {}x{}, not the batch's size",
+                                    f.width, f.height
+                                )))
+                            }
+                            // Written in place at its first position.
+                            None => match self.first[vi].get(&k) {
+                                Some(&from) if from != at => buf.copy_within(from..from + fb, at),
+                                Some(_) => {}
+                                None => {
+                                    return Err(Error::Internal(format!(
+                                        "frame {k} missing after decode"
+                                    )))
+                                }
+                            },
+                        }
+                        at += fb;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        timer.observe(&engine.metrics().batch_assembly);
+        crate::decode::pool::recycle(per_video.into_iter().flat_map(|m| m.into_values()));
+        let delivered = publish_reply(engine.shm(), &self.reply, self.reusable, engine.metrics());
+        match delivered.into_parts() {
+            (_, Some(shm)) => Ok(shm),
+            (_, None) => Err(Error::Internal("a published reply has no slot".into())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +509,7 @@ mod tests {
                         BTreeSet::from([5]),
                         a,
                         CachePolicy::Auto,
+                        None,
                     )
                     .await
                     .map(|_| ())
@@ -351,6 +525,7 @@ mod tests {
                 BTreeSet::from([5]),
                 b,
                 CachePolicy::Auto,
+                None,
             )
             .await
             .unwrap();
@@ -517,6 +692,127 @@ mod tests {
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
         assert_eq!(e.stats().frames_decoded, 0);
         assert_eq!(e.budget().in_use(), 0);
+    }
+
+    /// The bytes of a shared-memory reply, as a client maps them.
+    fn shm_bytes(reply: &ClipsReply) -> Vec<u8> {
+        let r = reply.shm.as_ref().expect("a shared-memory reply");
+        let file = std::fs::read(&r.path).unwrap();
+        file[r.offset as usize..r.offset as usize + reply.nbytes as usize].to_vec()
+    }
+
+    fn expected(frames: &[u64]) -> Vec<u8> {
+        frames
+            .iter()
+            .flat_map(|&k| vec![fake_value(k as usize); 4 * 8 * 3])
+            .collect()
+    }
+
+    /// A plain shared-memory reply whose frames bypass the cache is decoded straight into its arena:
+    /// frames listed twice, frames of two clips of one video, and frames from the cache land where they
+    /// belong, and nothing is decoded into the cache.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_pass_shm_replies_are_decoded_in_place() {
+        let e = engine(0);
+        // Frame 3 enters the cache first (an ordinary request).
+        get_clips(&e, request(&[3]), &Peer::local()).await.unwrap();
+        let mut req = request(&[250, 3, 5, 5]);
+        req.clips.push(req.clips[0].clone());
+        req.clips[1].positions = Positions::Frames(vec![7, 250, 1, 5]);
+        req.shm = true;
+        req.cache_policy = CachePolicy::OnePass;
+        let before = e.stats();
+        let reply = get_clips(&e, req.clone(), &Peer::local()).await.unwrap();
+        assert_eq!(reply.shape, vec![2, 4, 4, 8, 3]);
+        assert_eq!(
+            shm_bytes(&reply),
+            expected(&[250, 3, 5, 5, 7, 250, 1, 5]),
+            "every position holds its frame"
+        );
+        let after = e.stats();
+        // Distinct decoded frames 250, 5, 7, 1 went in place; 3 came from the cache.
+        assert_eq!(after.frames_in_place - before.frames_in_place, 4);
+        assert_eq!(reply.stats.cache_hits, 1);
+        assert_eq!(after.cache_admitted, before.cache_admitted);
+        assert_eq!(after.cache_bypassed - before.cache_bypassed, 4);
+        // The same request inline, or with a crop (not plain), is assembled from frames: same bytes.
+        let mut inline = req.clone();
+        inline.shm = false;
+        let inline = get_clips(&e, inline, &Peer::local()).await.unwrap();
+        assert_eq!(inline.data, shm_bytes(&reply));
+        let mut cropped = req.clone();
+        cropped.transform.batch.crop = Some((8, 4));
+        let cropped = get_clips(&e, cropped, &Peer::local()).await.unwrap();
+        assert_eq!(shm_bytes(&cropped), shm_bytes(&reply));
+        assert_eq!(e.stats().frames_in_place, after.frames_in_place);
+        // Admitted (the default policy for a request this small): frames enter the cache, none in place.
+        let mut kept = req.clone();
+        kept.cache_policy = CachePolicy::Keep;
+        let kept = get_clips(&e, kept, &Peer::local()).await.unwrap();
+        assert_eq!(shm_bytes(&kept), shm_bytes(&reply));
+        assert_eq!(e.stats().frames_in_place, after.frames_in_place);
+        assert!(e.stats().cache_admitted > after.cache_admitted);
+    }
+
+    /// A request that joins a run writing in place for another request still gets its frames, and the
+    /// first request's reply is intact.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_run_writing_in_place_is_shared_with_a_joiner() {
+        let e = engine(300);
+        let mut first = request(&[2, 4, 6]);
+        first.shm = true;
+        first.cache_policy = CachePolicy::OnePass;
+        let a = {
+            let e = e.clone();
+            tokio::spawn(async move { get_clips(&e, first, &Peer::local()).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let second = get_clips(&e, request(&[4, 6]), &Peer::local())
+            .await
+            .unwrap();
+        let a = a.await.unwrap().unwrap();
+        assert_eq!(shm_bytes(&a), expected(&[2, 4, 6]));
+        assert_eq!(second.data, expected(&[4, 6]));
+        assert_eq!(second.stats.shared_frames, 2, "the joiner decoded nothing");
+        assert_eq!(e.stats().frames_in_place, 3);
+    }
+
+    /// A cancelled in-place request leaves no arena behind once its run returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_in_place_request_frees_its_arena() {
+        let e = engine(200);
+        let mut req = request(&[2, 4, 6]);
+        req.shm = true;
+        req.cache_policy = CachePolicy::OnePass;
+        let files = |e: &Engine| {
+            std::fs::read_dir(e.shm().dir())
+                .unwrap()
+                .filter(|f| {
+                    !f.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with('.')
+                })
+                .count()
+        };
+        let task = {
+            let e = e.clone();
+            tokio::spawn(async move { get_clips(&e, req, &Peer::local()).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert_eq!(files(&e), 1, "the reply's arena is taken before decoding");
+        task.abort();
+        let _ = task.await;
+        // The run was queued or decoding: its sink keeps the arena until it returns, then it goes.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while files(&e) != 0 {
+            assert!(std::time::Instant::now() < deadline, "the arena stayed");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(e.stats().shm_arenas, 0);
+        // The daemon serves on.
+        assert!(get_clips(&e, request(&[1]), &Peer::local()).await.is_ok());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,6 +88,19 @@ where
     Ok((v, delivered))
 }
 
+/// Publishes a GetClips reply filled in place (decoders converted frames straight into it, see
+/// [`shm::PendingReply`]) and counts its bytes, as [`deliver`] counts the replies it writes.
+pub fn publish_reply(
+    shm: &ShmRegistry,
+    reply: &shm::PendingReply,
+    reusable: bool,
+    metrics: &EngineMetrics,
+) -> Delivered {
+    let r = shm.publish(reply, reusable);
+    metrics.sent(TransportLabel::SHM, reply.nbytes() as u64);
+    Delivered::Shm(r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

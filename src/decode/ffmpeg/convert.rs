@@ -62,13 +62,18 @@ fn colour_details(ctx: &mut ff::software::scaling::Context, cs: i32, range: i32,
 }
 
 impl Converter {
+    /// Converts `frame` into `place` when given and of the output's size (None comes back), else into a
+    /// new [`Frame`] from the buffer pool. swscale writes its own padded buffer either way (its SIMD
+    /// paths write whole 8-pixel groups and skip a row's tail when the stride has no room for them, so it
+    /// never writes packed rows in place); the rows are then copied once to where they stay.
     fn convert(
         slot: &mut Option<Converter>,
         frame: &ff::frame::Video,
         width: u32,
         height: u32,
         scaling: Scaling,
-    ) -> Result<Frame, String> {
+        place: Option<&mut [u8]>,
+    ) -> Result<Option<Frame>, String> {
         use ff::software::scaling::{Context, Flags};
         // SAFETY: `frame` holds a decoded frame; colorspace/color_range/format are plain fields.
         let (fmt, cs, range) = unsafe {
@@ -158,20 +163,28 @@ impl Converter {
         let row = width as usize * 3;
         let stride = out.stride(0);
         let plane = out.data(0);
-        let mut data = crate::decode::pool::take(row * height as usize);
-        for y in 0..height as usize {
-            data.extend_from_slice(&plane[y * stride..y * stride + row]);
+        let rows = (0..height as usize).map(|y| &plane[y * stride..y * stride + row]);
+        if let Some(place) = place.filter(|p| p.len() == row * height as usize) {
+            for (dst, src) in place.chunks_exact_mut(row).zip(rows) {
+                dst.copy_from_slice(src);
+            }
+            return Ok(None);
         }
-        Ok(Frame {
+        let mut data = crate::decode::pool::take(row * height as usize);
+        for src in rows {
+            data.extend_from_slice(src);
+        }
+        Ok(Some(Frame {
             width,
             height,
             data,
-        })
+        }))
     }
 }
 
 /// Converts a decoded frame to RGB24 at the geometry's size and orientation. `native_size`: the video's
-/// size (its first frame's, stored orientation), to which the CLI scales frames of other sizes.
+/// size (its first frame's, stored orientation), to which the CLI scales frames of other sizes. With a
+/// `place` of the output's size the frame is written there and None comes back; otherwise a new frame.
 ///
 /// Rotation happens where the FFmpeg CLI's autorotation puts it: on the decoded planes, before the
 /// conversion (and any scaling), as its `transpose`/`hflip,vflip` filters do. swscale's chroma filtering is
@@ -184,7 +197,8 @@ pub(super) fn convert_frame(
     frame: &ff::frame::Video,
     geometry: Geometry,
     native_size: (u32, u32),
-) -> Result<Frame, String> {
+    place: Option<&mut [u8]>,
+) -> Result<Option<Frame>, String> {
     let native = (geometry.scaled_width, geometry.scaled_height) == native_size;
     let scaling = if native {
         Scaling::Native
@@ -213,17 +227,39 @@ pub(super) fn convert_frame(
             } else {
                 (geometry.scaled_height, geometry.scaled_width)
             };
-            return Converter::convert(converter, &rotated, w, h, scaling);
+            return Converter::convert(converter, &rotated, w, h, scaling, place);
         }
     }
-    let converted = Converter::convert(
+    if geometry.rotation == 0 {
+        return Converter::convert(
+            converter,
+            frame,
+            geometry.scaled_width,
+            geometry.scaled_height,
+            scaling,
+            place,
+        );
+    }
+    let Some(converted) = Converter::convert(
         converter,
         frame,
         geometry.scaled_width,
         geometry.scaled_height,
         scaling,
-    )?;
-    Ok(rotate_rgb(converted, geometry.rotation))
+        None,
+    )?
+    else {
+        return Err("converter wrote no frame".into());
+    };
+    let rotated = rotate_rgb(converted, geometry.rotation);
+    match place {
+        Some(p) if p.len() == rotated.data.len() => {
+            p.copy_from_slice(&rotated.data);
+            crate::decode::pool::give(rotated.data);
+            Ok(None)
+        }
+        _ => Ok(Some(rotated)),
+    }
 }
 
 /// A 4:2:2 frame converted to the 4:4:4 format the CLI's autorotation would convert it to; None for

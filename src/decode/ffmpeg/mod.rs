@@ -35,7 +35,8 @@ use std::sync::Arc;
 use ffmpeg_next as ff;
 
 use super::faults::Stage;
-use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
+use super::sink::Sink;
+use super::{Backend, DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
 use crate::dataset::CheckedFile;
 use crate::index::{IndexMethod, SeekMode, VideoIndex};
 pub use check::{check_video, VideoCheck};
@@ -238,10 +239,11 @@ impl Backend for FfmpegBackend {
         source: &VideoSource,
         run: &GopRun,
         geometry: Geometry,
+        sink: Option<&Sink>,
     ) -> Result<RunOutput, DecodeError> {
         let index = &source.index;
         let mut video = self.open_video(source)?;
-        let result = decode_in(&mut video, index, run, geometry);
+        let result = decode_in(&mut video, index, run, geometry, sink);
         match &result {
             // A video that failed mid-run is reopened next time rather than trusted.
             Ok(_) => self.keep(video),
@@ -256,6 +258,7 @@ fn decode_in(
     index: &VideoIndex,
     run: &GopRun,
     geometry: Geometry,
+    sink: Option<&Sink>,
 ) -> Result<RunOutput, DecodeError> {
     let (Some(&first), Some(&last)) = (run.wanted.first(), run.wanted.last()) else {
         return Ok(RunOutput::default());
@@ -317,14 +320,47 @@ fn decode_in(
             if let Ok(slot) = run.wanted.binary_search(&k) {
                 if !emitted[slot] {
                     emitted[slot] = true;
+                    let mut place = sink.and_then(|s| s.take(k));
                     let converted = if is_hw_frame(&frame) {
                         let host = download(&frame).map_err(backend_err)?;
-                        convert_frame(&mut video.converter, &host, geometry, native)
+                        convert_frame(
+                            &mut video.converter,
+                            &host,
+                            geometry,
+                            native,
+                            place.as_deref_mut(),
+                        )
                     } else {
-                        convert_frame(&mut video.converter, &frame, geometry, native)
+                        convert_frame(
+                            &mut video.converter,
+                            &frame,
+                            geometry,
+                            native,
+                            place.as_deref_mut(),
+                        )
                     }
                     .map_err(backend_err)?;
-                    out.frames.push((k, Arc::new(converted)));
+                    match (converted, place) {
+                        (Some(f), _) => out.frames.push((k, Arc::new(f))),
+                        (None, Some(p)) => {
+                            out.sunk.push(k);
+                            // Another request waits on this run too: it gets the frame as a frame.
+                            if sink.is_some_and(Sink::shared) {
+                                let mut data = crate::decode::pool::take(p.len());
+                                data.extend_from_slice(&p);
+                                let (width, height) = geometry.display_dims();
+                                out.frames.push((
+                                    k,
+                                    Arc::new(Frame {
+                                        width,
+                                        height,
+                                        data,
+                                    }),
+                                ));
+                            }
+                        }
+                        (None, None) => return Err(backend_err("converter wrote no frame".into())),
+                    }
                 }
             }
             if k >= last {

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::sink::Sink;
 use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
 use crate::journal::{FileKey, Journal, JournalSlot};
 use scheduler::Scheduler;
@@ -80,6 +81,8 @@ pub struct Job {
     /// Shared with the engine's single-flight table, which may extend it until it starts.
     pub run: Arc<parking_lot::Mutex<PendingRun>>,
     pub geometry: Geometry,
+    /// Where wanted frames that have a place go instead of into frames (see [`Backend`]).
+    pub sink: Option<Arc<Sink>>,
     /// Called once with the outcome (taken by the copy that runs).
     pub on_done: Arc<parking_lot::Mutex<Option<OnDone>>>,
     /// False once every requester has gone away; the job is then skipped.
@@ -407,6 +410,7 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
             source,
             run,
             geometry,
+            sink,
             on_done,
             still_wanted,
         } = job;
@@ -443,7 +447,7 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
             journal: journal.clone(),
         });
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            backend.decode_run(&source, &run, geometry)
+            backend.decode_run(&source, &run, geometry, sink.as_deref())
         }));
         let result = match outcome {
             Ok(r) => r,

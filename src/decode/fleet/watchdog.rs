@@ -165,6 +165,7 @@ mod tests {
             source: &VideoSource,
             run: &GopRun,
             geometry: Geometry,
+            sink: Option<&crate::decode::sink::Sink>,
         ) -> Result<RunOutput, DecodeError> {
             if source.path == std::path::Path::new("stuck.mp4") {
                 let mut open = self.gate.open.lock();
@@ -172,7 +173,7 @@ mod tests {
                     self.gate.cv.wait(&mut open);
                 }
             }
-            self.fake.decode_run(source, run, geometry)
+            self.fake.decode_run(source, run, geometry, sink)
         }
     }
 
@@ -195,6 +196,7 @@ mod tests {
                 scaled_height: 2,
                 rotation: 0,
             },
+            sink: None,
             on_done: Arc::new(Mutex::new(Some(
                 Box::new(move |r: Result<RunOutput, DecodeError>| {
                     let _ = tx.send((what, r.map(|o| o.frames.iter().map(|f| f.0).collect())));

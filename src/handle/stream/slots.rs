@@ -388,6 +388,7 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
                 set.clone(),
                 ctx.tenant,
                 ctx.req.cache_policy,
+                None,
             )
         });
         let results = futures::future::join_all(fetches).await;

@@ -39,11 +39,13 @@ use parking_lot::Mutex;
 use crate::peer::{Peer, PeerKey};
 
 mod arena;
+mod pending;
 #[cfg(test)]
 mod tests;
 
 pub use arena::{filesystem_bytes, Arena};
 use arena::{random_hex, Access};
+pub use pending::PendingReply;
 
 /// Released reusable GetClips arenas kept for later replies: at least this many may be kept, more while
 /// clients keep more reusable replies in flight at once (pipelining), up to [`MAX_SPARE_ARENAS`]...
@@ -371,41 +373,15 @@ impl ShmRegistry {
     where
         E: From<ShmError>,
     {
-        self.expire();
-        let arena = match reusable.then(|| self.take_spare(nbytes, owner)).flatten() {
-            Some(a) => a,
-            None => {
-                let size = if reusable {
-                    nbytes.div_ceil(SPARE_ROUND).max(1) * SPARE_ROUND
-                } else {
-                    nbytes
-                };
-                Arc::new(self.create(size, 1, owner)?)
-            }
-        };
-        let slot = arena.try_acquire().ok_or_else(|| ShmError::BadSlot {
-            arena: arena.name.clone(),
-            slot: 0,
-        })?;
-        let (v, r) = match arena.fill(slot, nbytes, f) {
-            Ok(done) => done,
+        let reply = self.reserve_reply(nbytes, reusable, owner)?;
+        // SAFETY: the reply was just taken and is shared with nobody.
+        match unsafe { reply.with_bytes(f) } {
+            Ok(v) => Ok((v, self.publish(&reply, reusable))),
             Err(e) => {
-                // fill() freed the slot again; a reusable arena goes back to the pool.
-                if reusable {
-                    self.put_spare(arena);
-                }
-                return Err(e);
+                self.abandon(reply, reusable);
+                Err(e)
             }
-        };
-        let mut one_shot = self.one_shot.lock();
-        one_shot.insert(arena.name.clone(), (arena, Instant::now(), reusable));
-        if reusable {
-            let now = reusable_in_flight(&one_shot);
-            drop(one_shot);
-            let mut peak = self.reusable_peak.lock();
-            *peak = (peak.0.max(now.0), peak.1.max(now.1));
         }
-        Ok((v, r))
     }
 
     /// How many spare arenas, and how many bytes of them, the pool keeps at most now: as many as the
