@@ -126,6 +126,9 @@ pub struct ShmRegistry {
     streams: Mutex<HashMap<String, Weak<Arena>>>,
     /// GetClips replies not released yet.
     one_shot: Mutex<HashMap<String, OneShot>>,
+    /// GetClips replies taken and not published yet (decoders write into them; weakly: an abandoned
+    /// one goes with its last writer). Counted in their owner's budget like published ones.
+    pending: Mutex<HashMap<String, Weak<Arena>>>,
     /// Released reusable GetClips arenas, ready for the next reply that fits (bounded by
     /// [`ShmRegistry::spare_bounds`]; each dropped after the time to live unused).
     spare: Mutex<Vec<(Arc<Arena>, Instant)>>,
@@ -194,6 +197,7 @@ impl ShmRegistry {
             budget,
             live: Arc::new(AtomicUsize::new(0)),
             streams: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
             one_shot: Mutex::new(HashMap::new()),
             spare: Mutex::new(Vec::new()),
             reusable_peak: Mutex::new((0, 0)),
@@ -278,6 +282,14 @@ impl ShmRegistry {
             .filter(|(a, _, _)| &a.owner_key() == owner)
             .map(|(a, _, _)| a.bytes())
             .sum();
+        let pending: usize = self
+            .pending
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|a| &a.owner_key() == owner)
+            .map(|a| a.bytes())
+            .sum();
         let retired: usize = self
             .retired
             .lock()
@@ -287,7 +299,7 @@ impl ShmRegistry {
             })
             .map(|(_, (a, _))| a.bytes())
             .sum();
-        streams + one_shot + retired
+        streams + one_shot + pending + retired
     }
 
     /// Refuses `nbytes` more for `owner` beyond the budgets (spare arenas are given up first).
@@ -582,7 +594,13 @@ impl ShmRegistry {
             .keys()
             .filter(|k| !self.streams.lock().contains_key(*k))
             .count();
-        (streams + self.one_shot.lock().len() + self.spare.lock().len() + retired_only) as u64
+        let pending = {
+            let mut p = self.pending.lock();
+            p.retain(|_, w| w.strong_count() > 0);
+            p.len()
+        };
+        (streams + self.one_shot.lock().len() + pending + self.spare.lock().len() + retired_only)
+            as u64
     }
 
     /// Bytes of every arena file alive now.

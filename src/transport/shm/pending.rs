@@ -121,6 +121,11 @@ impl ShmRegistry {
                 slot_bytes: arena.slot_bytes,
             });
         }
+        {
+            let mut pending = self.pending.lock();
+            pending.retain(|_, w| w.strong_count() > 0);
+            pending.insert(arena.name.clone(), Arc::downgrade(&arena));
+        }
         Ok(PendingReply {
             arena,
             slot,
@@ -132,6 +137,7 @@ impl ShmRegistry {
     /// Hands a filled reply to its client: kept until released or expired. `reusable` as when reserved.
     pub fn publish(&self, reply: &PendingReply, reusable: bool) -> ShmRef {
         reply.published.store(true, Ordering::Release);
+        self.pending.lock().remove(&reply.arena.name);
         let mut one_shot = self.one_shot.lock();
         one_shot.insert(
             reply.arena.name.clone(),
@@ -151,6 +157,7 @@ impl ShmRegistry {
     pub(super) fn abandon(&self, reply: PendingReply, reusable: bool) {
         let _ = reply.arena.release(&[reply.slot]);
         reply.published.store(true, Ordering::Release);
+        self.pending.lock().remove(&reply.arena.name);
         if reusable {
             self.put_spare(reply.arena.clone());
         }

@@ -392,3 +392,54 @@ fn a_release_sent_as_its_owner_exits_is_harmless() {
     let r = reg.one_shot(&[1; 8], &owner).unwrap();
     reg.release(&r.arena, &[0], &by_uid).unwrap();
 }
+
+#[test]
+fn replies_taken_before_decoding_count_in_their_owners_budget_until_published_or_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = ShmRegistry::new(
+        dir.path().into(),
+        Duration::from_secs(60),
+        ShmBudget {
+            total: 10_000,
+            per_client: 600,
+        },
+    )
+    .unwrap();
+    let x = Peer::tcp("10.0.0.1".parse().unwrap());
+    let pending = std::sync::Arc::new(reg.reserve_reply(500, false, &x).unwrap());
+    assert_eq!(reg.open_arenas(), 1);
+    let e = reg.reserve_reply(200, false, &x).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ShmError::Budget {
+                needed: 200,
+                used: 500,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Written through a sink, then published: the client's file holds the bytes.
+    let sink = pending.sink(250, [(4, 250), (9, 0)]).unwrap();
+    sink.take(4).unwrap().fill(4);
+    sink.take(9).unwrap().fill(9);
+    drop(sink);
+    let r = reg.publish(&pending, false);
+    let bytes = std::fs::read(&r.path).unwrap();
+    assert_eq!(&bytes[..250], &[9; 250]);
+    assert_eq!(&bytes[250..500], &[4; 250]);
+    assert_eq!(reg.open_arenas(), 1, "the published reply, counted once");
+    reg.release(&r.arena, &[r.slot], &x).unwrap();
+    drop(pending);
+    assert_eq!(reg.open_arenas(), 0);
+    // Taken and dropped unpublished (a cancelled request): gone, budget given back.
+    let dropped = reg.reserve_reply(600, false, &x).unwrap();
+    let path = dropped.arena.path.clone();
+    assert!(path.exists());
+    drop(dropped);
+    assert!(!path.exists());
+    assert_eq!(reg.open_arenas(), 0);
+    assert_eq!(reg.bytes_in_use(), 0);
+    reg.reserve_reply(600, false, &x).unwrap();
+}
