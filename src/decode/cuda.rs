@@ -320,8 +320,8 @@ impl Backend for CudaBackend {
                 }
             }
         }
-        // Places the failed GPU pass took are written again by the CPU pass: those it wrote are listed
-        // nowhere, so the CPU pass emits them as frames.
+        // Sink places the failed GPU pass took stay taken: the CPU pass emits those frames as frames
+        // (the request copies them in) and writes the rest in place.
         let mut out = self.cpu.decode_run(source, run, geometry, sink)?;
         out.decoded_on = DecodedOn::CpuFallback;
         Ok(out)
