@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 CORPUS = HERE.parent / "target" / "bench-corpus" / "reference-v1"
 
 
-def rank(addr: str, workload: str, r: int, jobs, q, go) -> None:
+def rank(addr: str, workload: str, r: int, jobs, inflight: int, q, go) -> None:
     import numpy as np
 
     from vserve_client import Client
@@ -54,8 +54,9 @@ def rank(addr: str, workload: str, r: int, jobs, q, go) -> None:
         np.copyto(buf, a)
 
     if workload == "full":
-        for v, count in jobs[r::2]:
-            b = cl.get_clips("ref", [(v, list(range(count)))])
+        # `inflight` requests queued at once (reference.py's full keeps 2), replies taken in order.
+        mine = [("ref", [(v, list(range(count)))]) for v, count in jobs[r::2]]
+        for b in cl.get_clips_many(mine, max_in_flight=inflight):
             take(b.array)
             n += 1
             b.release()
@@ -84,7 +85,7 @@ def minflt(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
-def trial(binary: str, workload: str, root: Path, videos: int, perf: str) -> dict:
+def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, perf: str) -> dict:
     from vserve_client import Client
 
     d = Path(tempfile.mkdtemp(prefix="vserve-cpu-"))
@@ -107,7 +108,7 @@ def trial(binary: str, workload: str, root: Path, videos: int, perf: str) -> dic
         if workload == "full":
             jobs = jobs[:videos]
         q, go = ctx.Queue(), ctx.Queue()
-        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, q, go)) for r in range(2)]
+        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, inflight, q, go)) for r in range(2)]
         for p in ps:
             p.start()
         for _ in ps:
@@ -137,6 +138,8 @@ def trial(binary: str, workload: str, root: Path, videos: int, perf: str) -> dic
             clips=n,
             wall_s=round(wall, 3),
             clips_per_s=round(n / wall, 2),
+            # Share of the machine's cores busy in the daemon and the ranks during the trial.
+            busy=round((sum(by_kind.values()) + sum(x[1] for x in res)) / (wall * (os.cpu_count() or 1)), 3),
             daemon_cpu_per_clip={k: round(v / n, 4) for k, v in sorted(by_kind.items()) if v > 0},
             ranks_cpu_per_clip=round(sum(x[1] for x in res) / n, 4),
             daemon_minor_faults_per_clip=round((f1 - f0) / n, 1),
@@ -152,6 +155,7 @@ def main() -> None:
     ap.add_argument("--workload", choices=("full", "train"), default="full")
     ap.add_argument("--variant", default="gop250")
     ap.add_argument("--videos", type=int, default=40, help="videos of the full workload")
+    ap.add_argument("--inflight", type=int, default=1, help="full: GetClips requests in flight per rank")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--vserve", action="append", help="daemon binaries, alternated per trial (default target/release/vserve)")
     ap.add_argument("--perf", default="", help="perf.data path for the timed part (the last trial's)")
@@ -162,7 +166,7 @@ def main() -> None:
     builds = args.vserve or [str(HERE.parent / "target" / "release" / "vserve")]
     for _ in range(args.repeat):
         for b in builds:
-            print(json.dumps(trial(b, args.workload, root, args.videos, args.perf)), flush=True)
+            print(json.dumps(trial(b, args.workload, root, args.videos, args.inflight, args.perf)), flush=True)
 
 
 if __name__ == "__main__":
