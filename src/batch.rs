@@ -314,10 +314,9 @@ fn fill(
 }
 
 fn flip_row(src: &[u8], dst: &mut [u8]) {
-    let w = src.len() / 3;
-    for x in 0..w {
-        let s = (w - 1 - x) * 3;
-        dst[x * 3..x * 3 + 3].copy_from_slice(&src[s..s + 3]);
+    // Pixel by pixel from the right, without a bounds check per pixel.
+    for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(3).rev()) {
+        d.copy_from_slice(s);
     }
 }
 
