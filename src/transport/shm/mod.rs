@@ -267,14 +267,16 @@ impl ShmRegistry {
 
     /// Bytes of arenas `owner` holds now (streams', replies', retired).
     fn bytes_of(&self, owner: &PeerKey) -> usize {
-        let streams: usize = self
-            .streams
-            .lock()
-            .values()
-            .filter_map(Weak::upgrade)
-            .filter(|a| &a.owner_key() == owner)
-            .map(|a| a.bytes())
-            .sum();
+        // Arenas held weakly (streams', replies being decoded into) count while alive.
+        let held = |map: &Mutex<HashMap<String, Weak<Arena>>>| -> usize {
+            map.lock()
+                .values()
+                .filter_map(Weak::upgrade)
+                .filter(|a| &a.owner_key() == owner)
+                .map(|a| a.bytes())
+                .sum()
+        };
+        let streams = held(&self.streams);
         let one_shot: usize = self
             .one_shot
             .lock()
@@ -282,14 +284,7 @@ impl ShmRegistry {
             .filter(|(a, _, _)| &a.owner_key() == owner)
             .map(|(a, _, _)| a.bytes())
             .sum();
-        let pending: usize = self
-            .pending
-            .lock()
-            .values()
-            .filter_map(Weak::upgrade)
-            .filter(|a| &a.owner_key() == owner)
-            .map(|a| a.bytes())
-            .sum();
+        let pending = held(&self.pending);
         let retired: usize = self
             .retired
             .lock()
