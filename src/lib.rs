@@ -14,6 +14,10 @@
 //! client ◄──chunks / shm slot── api ◄──┘
 //! ```
 //!
+//! A plain GetClips reply over shared memory short-cuts the last two steps: its arena is taken before
+//! the fetch (`transport::shm::PendingReply`) and the decoders convert the frames that bypass the cache
+//! straight into it (`decode::sink`); `handle::clips` fills the rest and publishes it.
+//!
 //! - Pure stages: [`config`], [`state`] (the state directory), [`dataset`] (paths checked and opened
 //!   beneath the root), [`journal`] (crash journal and quarantine), [`manifest`], [`sample`] (what to
 //!   read), [`index`] (frame tables), [`store`] (frame tables and health kept in the state directory),
