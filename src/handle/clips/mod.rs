@@ -7,7 +7,7 @@
 //! cache, single flight, fleet) → [`batch`] assembly, into a reply buffer or straight into a
 //! shared-memory arena; frames only this request held (they bypassed the cache) go back to the
 //! decoders' buffer pool ([`crate::decode::pool`]). A plain array over shared memory is assembled in
-//! place instead ([`in_place`]): its arena is taken before the fetch and the decoders write the frames
+//! place instead (`in_place.rs`): its arena is taken before the fetch and the decoders write the frames
 //! that bypass the cache straight into it. A video found damaged mid-request is marked (its next index
 //! comes from a decode) and the whole request is resolved once more.
 
