@@ -378,16 +378,6 @@ fn with_policy(
     req
 }
 
-fn sized(width: u32, height: u32) -> Option<proto::Transform> {
-    Some(proto::Transform {
-        resize: Some(proto::transform::Resize::Size(proto::Size {
-            width,
-            height,
-        })),
-        ..Default::default()
-    })
-}
-
 /// Frames a one-pass request decodes never enter the cache and are exact; a request larger than the
 /// admission fraction is kept out too; the counters of hits, misses, admissions and bypasses follow a
 /// known sequence exactly, in GetStats and `/metrics` alike.

@@ -624,13 +624,7 @@ async fn a_stream_over_a_folder_of_them_skips_none() {
                 frame_stride: 5,
                 ..Default::default()
             }),
-            transform: Some(proto::Transform {
-                resize: Some(proto::transform::Resize::Size(proto::Size {
-                    width: w as u32,
-                    height: h as u32,
-                })),
-                ..Default::default()
-            }),
+            transform: sized(w as u32, h as u32),
             batch_size: 2,
             no_shuffle: true,
             world_size: 1,

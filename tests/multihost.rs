@@ -36,13 +36,7 @@ fn request(rank: u32, remainder: proto::ShardRemainder) -> proto::StreamBatchesR
             frame_stride: 1,
             ..Default::default()
         }),
-        transform: Some(proto::Transform {
-            resize: Some(proto::transform::Resize::Size(proto::Size {
-                width: 32,
-                height: 24,
-            })),
-            ..Default::default()
-        }),
+        transform: sized(32, 24),
         batch_size: 2,
         seed: 11,
         epoch: 3,

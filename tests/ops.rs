@@ -747,13 +747,7 @@ async fn stream_batches_count_against_max_streams() {
             frames_per_clip: 2,
             ..Default::default()
         }),
-        transform: Some(proto::Transform {
-            resize: Some(proto::transform::Resize::Size(proto::Size {
-                width: 32,
-                height: 24,
-            })),
-            ..Default::default()
-        }),
+        transform: sized(32, 24),
         batch_size: 2,
         world_size: 1,
         ..Default::default()

@@ -58,13 +58,7 @@ fn stream_req(kind: proto::SamplerKind, clips: u32) -> proto::StreamBatchesReque
             frame_stride: 3,
             ..Default::default()
         }),
-        transform: Some(proto::Transform {
-            resize: Some(proto::transform::Resize::Size(proto::Size {
-                width: 32,
-                height: 24,
-            })),
-            ..Default::default()
-        }),
+        transform: sized(32, 24),
         batch_size: 4,
         seed: 11,
         world_size: 1,

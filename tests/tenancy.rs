@@ -138,13 +138,7 @@ async fn a_client_with_no_stream_gets_one_while_another_fills_the_global_limit()
             frames_per_clip: 2,
             ..Default::default()
         }),
-        transform: Some(proto::Transform {
-            resize: Some(proto::transform::Resize::Size(proto::Size {
-                width: 64,
-                height: 48,
-            })),
-            ..Default::default()
-        }),
+        transform: sized(64, 48),
         batch_size: 2,
         world_size: 1,
         seed: 7,

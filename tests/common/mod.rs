@@ -253,6 +253,17 @@ pub fn no_rotate() -> proto::Transform {
     }
 }
 
+/// A transform that only resizes to `width`x`height`.
+pub fn sized(width: u32, height: u32) -> Option<proto::Transform> {
+    Some(proto::Transform {
+        resize: Some(proto::transform::Resize::Size(proto::Size {
+            width,
+            height,
+        })),
+        ..Default::default()
+    })
+}
+
 /// GetClips that must succeed.
 pub async fn get(client: &mut Client, req: proto::GetClipsRequest) -> Batch {
     let what = format!("{:?}", summarize(&req));
