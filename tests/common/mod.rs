@@ -253,6 +253,26 @@ pub fn no_rotate() -> proto::Transform {
     }
 }
 
+/// Runs the `vserve` binary with `args` to completion.
+pub fn vserve_cli(args: &[&str]) -> std::process::Output {
+    Command::new(vserve_bin())
+        .args(args)
+        .output()
+        .expect("run vserve")
+}
+
+/// The stdout of a `vserve` command that must succeed.
+pub fn cli_stdout(args: &[&str]) -> String {
+    let out = vserve_cli(args);
+    assert!(
+        out.status.success(),
+        "vserve {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
 /// A transform that only resizes to `width`x`height`.
 pub fn sized(width: u32, height: u32) -> Option<proto::Transform> {
     Some(proto::Transform {
