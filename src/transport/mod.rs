@@ -1,4 +1,5 @@
-//! Transport: how an array's bytes reach the client, decided in one place, [`deliver`].
+//! Transport: how an array's bytes reach the client, decided in one place, [`deliver`] (or, for a
+//! GetClips reply whose decoders wrote it in place, [`publish_reply`] once it is filled).
 //!
 //! Input: where the client asked for the array ([`Destination`]: inline, a GetClips reply's own arena,
 //! or a stream's slot it acquired), its size, and a function that writes it. Output: [`Delivered`], the
