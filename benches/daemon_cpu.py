@@ -10,8 +10,18 @@ alternated on a drifting machine; ``--perf FILE`` records the timed part (``perf
     target/bench-venv/bin/python benches/daemon_cpu.py --workload full --repeat 3 \\
         --vserve target/release/vserve --vserve /path/to/other/release/vserve
 
-``full``: one GetClips per video of every frame at native size (40 videos, 1 request in flight per rank);
-``train``: ``reference.py``'s train stream (8-frame clips, crop 224, flip, batches of 32) over 400 videos.
+``full``: one GetClips per video of every frame at native size (40 videos, ``--inflight`` requests in
+flight per rank); ``train``: ``reference.py``'s train stream (8-frame clips, crop 224, flip, batches of 32)
+over 400 videos.
+
+``--policy`` (repeatable) sets the requests' ``cache_policy`` and is alternated per trial like ``--vserve``;
+``--daemon-arg`` passes extra ``vserve serve`` arguments (``--daemon-arg=--cache-bytes=256M``). ``--floor``
+runs ``benches/floor.rs`` right after each round's vserve trials on exactly the clips those trials
+delivered (``tight`` mode for train: it skips frames no clip needs; ``specified`` for full) and prints
+each round's vserve/floor ratio and the median, so the ratio is taken on the same machine minutes apart::
+
+    target/bench-venv/bin/python benches/daemon_cpu.py --workload train --repeat 6 \
+        --policy auto --policy one_pass --floor
 """
 
 import argparse
@@ -32,7 +42,7 @@ sys.path.insert(0, str(HERE))
 CORPUS = HERE.parent / "target" / "bench-corpus" / "reference-v1"
 
 
-def rank(addr: str, workload: str, r: int, jobs, inflight: int, q, go) -> None:
+def rank(addr: str, workload: str, r: int, jobs, inflight: int, policy: str, q, go) -> None:
     import numpy as np
 
     from vserve_client import Client
@@ -43,6 +53,7 @@ def rank(addr: str, workload: str, r: int, jobs, inflight: int, q, go) -> None:
     cl.list_datasets()
     buf = None
     n = 0
+    got = []  # (video, frames) of every clip taken, for the floor's plan
     q.put("ready")
     go.get()
     t0, c0 = time.time(), time.process_time()
@@ -56,16 +67,18 @@ def rank(addr: str, workload: str, r: int, jobs, inflight: int, q, go) -> None:
     if workload == "full":
         # `inflight` requests queued at once (reference.py's full keeps 2), replies taken in order.
         mine = [("ref", [(v, list(range(count)))]) for v, count in jobs[r::2]]
-        for b in cl.get_clips_many(mine, max_in_flight=inflight):
+        for b in cl.get_clips_many(mine, max_in_flight=inflight, cache_policy=policy):
             take(b.array)
             n += 1
             b.release()
+        got = [(v, list(range(count))) for v, count in jobs[r::2]]
     else:
-        for b in cl.stream("ref", **reference.train_stream_args(r, 2, 1)):
+        for b in cl.stream("ref", cache_policy=policy, **reference.train_stream_args(r, 2, 1)):
             take(b.array)
             n += b.array.shape[0]
+            got.extend((v, [int(x) for x in f]) for v, f in zip(b.videos, b.frames))
             b.release()
-    q.put((time.time() - t0, time.process_time() - c0, n))
+    q.put((time.time() - t0, time.process_time() - c0, n, got))
 
 
 def threads(pid: int):
@@ -85,12 +98,12 @@ def minflt(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
-def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, perf: str) -> dict:
+def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, policy: str, perf: str, extra=()) -> dict:
     from vserve_client import Client
 
     d = Path(tempfile.mkdtemp(prefix="vserve-cpu-"))
     sock = d / "s.sock"
-    cmd = [binary, "serve", "--listen", f"unix:{sock}", "--dataset", f"ref={root}", "--decode-threads", "2"]
+    cmd = [binary, "serve", "--listen", f"unix:{sock}", "--dataset", f"ref={root}", "--decode-threads", "2", *extra]
     proc = subprocess.Popen(cmd, stdout=open(d / "log", "w"), stderr=subprocess.STDOUT)
     addr = f"unix:{sock}"
     ctx = mp.get_context("spawn")  # no gRPC channel crosses a fork
@@ -104,11 +117,12 @@ def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, pe
                 pass
             time.sleep(0.1)
         names = sorted(p.name for p in root.glob("*.mp4"))
-        jobs = [(v, c.probe("ref", v)["frame_count"]) for v in names]  # every index built, untimed
+        probes = {v: c.probe("ref", v, include_pts=True) for v in names}  # every index built, untimed
+        jobs = [(v, probes[v]["frame_count"]) for v in names]
         if workload == "full":
             jobs = jobs[:videos]
         q, go = ctx.Queue(), ctx.Queue()
-        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, inflight, q, go)) for r in range(2)]
+        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, inflight, policy, q, go)) for r in range(2)]
         for p in ps:
             p.start()
         for _ in ps:
@@ -132,9 +146,11 @@ def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, pe
         for t, (kind, cpu) in th1.items():
             by_kind[kind] = by_kind.get(kind, 0.0) + cpu - th0.get(t, (kind, 0.0))[1]
         n = sum(x[2] for x in res)
+        got = [g for x in res for g in x[3]]
         return dict(
             build=binary,
             workload=workload,
+            cache_policy=policy,
             clips=n,
             wall_s=round(wall, 3),
             clips_per_s=round(n / wall, 2),
@@ -144,10 +160,58 @@ def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, pe
             ranks_cpu_per_clip=round(sum(x[1] for x in res) / n, 4),
             daemon_minor_faults_per_clip=round((f1 - f0) / n, 1),
             counters={k: s1[k] - s0[k] for k in ("frames_decoded", "frames_skipped", "frames_in_place", "cache_admitted", "cache_bypassed") if k in s1},
-        )
+        ), (got, probes)
     finally:
         proc.terminate()
         proc.wait()
+
+
+def floor_plan(workload: str, root: Path, got, probes) -> dict:
+    """The floor bench's plan for exactly the clips a vserve trial delivered (reference.py's format)."""
+    import reference
+
+    infos = {
+        v: {
+            "keyframes": list(p["keyframes"]),
+            "pts": list(p["pts"]),
+            "time_base": [p["time_base"]["num"], p["time_base"]["den"]],
+            "stream": p["stream"],
+            "width": p["display_width"] or p["width"],
+            "height": p["display_height"] or p["height"],
+        }
+        for v, p in probes.items()
+    }
+
+    def size(v):
+        w, h = infos[v]["width"], infos[v]["height"]
+        return (w, h) if workload == "full" else reference.short_side_size(w, h, 256)
+
+    return reference.floor_plan(workload, root, infos, [(v, f, size(v)) for v, f in got], whole=workload == "full")
+
+
+def floor_trial(binary: str, plan_path: Path, mode: str, clips: int) -> dict:
+    out = subprocess.run([binary, str(plan_path), "--threads", "2", "--modes", mode], check=True, capture_output=True, text=True).stdout
+    p = json.loads(out)["passes"][0]
+    return dict(build="floor", mode=p["mode"], clips=clips, clips_per_s=round(clips / p["seconds"], 2), cpu_per_clip=round(p["cpu_seconds"] / clips, 4))
+
+
+def summarize(rows) -> None:
+    """Per vserve configuration: its rate over the floor's of the same round, each round and the median."""
+    import statistics
+
+    rounds, cur = [], []
+    for r in rows:
+        cur.append(r)
+        if r["build"] == "floor":
+            rounds.append(cur)
+            cur = []
+    ratios: dict = {}
+    for rd in rounds:
+        fl = rd[-1]["clips_per_s"]
+        for r in rd[:-1]:
+            ratios.setdefault(f"{r['build']} {r['cache_policy']}", []).append(r["clips_per_s"] / fl)
+    for k, v in ratios.items():
+        print(json.dumps({"vserve/floor": k, "median": round(statistics.median(v), 3), "rounds": [round(x, 3) for x in v]}), flush=True)
 
 
 def main() -> None:
@@ -158,15 +222,39 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=1, help="full: GetClips requests in flight per rank")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--vserve", action="append", help="daemon binaries, alternated per trial (default target/release/vserve)")
+    ap.add_argument("--policy", action="append", help="the requests' cache_policy, alternated per trial after the builds (default auto)")
+    ap.add_argument("--floor", nargs="?", const="auto", default="", help="alternate FFmpeg's floor (benches/floor.rs: 'tight' on train, 'specified' on full) on the same clips with the vserve trials; BIN or the newest target/release/deps/floor-*")
+    ap.add_argument("--daemon-arg", action="append", default=[], help="an extra `vserve serve` argument (repeatable), e.g. --daemon-arg=--cache-bytes=256M")
     ap.add_argument("--perf", default="", help="perf.data path for the timed part (the last trial's)")
     args = ap.parse_args()
     root = CORPUS / args.variant
     if not root.is_dir():
         sys.exit(f"no corpus at {root}: run benches/reference.sh run once to encode it")
     builds = args.vserve or [str(HERE.parent / "target" / "release" / "vserve")]
+    floor = args.floor
+    if floor == "auto":
+        bins = [p for p in (HERE.parent / "target" / "release" / "deps").glob("floor-*") if p.suffix == ""]
+        if not bins:
+            sys.exit("no floor bench binary: cargo bench --bench floor --no-run")
+        floor = str(max(bins, key=lambda p: p.stat().st_mtime))
+    mode = "tight" if args.workload == "train" else "specified"
+    plan_path = Path(tempfile.mkdtemp(prefix="vserve-floor-")) / "plan.json"
+    rows = []
     for _ in range(args.repeat):
         for b in builds:
-            print(json.dumps(trial(b, args.workload, root, args.videos, args.inflight, args.perf)), flush=True)
+            for policy in args.policy or ["auto"]:
+                row, (got, probes) = trial(b, args.workload, root, args.videos, args.inflight, policy, args.perf, args.daemon_arg)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if floor and not plan_path.exists():
+                    plan_path.write_text(json.dumps(floor_plan(args.workload, root, got, probes)))
+        if floor:
+            # Right after this round's vserve trials, on the same clips (every round streams the same seed).
+            row = floor_trial(floor, plan_path, mode, rows[-1]["clips"])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if floor:
+        summarize(rows)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,14 @@ impl std::fmt::Debug for Frame {
     }
 }
 
+/// A frame's buffer goes back to the [`pool`] when its last reference drops (a frame evicted from the
+/// cache, a bypassing frame once its batch is assembled), so the next decode reuses mapped pages.
+impl Drop for Frame {
+    fn drop(&mut self) {
+        pool::give(std::mem::take(&mut self.data));
+    }
+}
+
 impl Frame {
     /// Bytes the frame holds, for cache weighting.
     pub fn nbytes(&self) -> usize {
@@ -201,10 +209,10 @@ pub fn rotate_rgb(frame: Frame, rotation: u32) -> Frame {
                     out[d..d + 3].copy_from_slice(&src[s..s + 3]);
                 }
             }
-            pool::give(frame.data);
+            drop(frame); // its buffer back to the pool
             Frame {
-                width: frame.height,
-                height: frame.width,
+                width: h as u32,
+                height: w as u32,
                 data: out,
             }
         }
@@ -216,10 +224,10 @@ pub fn rotate_rgb(frame: Frame, rotation: u32) -> Frame {
                 let d = (n - 1 - i) * 3;
                 out[d..d + 3].copy_from_slice(&src[i * 3..i * 3 + 3]);
             }
-            pool::give(frame.data);
+            drop(frame); // its buffer back to the pool
             Frame {
-                width: frame.width,
-                height: frame.height,
+                width: w as u32,
+                height: h as u32,
                 data: out,
             }
         }

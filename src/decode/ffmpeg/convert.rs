@@ -255,7 +255,7 @@ pub(super) fn convert_frame(
     match place {
         Some(p) if p.len() == rotated.data.len() => {
             p.copy_from_slice(&rotated.data);
-            crate::decode::pool::give(rotated.data);
+            drop(rotated);
             Ok(None)
         }
         _ => Ok(Some(rotated)),

@@ -129,7 +129,7 @@ impl InPlace {
             })?;
         }
         timer.observe(&engine.metrics().batch_assembly);
-        crate::decode::pool::recycle(per_video.into_iter().flat_map(|m| m.into_values()));
+        drop(per_video); // frames only this reply held: their buffers go back to the pool
         let delivered = publish_reply(engine.shm(), &self.reply, self.reusable, engine.metrics());
         match delivered.into_parts() {
             (_, Some(shm)) => Ok(shm),

@@ -227,7 +227,7 @@ async fn get_clips_once(
                 buf,
             )?)
         })?;
-        crate::decode::pool::recycle(frames_by_clip.into_iter().flatten());
+        drop(frames_by_clip); // frames only this reply held: their buffers go back to the pool
         let (data, shm) = delivered.into_parts();
         Ok((shape, data, shm))
     })

@@ -122,7 +122,7 @@ pub(super) async fn assemble(
                 buf,
             )?)
         })?;
-        crate::decode::pool::recycle(clip_frames.into_iter().flatten());
+        drop(clip_frames); // frames only this batch held: their buffers go back to the pool
         let (data, shm) = delivered.into_parts();
         Ok((shape, data, shm))
     })
