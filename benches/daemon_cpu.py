@@ -5,7 +5,8 @@ Starts ``vserve serve`` on the reference corpus (``benches/reference.sh`` encode
 into a staging buffer (as ``reference.py``'s consumers do) and prints one JSON line: clips (videos for
 ``full``) per second, the daemon's CPU seconds per clip by thread kind (decode threads, runtime), its minor
 page faults, the ranks' CPU, and the decode counters. ``--vserve`` picks the build, so two builds can be
-alternated on a drifting machine; ``--perf FILE`` records the timed part (``perf record -g -p DAEMON``)::
+alternated on a drifting machine; ``--perf FILE`` records the timed part (``perf record -g -p DAEMON``;
+``--perf-event page-faults`` samples where the minor faults happen instead of cycles)::
 
     target/bench-venv/bin/python benches/daemon_cpu.py --workload full --repeat 3 \\
         --vserve target/release/vserve --vserve /path/to/other/release/vserve
@@ -18,7 +19,9 @@ over 400 videos.
 ``--daemon-arg`` passes extra ``vserve serve`` arguments (``--daemon-arg=--cache-bytes=256M``). ``--floor``
 runs ``benches/floor.rs`` right after each round's vserve trials on exactly the clips those trials
 delivered (``tight`` mode for train: it skips frames no clip needs; ``specified`` for full) and prints
-each round's vserve/floor ratio and the median, so the ratio is taken on the same machine minutes apart::
+each round's vserve/floor ratio and the median, so the ratio is taken on the same machine minutes apart.
+``--warmup-epochs N`` (train) streams N untimed epochs of other clips first: a trial of 400 clips from a
+fresh daemon otherwise times the warm-up (fresh frame buffers, arenas, a cache still filling)::
 
     target/bench-venv/bin/python benches/daemon_cpu.py --workload train --repeat 6 \
         --policy auto --policy one_pass --floor
@@ -42,7 +45,7 @@ sys.path.insert(0, str(HERE))
 CORPUS = HERE.parent / "target" / "bench-corpus" / "reference-v1"
 
 
-def rank(addr: str, workload: str, r: int, jobs, inflight: int, policy: str, q, go) -> None:
+def rank(addr: str, workload: str, r: int, jobs, inflight: int, policy: str, warmup: int, q, go) -> None:
     import numpy as np
 
     from vserve_client import Client
@@ -54,6 +57,11 @@ def rank(addr: str, workload: str, r: int, jobs, inflight: int, policy: str, q, 
     buf = None
     n = 0
     got = []  # (video, frames) of every clip taken, for the floor's plan
+    for e in range(1, warmup + 1):
+        # Untimed epochs of other clips (epochs 1..N; the timed one is epoch 0): the daemon's buffer
+        # pool, arenas and (with a cache smaller than what they admit) its cache reach their steady state.
+        for b in cl.stream("ref", cache_policy=policy, **reference.train_stream_args(r, 2, 1, epoch=e)):
+            b.release()
     q.put("ready")
     go.get()
     t0, c0 = time.time(), time.process_time()
@@ -98,7 +106,7 @@ def minflt(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
-def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, policy: str, perf: str, extra=()) -> dict:
+def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, policy: str, perf: str, extra=(), event: str = "", warmup: int = 0) -> dict:
     from vserve_client import Client
 
     d = Path(tempfile.mkdtemp(prefix="vserve-cpu-"))
@@ -122,14 +130,15 @@ def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, po
         if workload == "full":
             jobs = jobs[:videos]
         q, go = ctx.Queue(), ctx.Queue()
-        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, inflight, policy, q, go)) for r in range(2)]
+        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, inflight, policy, warmup, q, go)) for r in range(2)]
         for p in ps:
             p.start()
         for _ in ps:
             q.get()
         rec = None
         if perf:
-            rec = subprocess.Popen(["perf", "record", "-g", "-p", str(proc.pid), "-o", perf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ev = ["-e", event] if event else []
+            rec = subprocess.Popen(["perf", "record", *ev, "-g", "-p", str(proc.pid), "-o", perf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
         s0, th0, f0, t0 = c.stats(), threads(proc.pid), minflt(proc.pid), time.time()
         for _ in ps:
@@ -226,6 +235,8 @@ def main() -> None:
     ap.add_argument("--floor", nargs="?", const="auto", default="", help="alternate FFmpeg's floor (benches/floor.rs: 'tight' on train, 'specified' on full) on the same clips with the vserve trials; BIN or the newest target/release/deps/floor-*")
     ap.add_argument("--daemon-arg", action="append", default=[], help="an extra `vserve serve` argument (repeatable), e.g. --daemon-arg=--cache-bytes=256M")
     ap.add_argument("--perf", default="", help="perf.data path for the timed part (the last trial's)")
+    ap.add_argument("--warmup-epochs", type=int, default=0, help="train: untimed epochs of other clips streamed first, so the timed epoch sees the steady state of a long job")
+    ap.add_argument("--perf-event", default="", help="what --perf samples instead of cycles, e.g. page-faults (where the daemon's minor faults come from)")
     args = ap.parse_args()
     root = CORPUS / args.variant
     if not root.is_dir():
@@ -243,7 +254,7 @@ def main() -> None:
     for _ in range(args.repeat):
         for b in builds:
             for policy in args.policy or ["auto"]:
-                row, (got, probes) = trial(b, args.workload, root, args.videos, args.inflight, policy, args.perf, args.daemon_arg)
+                row, (got, probes) = trial(b, args.workload, root, args.videos, args.inflight, policy, args.perf, args.daemon_arg, args.perf_event, args.warmup_epochs)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if floor and not plan_path.exists():
