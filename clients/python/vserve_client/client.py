@@ -7,11 +7,13 @@ the transport chosen at construction (see :mod:`vserve_client.transport`).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import inspect
 import ipaddress
 import os
 import threading
+import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -250,6 +252,26 @@ class BatchStream:
             pass
 
 
+# Clients not closed yet: closed at interpreter exit, before finalization (see _close_open_clients).
+_OPEN: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _close_open_clients() -> None:
+    """Closes every client still open when the interpreter exits: waits for the shared-memory releases
+    in flight (and sends those of replies still held), then closes the channel, so no gRPC call is left
+    without a status. Left to interpreter finalization, a call still open there is cancelled by its
+    garbage-collected ``_Rendezvous.__del__`` after grpcio's threads may have been stopped holding its
+    lock: the process then hangs at exit (seen with grpcio 1.85.3, docs/BENCHMARKS.md)."""
+    for c in list(_OPEN):
+        try:
+            c.close()
+        except Exception:
+            pass  # the daemon expires what was not released
+
+
+atexit.register(_close_open_clients)
+
+
 class Client:
     """A connection to a vserve daemon.
 
@@ -301,6 +323,7 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         self._stub = pb_grpc.VServeStub(self._channel)
+        _OPEN.add(self)
 
     @property
     def transport(self) -> str:
@@ -308,6 +331,9 @@ class Client:
         return self._transport.name
 
     def close(self) -> None:
+        """Releases the shared-memory replies nothing views any more (waiting for the daemon's answers)
+        and closes the channel. Clients still open at interpreter exit are closed then."""
+        _OPEN.discard(self)
         self._transport.close()
         self._channel.close()
 
