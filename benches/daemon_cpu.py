@@ -179,17 +179,7 @@ def floor_plan(workload: str, root: Path, got, probes) -> dict:
     """The floor bench's plan for exactly the clips a vserve trial delivered (reference.py's format)."""
     import reference
 
-    infos = {
-        v: {
-            "keyframes": list(p["keyframes"]),
-            "pts": list(p["pts"]),
-            "time_base": [p["time_base"]["num"], p["time_base"]["den"]],
-            "stream": p["stream"],
-            "width": p["display_width"] or p["width"],
-            "height": p["display_height"] or p["height"],
-        }
-        for v, p in probes.items()
-    }
+    infos = {v: reference.probe_info(p) for v, p in probes.items()}
 
     def size(v):
         w, h = infos[v]["width"], infos[v]["height"]

@@ -253,19 +253,23 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def probe_info(p: Dict[str, Any]) -> Dict[str, Any]:
+    """What the plans need of one video's probe (``include_pts=True``): its frame table and display size."""
+    return {
+        "keyframes": list(p["keyframes"]),
+        "pts": list(p["pts"]),
+        "time_base": [p["time_base"]["num"], p["time_base"]["den"]],
+        "stream": p["stream"],
+        "width": p["display_width"] or p["width"],
+        "height": p["display_height"] or p["height"],
+    }
+
+
 def probe_all(daemon: Daemon, videos: List[str]) -> Dict[str, Dict[str, Any]]:
     out = {}
     for v in videos:
         p = daemon.client.probe(DATASET, v, include_pts=True)
-        out[v] = {
-            "frames": p["frame_count"],
-            "keyframes": list(p["keyframes"]),
-            "pts": list(p["pts"]),
-            "time_base": [p["time_base"]["num"], p["time_base"]["den"]],
-            "stream": p["stream"],
-            "width": p["display_width"] or p["width"],
-            "height": p["display_height"] or p["height"],
-        }
+        out[v] = {"frames": p["frame_count"], **probe_info(p)}
     return out
 
 
