@@ -20,8 +20,10 @@ over 400 videos.
 runs ``benches/floor.rs`` right after each round's vserve trials on exactly the clips those trials
 delivered (``tight`` mode for train: it skips frames no clip needs; ``specified`` for full) and prints
 each round's vserve/floor ratio and the median, so the ratio is taken on the same machine minutes apart.
-``--warmup-epochs N`` (train) streams N untimed epochs of other clips first: a trial of 400 clips from a
-fresh daemon otherwise times the warm-up (fresh frame buffers, arenas, a cache still filling)::
+``--consume read`` has the ranks read every byte of a batch in place instead of copying it (the
+floor reads each frame once to hash it). ``--warmup-epochs N`` runs N untimed passes over other clips first (train: other epochs; full: the next
+``--videos`` videos): a short trial from a fresh daemon otherwise times its warm-up (fresh frame buffers,
+arenas, a cache still filling)::
 
     target/bench-venv/bin/python benches/daemon_cpu.py --workload train --repeat 6 \
         --policy auto --policy one_pass --floor
@@ -45,7 +47,7 @@ sys.path.insert(0, str(HERE))
 CORPUS = HERE.parent / "target" / "bench-corpus" / "reference-v1"
 
 
-def rank(addr: str, workload: str, r: int, jobs, inflight: int, policy: str, warmup: int, q, go) -> None:
+def rank(addr: str, workload: str, r: int, jobs, warm_jobs, inflight: int, policy: str, warmup: int, consume: str, q, go) -> None:
     import numpy as np
 
     from vserve_client import Client
@@ -58,8 +60,14 @@ def rank(addr: str, workload: str, r: int, jobs, inflight: int, policy: str, war
     n = 0
     got = []  # (video, frames) of every clip taken, for the floor's plan
     for e in range(1, warmup + 1):
-        # Untimed epochs of other clips (epochs 1..N; the timed one is epoch 0): the daemon's buffer
-        # pool, arenas and (with a cache smaller than what they admit) its cache reach their steady state.
+        # Untimed epochs of other clips (train: epochs 1..N, the timed one is epoch 0; full: the videos
+        # after the timed ones): the daemon's buffer pool, arenas and (with a cache smaller than what
+        # they admit) its cache reach their steady state.
+        if workload == "full":
+            other = [("ref", [(v, list(range(count)))]) for v, count in warm_jobs[r::2]]
+            for b in cl.get_clips_many(other, max_in_flight=inflight, cache_policy=policy):
+                b.release()
+            continue
         for b in cl.stream("ref", cache_policy=policy, **reference.train_stream_args(r, 2, 1, epoch=e)):
             b.release()
     q.put("ready")
@@ -68,6 +76,13 @@ def rank(addr: str, workload: str, r: int, jobs, inflight: int, policy: str, war
 
     def take(a) -> None:
         nonlocal buf
+        if consume == "read":
+            # Every byte read once where it lies (an XOR over 8-byte words), as the floor reads each
+            # frame once to hash it: no staging copy.
+            flat = a.reshape(-1)
+            words = flat[: flat.size // 8 * 8].view(np.uint64)
+            buf = np.bitwise_xor.reduce(words) ^ np.bitwise_xor.reduce(flat[words.size * 8 :], initial=0)
+            return
         if buf is None or buf.shape != a.shape:
             buf = np.empty(a.shape, a.dtype)
         np.copyto(buf, a)
@@ -106,7 +121,7 @@ def minflt(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
-def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, policy: str, perf: str, extra=(), event: str = "", warmup: int = 0) -> dict:
+def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, policy: str, perf: str, extra=(), event: str = "", warmup: int = 0, consume: str = "copy") -> dict:
     from vserve_client import Client
 
     d = Path(tempfile.mkdtemp(prefix="vserve-cpu-"))
@@ -127,10 +142,11 @@ def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, po
         names = sorted(p.name for p in root.glob("*.mp4"))
         probes = {v: c.probe("ref", v, include_pts=True) for v in names}  # every index built, untimed
         jobs = [(v, probes[v]["frame_count"]) for v in names]
+        warm_jobs = []
         if workload == "full":
-            jobs = jobs[:videos]
+            jobs, warm_jobs = jobs[:videos], jobs[videos : 2 * videos]
         q, go = ctx.Queue(), ctx.Queue()
-        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, inflight, policy, warmup, q, go)) for r in range(2)]
+        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, warm_jobs, inflight, policy, warmup, consume, q, go)) for r in range(2)]
         for p in ps:
             p.start()
         for _ in ps:
@@ -160,6 +176,7 @@ def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, po
             build=binary,
             workload=workload,
             cache_policy=policy,
+            consume=consume,
             clips=n,
             wall_s=round(wall, 3),
             clips_per_s=round(n / wall, 2),
@@ -208,7 +225,7 @@ def summarize(rows) -> None:
     for rd in rounds:
         fl = rd[-1]["clips_per_s"]
         for r in rd[:-1]:
-            ratios.setdefault(f"{r['build']} {r['cache_policy']}", []).append(r["clips_per_s"] / fl)
+            ratios.setdefault(f"{r['build']} {r['cache_policy']} {r['consume']}", []).append(r["clips_per_s"] / fl)
     for k, v in ratios.items():
         print(json.dumps({"vserve/floor": k, "median": round(statistics.median(v), 3), "rounds": [round(x, 3) for x in v]}), flush=True)
 
@@ -225,7 +242,8 @@ def main() -> None:
     ap.add_argument("--floor", nargs="?", const="auto", default="", help="alternate FFmpeg's floor (benches/floor.rs: 'tight' on train, 'specified' on full) on the same clips with the vserve trials; BIN or the newest target/release/deps/floor-*")
     ap.add_argument("--daemon-arg", action="append", default=[], help="an extra `vserve serve` argument (repeatable), e.g. --daemon-arg=--cache-bytes=256M")
     ap.add_argument("--perf", default="", help="perf.data path for the timed part (the last trial's)")
-    ap.add_argument("--warmup-epochs", type=int, default=0, help="train: untimed epochs of other clips streamed first, so the timed epoch sees the steady state of a long job")
+    ap.add_argument("--warmup-epochs", type=int, default=0, help="untimed passes first over other clips (train: other epochs; full: the next --videos videos), so the timed pass sees a long-running daemon's steady state")
+    ap.add_argument("--consume", choices=["copy", "read"], action="append", help="what a rank does with each batch, alternated per trial after the policies (default copy): copy it into a staging buffer (reference.py's consumers) or read every byte in place once (as the floor reads each frame to hash it)")
     ap.add_argument("--perf-event", default="", help="what --perf samples instead of cycles, e.g. page-faults (where the daemon's minor faults come from)")
     args = ap.parse_args()
     root = CORPUS / args.variant
@@ -244,11 +262,12 @@ def main() -> None:
     for _ in range(args.repeat):
         for b in builds:
             for policy in args.policy or ["auto"]:
-                row, (got, probes) = trial(b, args.workload, root, args.videos, args.inflight, policy, args.perf, args.daemon_arg, args.perf_event, args.warmup_epochs)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                if floor and not plan_path.exists():
-                    plan_path.write_text(json.dumps(floor_plan(args.workload, root, got, probes)))
+                for consume in args.consume or ["copy"]:
+                    row, (got, probes) = trial(b, args.workload, root, args.videos, args.inflight, policy, args.perf, args.daemon_arg, args.perf_event, args.warmup_epochs, consume)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    if floor and not plan_path.exists():
+                        plan_path.write_text(json.dumps(floor_plan(args.workload, root, got, probes)))
         if floor:
             # Right after this round's vserve trials, on the same clips (every round streams the same seed).
             row = floor_trial(floor, plan_path, mode, rows[-1]["clips"])
