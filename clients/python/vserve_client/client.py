@@ -263,6 +263,8 @@ def _close_open_clients() -> None:
     garbage-collected ``_Rendezvous.__del__`` after grpcio's threads may have been stopped holding its
     lock: the process then hangs at exit (seen with grpcio 1.85.3, docs/BENCHMARKS.md)."""
     for c in list(_OPEN):
+        if c._pid != os.getpid():
+            continue  # inherited through fork: its channel belongs to the parent
         try:
             c.close()
         except Exception:
@@ -323,6 +325,7 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         self._stub = pb_grpc.VServeStub(self._channel)
+        self._pid = os.getpid()
         _OPEN.add(self)
 
     @property
