@@ -17,7 +17,6 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,11 +28,12 @@ sys.path.insert(0, sys.argv[2])
 from pathlib import Path
 import numpy as np
 from vserve_client import Client
+dataset = sys.argv[5]
 names = sorted(p.name for p in Path(sys.argv[3]).glob("*.mp4"))[: int(sys.argv[4])]
 c = Client(sys.argv[1])
-counts = {v: c.probe("ref", v)["frame_count"] for v in names}
+counts = {v: c.probe(dataset, v)["frame_count"] for v in names}
 buf = None
-for b in c.get_clips_many([("ref", [(v, list(range(counts[v])))]) for v in names], max_in_flight=2):
+for b in c.get_clips_many([(dataset, [(v, list(range(counts[v])))]) for v in names], max_in_flight=2):
     a = b.array
     if buf is None or buf.shape != a.shape:
         buf = np.empty(a.shape, a.dtype)
@@ -55,33 +55,23 @@ def main() -> None:
     root = CORPUS / args.variant
     if not root.is_dir():
         sys.exit(f"no corpus at {root}: run benches/reference.sh run once to encode it")
-    sys.path.insert(0, args.client)
-    from vserve_client import Client
+    sys.path.insert(0, str(HERE))
+    import reference
 
     d = Path(tempfile.mkdtemp(prefix="vserve-exit-"))
-    addr = f"unix:{d / 's.sock'}"
-    cmd = [args.vserve, "serve", "--listen", addr, "--dataset", f"ref={root}", "--decode-threads", "2", "--admin-listen", "127.0.0.1:0"]
-    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(d / "log", "w"))
+    daemon = reference.Daemon(Path(args.vserve), root, 2, "2G", d / "daemon.log")
     try:
-        for _ in range(300):
-            try:
-                with Client(addr) as c:
-                    if not any(x.get("building") for x in c.list_datasets()):
-                        break
-            except Exception:
-                pass
-            time.sleep(0.1)
         hung = 0
         for i in range(args.runs):
+            child = [sys.executable, "-c", CHILD, daemon.addr, args.client, str(root), str(args.videos), reference.DATASET]
             try:
-                subprocess.run([sys.executable, "-c", CHILD, addr, args.client, str(root), str(args.videos)], timeout=args.timeout, check=True)
+                subprocess.run(child, timeout=args.timeout, check=True)
             except subprocess.TimeoutExpired:
                 hung += 1
                 print(f"run {i}: still alive after {args.timeout:.0f} s (killed)", flush=True)
         print(f"runs {args.runs}, hung {hung}", flush=True)
     finally:
-        daemon.terminate()
-        daemon.wait()
+        daemon.stop()
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ runs ``benches/floor.rs`` right after each round's vserve trials on exactly the 
 delivered (``tight`` mode for train: it skips frames no clip needs; ``specified`` for full) and prints
 each round's vserve/floor ratio and the median, so the ratio is taken on the same machine minutes apart.
 ``--consume read`` has the ranks read every byte of a batch in place instead of copying it (the
-floor reads each frame once to hash it). ``--warmup-epochs N`` runs N untimed passes over other clips first (train: other epochs; full: the next
-``--videos`` videos): a short trial from a fresh daemon otherwise times its warm-up (fresh frame buffers,
-arenas, a cache still filling)::
+floor reads each frame once to hash it). ``--warmup-epochs N`` runs N untimed passes over other clips
+first (train: other epochs; full: the next ``--videos`` videos): a short trial from a fresh daemon
+otherwise times its warm-up (fresh frame buffers, arenas, a cache still filling)::
 
     target/bench-venv/bin/python benches/daemon_cpu.py --workload train --repeat 6 \
         --policy auto --policy one_pass --floor
@@ -47,25 +47,31 @@ sys.path.insert(0, str(HERE))
 CORPUS = HERE.parent / "target" / "bench-corpus" / "reference-v1"
 
 
-def rank(addr: str, workload: str, r: int, jobs, warm_jobs, inflight: int, policy: str, warmup: int, consume: str, q, go) -> None:
+def whole(jobs) -> list:
+    """GetClips requests of every frame of each (video, frame count)."""
+    return [("ref", [(v, list(range(count)))]) for v, count in jobs]
+
+
+def rank(addr: str, r: int, jobs, warm_jobs, opt: dict, q, go) -> None:
+    """One rank: `opt` holds workload, inflight, policy, warmup and consume (as on the command line)."""
     import numpy as np
 
     from vserve_client import Client
 
     import reference
 
+    workload, inflight, policy, consume = opt["workload"], opt["inflight"], opt["policy"], opt["consume"]
     cl = Client(addr)
     cl.list_datasets()
     buf = None
     n = 0
     got = []  # (video, frames) of every clip taken, for the floor's plan
-    for e in range(1, warmup + 1):
+    for e in range(1, opt["warmup"] + 1):
         # Untimed epochs of other clips (train: epochs 1..N, the timed one is epoch 0; full: the videos
         # after the timed ones): the daemon's buffer pool, arenas and (with a cache smaller than what
         # they admit) its cache reach their steady state.
         if workload == "full":
-            other = [("ref", [(v, list(range(count)))]) for v, count in warm_jobs[r::2]]
-            for b in cl.get_clips_many(other, max_in_flight=inflight, cache_policy=policy):
+            for b in cl.get_clips_many(whole(warm_jobs[r::2]), max_in_flight=inflight, cache_policy=policy):
                 b.release()
             continue
         for b in cl.stream("ref", cache_policy=policy, **reference.train_stream_args(r, 2, 1, epoch=e)):
@@ -89,8 +95,7 @@ def rank(addr: str, workload: str, r: int, jobs, warm_jobs, inflight: int, polic
 
     if workload == "full":
         # `inflight` requests queued at once (reference.py's full keeps 2), replies taken in order.
-        mine = [("ref", [(v, list(range(count)))]) for v, count in jobs[r::2]]
-        for b in cl.get_clips_many(mine, max_in_flight=inflight, cache_policy=policy):
+        for b in cl.get_clips_many(whole(jobs[r::2]), max_in_flight=inflight, cache_policy=policy):
             take(b.array)
             n += 1
             b.release()
@@ -121,12 +126,16 @@ def minflt(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
-def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, policy: str, perf: str, extra=(), event: str = "", warmup: int = 0, consume: str = "copy") -> dict:
+def trial(binary: str, root: Path, policy: str, consume: str, args) -> tuple:
+    """One vserve trial with the command line's `args`: its row, and (clips taken, probes) for the floor."""
     from vserve_client import Client
+
+    workload, videos, perf = args.workload, args.videos, args.perf
+    opt = dict(workload=workload, inflight=args.inflight, policy=policy, warmup=args.warmup_epochs, consume=consume)
 
     d = Path(tempfile.mkdtemp(prefix="vserve-cpu-"))
     sock = d / "s.sock"
-    cmd = [binary, "serve", "--listen", f"unix:{sock}", "--dataset", f"ref={root}", "--decode-threads", "2", *extra]
+    cmd = [binary, "serve", "--listen", f"unix:{sock}", "--dataset", f"ref={root}", "--decode-threads", "2", *args.daemon_arg]
     proc = subprocess.Popen(cmd, stdout=open(d / "log", "w"), stderr=subprocess.STDOUT)
     addr = f"unix:{sock}"
     ctx = mp.get_context("spawn")  # no gRPC channel crosses a fork
@@ -146,14 +155,14 @@ def trial(binary: str, workload: str, root: Path, videos: int, inflight: int, po
         if workload == "full":
             jobs, warm_jobs = jobs[:videos], jobs[videos : 2 * videos]
         q, go = ctx.Queue(), ctx.Queue()
-        ps = [ctx.Process(target=rank, args=(addr, workload, r, jobs, warm_jobs, inflight, policy, warmup, consume, q, go)) for r in range(2)]
+        ps = [ctx.Process(target=rank, args=(addr, r, jobs, warm_jobs, opt, q, go)) for r in range(2)]
         for p in ps:
             p.start()
         for _ in ps:
             q.get()
         rec = None
         if perf:
-            ev = ["-e", event] if event else []
+            ev = ["-e", args.perf_event] if args.perf_event else []
             rec = subprocess.Popen(["perf", "record", *ev, "-g", "-p", str(proc.pid), "-o", perf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
         s0, th0, f0, t0 = c.stats(), threads(proc.pid), minflt(proc.pid), time.time()
@@ -263,7 +272,7 @@ def main() -> None:
         for b in builds:
             for policy in args.policy or ["auto"]:
                 for consume in args.consume or ["copy"]:
-                    row, (got, probes) = trial(b, args.workload, root, args.videos, args.inflight, policy, args.perf, args.daemon_arg, args.perf_event, args.warmup_epochs, consume)
+                    row, (got, probes) = trial(b, root, policy, consume, args)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if floor and not plan_path.exists():

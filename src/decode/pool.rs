@@ -91,6 +91,9 @@ pub fn take(len: usize) -> Vec<u8> {
 /// Keeps `buf` for a later [`take`] of its capacity, when that size is wanted and within
 /// [`POOL_BYTES`]; frees it otherwise.
 pub fn give(buf: Vec<u8>) {
+    if buf.capacity() == 0 {
+        return; // every frame's drop comes here, also frames whose buffer was taken or never had one
+    }
     let refused = pool().lock().give(buf);
     drop(refused); // freed outside the lock
 }
