@@ -163,7 +163,8 @@ def trial(binary: str, root: Path, policy: str, consume: str, args) -> tuple:
         rec = None
         if perf:
             ev = ["-e", args.perf_event] if args.perf_event else []
-            rec = subprocess.Popen(["perf", "record", *ev, "-g", "-p", str(proc.pid), "-o", perf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cg = ["--call-graph", args.perf_call_graph] if args.perf_call_graph else ["-g"]
+            rec = subprocess.Popen(["perf", "record", *ev, *cg, "-p", str(proc.pid), "-o", perf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
         s0, th0, f0, t0 = c.stats(), threads(proc.pid), minflt(proc.pid), time.time()
         for _ in ps:
@@ -253,6 +254,7 @@ def main() -> None:
     ap.add_argument("--perf", default="", help="perf.data path for the timed part (the last trial's)")
     ap.add_argument("--warmup-epochs", type=int, default=0, help="untimed passes first over other clips (train: other epochs; full: the next --videos videos), so the timed pass sees a long-running daemon's steady state")
     ap.add_argument("--consume", choices=["copy", "read"], action="append", help="what a rank does with each batch, alternated per trial after the policies (default copy): copy it into a staging buffer (reference.py's consumers) or read every byte in place once (as the floor reads each frame to hash it)")
+    ap.add_argument("--perf-call-graph", default="", help="perf's --call-graph mode (default frame pointers, -g); dwarf unwinds through libc and FFmpeg")
     ap.add_argument("--perf-event", default="", help="what --perf samples instead of cycles, e.g. page-faults (where the daemon's minor faults come from)")
     args = ap.parse_args()
     root = CORPUS / args.variant

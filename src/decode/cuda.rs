@@ -326,6 +326,10 @@ impl Backend for CudaBackend {
         out.decoded_on = DecodedOn::CpuFallback;
         Ok(out)
     }
+
+    fn drives_a_device(&self) -> bool {
+        self.gpu.is_some()
+    }
 }
 
 #[cfg(test)]

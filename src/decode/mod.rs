@@ -183,6 +183,12 @@ pub trait Backend {
         geometry: Geometry,
         sink: Option<&sink::Sink>,
     ) -> Result<RunOutput, DecodeError>;
+
+    /// Whether a run can crash the host, not just this process (it drives a device through a kernel
+    /// driver): the crash journal then makes the run's record durable before it starts.
+    fn drives_a_device(&self) -> bool {
+        false
+    }
 }
 
 /// Rotates a packed RGB24 image clockwise by 90, 180 or 270 degrees. Lossless, so it equals FFmpeg's

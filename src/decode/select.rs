@@ -44,6 +44,10 @@ impl Backend for Routed {
             self.video.decode_run(source, run, geometry, sink)
         }
     }
+
+    fn drives_a_device(&self) -> bool {
+        self.video.drives_a_device()
+    }
 }
 
 /// The production backend factory: one FFmpeg CPU backend per decode thread.

@@ -24,7 +24,7 @@
 //! can take work, queued runs fail with [`DecodeError::Stalled`] instead of waiting.
 //!
 //! Crash journal: before each run a thread records the file it is about to open in its
-//! [`JournalSlot`] (durable when the file changes) and marks it clean after, so a file that kills the
+//! [`JournalSlot`] (durable when the file changes and the backend drives a device) and marks it clean after, so a file that kills the
 //! process inside the decoder is quarantined at the next start ([`crate::journal`]).
 //!
 //! Shutdown ([`Fleet::shutdown`]) stops the queue, waits until a deadline for the threads to finish, and
@@ -435,7 +435,7 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
             continue;
         }
         if let (Some(j), Some(file)) = (&journal, &source.file) {
-            if let Err(e) = j.enter(&FileKey::of(file)) {
+            if let Err(e) = j.enter(&FileKey::of(file), backend.drives_a_device()) {
                 tracing::warn!(path = %source.path.display(), error = %e, "cannot record the file in the crash journal");
             }
         }
