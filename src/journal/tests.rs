@@ -1,0 +1,181 @@
+use super::*;
+
+/// Writes a slot file by hand (a torn or empty record).
+fn write_raw(path: &Path, bytes: &[u8]) {
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn key(path: &str, size: u64) -> FileKey {
+    FileKey {
+        path: PathBuf::from(path),
+        size,
+        mtime_ns: 1_700_000_000_123_456_789,
+    }
+}
+
+#[test]
+fn files_left_busy_are_quarantined_until_they_change_and_the_set_persists() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let (journal, q) = recover(&state).unwrap();
+    let journal = journal.unwrap();
+    assert!(q.is_empty());
+    let poison = key("/data/bad\nname.mp4", 10);
+    let good = key("/data/good.mp4", 20);
+    let stuck = key("/data/stuck.mp4", 30);
+    let a = journal.slot().unwrap();
+    let b = journal.slot().unwrap();
+    let c = journal.slot().unwrap();
+    // a finished cleanly, b died inside, c was abandoned past its deadline.
+    a.enter(&good, true).unwrap();
+    a.leave();
+    b.enter(&good, true).unwrap();
+    b.leave();
+    b.enter(&poison, true).unwrap();
+    c.enter(&stuck, true).unwrap();
+    c.mark_stalled();
+    // The process dies: nothing is dropped.
+    std::mem::forget((a, b, c));
+    drop(journal);
+
+    let (journal, q) = recover(&state).unwrap();
+    assert_eq!(q.len(), 1);
+    // While this process holds the journal, another gets none and leaves its records alone.
+    let (other, seen) = recover(&state).unwrap();
+    assert!(other.is_none());
+    assert_eq!(seen.len(), 1);
+    assert_eq!(q.check(&poison).map(|x| x.key), Some(poison.clone()));
+    assert_eq!(q.check(&good), None);
+    assert_eq!(q.check(&stuck), None);
+    // The journal starts empty again.
+    let names: Vec<_> = std::fs::read_dir(state.path(JOURNAL_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["lock"]);
+    drop(journal);
+
+    // A restart with an empty journal keeps the quarantine (persisted).
+    let (_journal, q) = recover(&state).unwrap();
+    assert!(q.check(&poison).is_some());
+    // The file changes: it leaves the quarantine, for good.
+    let touched = FileKey {
+        mtime_ns: poison.mtime_ns + 1,
+        ..poison.clone()
+    };
+    assert_eq!(q.check(&touched), None);
+    assert_eq!(q.check(&poison), None);
+    let (_journal, q) = recover(&state).unwrap();
+    assert!(q.is_empty());
+}
+
+#[test]
+fn clearing_removes_entries_from_memory_and_the_file_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let (_, q) = recover(&state).unwrap();
+    let (a, b, c) = (key("/d/a.mp4", 1), key("/d/b.mp4", 2), key("/d/c.mp4", 3));
+    for k in [&a, &b, &c] {
+        q.add(k.clone(), 7);
+    }
+    // An unknown path clears nothing.
+    let missing = PathBuf::from("/d/none.mp4");
+    let err = q.clear(&[a.path.clone(), missing.clone()], false);
+    assert_eq!(err.err().map(|e| e.ok()), Some(Some(missing)));
+    assert_eq!(q.len(), 3);
+    let cleared = q.clear(std::slice::from_ref(&b.path), false).unwrap();
+    assert_eq!(cleared.iter().map(|x| &x.key).collect::<Vec<_>>(), [&b]);
+    let paths = |q: &Quarantine| q.list().into_iter().map(|x| x.key).collect::<Vec<_>>();
+    assert_eq!(paths(&q), [a.clone(), c.clone()]);
+    let on_disk = Quarantine::read_persisted(dir.path()).unwrap().unwrap();
+    assert_eq!(paths(&on_disk), [a.clone(), c.clone()]);
+    assert_eq!(on_disk.list()[0].since, 7);
+    assert_eq!(q.clear(&[], true).unwrap().len(), 2);
+    assert!(q.is_empty());
+    assert!(Quarantine::read_persisted(dir.path())
+        .unwrap()
+        .unwrap()
+        .is_empty());
+    assert!(Quarantine::read_persisted(&dir.path().join("no"))
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn a_clean_exit_and_torn_records_quarantine_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let (journal, _) = recover(&state).unwrap();
+    let journal = journal.unwrap();
+    let a = journal.slot().unwrap();
+    a.enter(&key("/x.mp4", 1), false).unwrap();
+    // Clean shutdown with a thread still inside (stuck): cleared.
+    journal.clear_all();
+    std::mem::forget(a);
+    drop(journal);
+    write_raw(&state.path("journal/slot-9"), b"B 12 34 zz");
+    write_raw(&state.path("journal/slot-8"), b"");
+    let (_, q) = recover(&state).unwrap();
+    assert!(q.is_empty());
+    // Garbage in the quarantine file is ignored.
+    state.write_atomic(QUARANTINE_FILE, b"{not json").unwrap();
+    let (_, q) = recover(&state).unwrap();
+    assert!(q.is_empty());
+}
+
+#[test]
+fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let (journal, _) = recover(&state).unwrap();
+    let journal = journal.unwrap();
+    let slot = journal.slot().unwrap();
+    let record = || std::fs::read(state.path("journal/slot-0")).unwrap();
+    let (cpu, gpu) = (key("/data/cpu.mp4", 1), key("/data/gpu.mp4", 2));
+    // CPU runs: written, never synced.
+    for _ in 0..3 {
+        slot.enter(&cpu, false).unwrap();
+        assert_eq!(record(), cpu.record());
+        slot.leave();
+    }
+    assert_eq!(slot.syncs(), 0);
+    // A device run syncs once per new file, not again for the same file.
+    slot.enter(&gpu, true).unwrap();
+    slot.leave();
+    slot.enter(&gpu, true).unwrap();
+    assert_eq!(slot.syncs(), 1);
+    assert_eq!(record(), gpu.record());
+    slot.leave();
+    // A CPU run in between rewrites the record: the device run after it writes and syncs its own
+    // again instead of flipping the state byte of the CPU run's record.
+    slot.enter(&cpu, false).unwrap();
+    slot.leave();
+    slot.enter(&gpu, true).unwrap();
+    assert_eq!(slot.syncs(), 2);
+    assert_eq!(record(), gpu.record());
+    // The process dies inside the device run: the file is quarantined at the next start.
+    std::mem::forget(slot);
+    drop(journal);
+    let (_, q) = recover(&state).unwrap();
+    assert_eq!(q.check(&gpu).map(|x| x.key), Some(gpu.clone()));
+    assert_eq!(q.check(&cpu), None);
+}
+
+#[test]
+fn a_process_that_dies_inside_a_cpu_run_quarantines_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let (journal, _) = recover(&state).unwrap();
+    let journal = journal.unwrap();
+    let slot = journal.slot().unwrap();
+    let (done, poison) = (key("/data/done.mp4", 1), key("/data/poison.mp4", 2));
+    slot.enter(&done, false).unwrap();
+    slot.leave();
+    slot.enter(&poison, false).unwrap();
+    assert_eq!(slot.syncs(), 0);
+    std::mem::forget(slot);
+    drop(journal);
+    let (_, q) = recover(&state).unwrap();
+    assert_eq!(q.len(), 1);
+    assert_eq!(q.check(&poison).map(|x| x.key), Some(poison.clone()));
+}
