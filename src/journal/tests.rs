@@ -5,6 +5,15 @@ fn write_raw(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
 }
 
+/// A fresh state directory (kept alive by the returned guard), its journal and one slot of it.
+fn fresh_slot() -> (tempfile::TempDir, StateDir, Arc<Journal>, JournalSlot) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let journal = recover(&state).unwrap().0.unwrap();
+    let slot = journal.slot().unwrap();
+    (dir, state, journal, slot)
+}
+
 fn key(path: &str, size: u64) -> FileKey {
     FileKey {
         path: PathBuf::from(path),
@@ -125,11 +134,7 @@ fn a_clean_exit_and_torn_records_quarantine_nothing() {
 
 #[test]
 fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = StateDir::open(dir.path()).unwrap();
-    let (journal, _) = recover(&state).unwrap();
-    let journal = journal.unwrap();
-    let slot = journal.slot().unwrap();
+    let (_dir, state, journal, slot) = fresh_slot();
     let record = || std::fs::read(state.path("journal/slot-0")).unwrap();
     let (cpu, gpu) = (key("/data/cpu.mp4", 1), key("/data/gpu.mp4", 2));
     // CPU runs: written, never synced.
@@ -163,11 +168,7 @@ fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
 
 #[test]
 fn a_process_that_dies_inside_a_cpu_run_quarantines_its_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = StateDir::open(dir.path()).unwrap();
-    let (journal, _) = recover(&state).unwrap();
-    let journal = journal.unwrap();
-    let slot = journal.slot().unwrap();
+    let (_dir, state, journal, slot) = fresh_slot();
     let (done, poison) = (key("/data/done.mp4", 1), key("/data/poison.mp4", 2));
     slot.enter(&done, false).unwrap();
     slot.leave();
