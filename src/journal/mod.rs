@@ -31,7 +31,7 @@ use std::fs::File;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -118,9 +118,16 @@ struct Pool {
     /// Slot files not held by a thread (returned by index builds), with their numbers.
     free: Mutex<Vec<(usize, File)>>,
     next: AtomicUsize,
+    /// Records made durable (`fdatasync`) so far, by every slot.
+    syncs: AtomicU64,
 }
 
 impl Journal {
+    /// Records made durable so far (`fdatasync`s of entering runs that drive a device).
+    pub fn syncs(&self) -> u64 {
+        self.pool.syncs.load(Ordering::Relaxed)
+    }
+
     /// A slot of the journal for one thread: a free one, or a new file.
     pub fn slot(&self) -> std::io::Result<JournalSlot> {
         let pool = &self.pool;
@@ -147,7 +154,6 @@ impl Journal {
                 file: Some(file),
                 synced: None,
                 busy: false,
-                syncs: 0,
             }),
         })
     }
@@ -181,7 +187,6 @@ struct SlotInner {
     /// The identity last made durable in this slot's record, while the record still names it.
     synced: Option<FileKey>,
     busy: bool,
-    syncs: u64,
 }
 
 impl JournalSlot {
@@ -201,7 +206,7 @@ impl JournalSlot {
             file.write_all_at(&key.record(), 0)?;
             if durable {
                 file.sync_data()?;
-                inner.syncs += 1;
+                self.pool.syncs.fetch_add(1, Ordering::Relaxed);
                 inner.synced = Some(key.clone());
             } else {
                 // The record on disk (if any) names another file now.
@@ -210,11 +215,6 @@ impl JournalSlot {
         }
         inner.busy = true;
         Ok(())
-    }
-
-    /// `fdatasync`s this slot has made.
-    pub fn syncs(&self) -> u64 {
-        self.inner.lock().syncs
     }
 
     /// Records a clean finish (an error the decoder returned is a clean finish too).
@@ -512,6 +512,7 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
             dir,
             free: Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
+            syncs: AtomicU64::new(0),
         }),
     });
     Ok((Some(journal), Arc::new(quarantine)))

@@ -143,12 +143,12 @@ fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
         assert_eq!(record(), cpu.record());
         slot.leave();
     }
-    assert_eq!(slot.syncs(), 0);
+    assert_eq!(journal.syncs(), 0);
     // A device run syncs once per new file, not again for the same file.
     slot.enter(&gpu, true).unwrap();
     slot.leave();
     slot.enter(&gpu, true).unwrap();
-    assert_eq!(slot.syncs(), 1);
+    assert_eq!(journal.syncs(), 1);
     assert_eq!(record(), gpu.record());
     slot.leave();
     // A CPU run in between rewrites the record: the device run after it writes and syncs its own
@@ -156,7 +156,7 @@ fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
     slot.enter(&cpu, false).unwrap();
     slot.leave();
     slot.enter(&gpu, true).unwrap();
-    assert_eq!(slot.syncs(), 2);
+    assert_eq!(journal.syncs(), 2);
     assert_eq!(record(), gpu.record());
     // The process dies inside the device run: the file is quarantined at the next start.
     std::mem::forget(slot);
@@ -173,7 +173,7 @@ fn a_process_that_dies_inside_a_cpu_run_quarantines_its_file() {
     slot.enter(&done, false).unwrap();
     slot.leave();
     slot.enter(&poison, false).unwrap();
-    assert_eq!(slot.syncs(), 0);
+    assert_eq!(journal.syncs(), 0);
     std::mem::forget(slot);
     drop(journal);
     let (_, q) = recover(&state).unwrap();

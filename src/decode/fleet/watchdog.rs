@@ -303,4 +303,71 @@ mod tests {
         drop(fleet);
         assert!(t0.elapsed() < Duration::from_millis(100));
     }
+
+    /// The fake backend, saying whether it drives a device.
+    struct Device {
+        device: bool,
+        fake: FakeBackend,
+    }
+
+    impl Backend for Device {
+        fn decode_run(
+            &mut self,
+            source: &VideoSource,
+            run: &GopRun,
+            geometry: Geometry,
+            sink: Option<&crate::decode::sink::Sink>,
+        ) -> Result<RunOutput, DecodeError> {
+            self.fake.decode_run(source, run, geometry, sink)
+        }
+
+        fn drives_a_device(&self) -> bool {
+            self.device
+        }
+    }
+
+    #[test]
+    fn the_journal_waits_for_the_disk_only_for_runs_on_a_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = crate::state::StateDir::open(dir.path()).unwrap();
+        let journal = crate::journal::recover(&state).unwrap().0.unwrap();
+        // Three files, the second twice in a row: what each fleet's one thread enters.
+        let files: Vec<_> = ["a.mp4", "b.mp4", "b.mp4", "c.mp4"]
+            .iter()
+            .map(|name| {
+                let path = dir.path().join(name);
+                std::fs::write(&path, name.as_bytes()).unwrap();
+                Arc::new(crate::dataset::CheckedFile {
+                    file: std::fs::File::open(&path).unwrap(),
+                    path,
+                    size: 5,
+                    mtime_ns: 1,
+                })
+            })
+            .collect();
+        for (device, want) in [(false, 0), (true, 3)] {
+            let factory: BackendFactory = Arc::new(move |_| {
+                Box::new(Device {
+                    device,
+                    fake: FakeBackend::default(),
+                })
+            });
+            let options = FleetOptions {
+                deadline: Duration::from_secs(30),
+                max_stuck: 1,
+                journal: Some(journal.clone()),
+            };
+            let fleet = Fleet::start(1, 16, factory, options).unwrap();
+            let before = journal.syncs();
+            let (tx, rx) = mpsc::channel();
+            for f in &files {
+                let mut j = job("x.mp4", &tx);
+                j.source.file = Some(f.clone());
+                fleet.submit(j).unwrap();
+                let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+                assert_eq!(result.unwrap(), vec![2, 3]);
+            }
+            assert_eq!(journal.syncs() - before, want, "device: {device}");
+        }
+    }
 }
