@@ -394,6 +394,11 @@ impl Engine {
                 "Index builds abandoned past their deadline whose threads have not returned.",
                 self.catalog.stuck_builds().0,
             ),
+            Scraped::counter(
+                "journal_synced_records",
+                "Crash-journal records made durable (fdatasync): a run on a device entering another file.",
+                self.journal.as_ref().map_or(0, |j| j.syncs()),
+            ),
             Scraped::gauge(
                 "catalog_quarantined_files",
                 "Files refused because a daemon crashed while decoding them.",

@@ -523,6 +523,9 @@ async fn a_poison_file_crashes_the_daemon_once_then_is_quarantined_until_it_chan
         .collect();
     assert_eq!(served, ["good.mov"; 3]);
     assert_eq!(metric(&d, "catalog_quarantined_files"), 2.0);
+    // This daemon decoded several files on the CPU without one fdatasync; its predecessor, which
+    // crashed in two of them, synced none either, and both files were caught.
+    assert_eq!(metric(&d, "journal_synced_records_total"), 0.0);
     assert!(d.is_running());
     d.terminate();
     assert_eq!(d.wait_exit(Duration::from_secs(15)).await, Some(Some(0)));
