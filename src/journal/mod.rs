@@ -152,7 +152,7 @@ impl Journal {
             n,
             inner: Mutex::new(SlotInner {
                 file: Some(file),
-                synced: None,
+                named: None,
                 busy: false,
             }),
         })
@@ -184,14 +184,14 @@ pub struct JournalSlot {
 
 struct SlotInner {
     file: Option<File>,
-    /// The identity last made durable in this slot's record, while the record still names it.
-    synced: Option<FileKey>,
+    /// The identity this slot's record names, and whether that record is durable (synced).
+    named: Option<(FileKey, bool)>,
     busy: bool,
 }
 
 impl JournalSlot {
     /// Records that this thread is about to open `key`. `durable`: the record is on disk when this
-    /// returns (`fdatasync` when the slot last made another file durable), for a run that can take the
+    /// returns (`fdatasync` unless the record already names `key` durably), for a run that can take the
     /// host down (a kernel driver, NVDEC); otherwise one `pwrite`, which the page cache keeps through a
     /// crash of this process, the only crash a decoder in user space can cause.
     pub fn enter(&self, key: &FileKey, durable: bool) -> std::io::Result<()> {
@@ -199,18 +199,19 @@ impl JournalSlot {
         let Some(file) = inner.file.as_ref() else {
             return Ok(());
         };
-        if inner.synced.as_ref() == Some(key) {
-            // The whole record is on disk already: flipping the state byte back to busy is enough.
-            file.write_all_at(b"B", 0)?;
-        } else {
-            file.write_all_at(&key.record(), 0)?;
-            if durable {
-                file.sync_data()?;
-                self.pool.syncs.fetch_add(1, Ordering::Relaxed);
-                inner.synced = Some(key.clone());
-            } else {
-                // The record on disk (if any) names another file now.
-                inner.synced = None;
+        match &inner.named {
+            // The record names this file already (durably, when that is asked): flipping the state
+            // byte back to busy is enough.
+            Some((named, synced)) if named == key && (*synced || !durable) => {
+                file.write_all_at(b"B", 0)?;
+            }
+            _ => {
+                file.write_all_at(&key.record(), 0)?;
+                if durable {
+                    file.sync_data()?;
+                    self.pool.syncs.fetch_add(1, Ordering::Relaxed);
+                }
+                inner.named = Some((key.clone(), durable));
             }
         }
         inner.busy = true;

@@ -112,11 +112,7 @@ fn clearing_removes_entries_from_memory_and_the_file_together() {
 
 #[test]
 fn a_clean_exit_and_torn_records_quarantine_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = StateDir::open(dir.path()).unwrap();
-    let (journal, _) = recover(&state).unwrap();
-    let journal = journal.unwrap();
-    let a = journal.slot().unwrap();
+    let (_dir, state, journal, a) = fresh_slot();
     a.enter(&key("/x.mp4", 1), false).unwrap();
     // Clean shutdown with a thread still inside (stuck): cleared.
     journal.clear_all();

@@ -153,9 +153,11 @@ mod tests {
         }
     }
 
-    /// The fake backend, except that a run of `stuck.mp4` blocks until the gate opens.
+    /// The fake backend, except that a run of `stuck.mp4` blocks until the gate opens; `device`: what
+    /// it says of driving a device.
     struct Stalling {
         gate: Arc<Gate>,
+        device: bool,
         fake: FakeBackend,
     }
 
@@ -174,6 +176,10 @@ mod tests {
                 }
             }
             self.fake.decode_run(source, run, geometry, sink)
+        }
+
+        fn drives_a_device(&self) -> bool {
+            self.device
         }
     }
 
@@ -212,6 +218,7 @@ mod tests {
         let factory: BackendFactory = Arc::new(move |_| {
             Box::new(Stalling {
                 gate: g.clone(),
+                device: false,
                 fake: FakeBackend::default(),
             })
         });
@@ -304,28 +311,6 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_millis(100));
     }
 
-    /// The fake backend, saying whether it drives a device.
-    struct Device {
-        device: bool,
-        fake: FakeBackend,
-    }
-
-    impl Backend for Device {
-        fn decode_run(
-            &mut self,
-            source: &VideoSource,
-            run: &GopRun,
-            geometry: Geometry,
-            sink: Option<&crate::decode::sink::Sink>,
-        ) -> Result<RunOutput, DecodeError> {
-            self.fake.decode_run(source, run, geometry, sink)
-        }
-
-        fn drives_a_device(&self) -> bool {
-            self.device
-        }
-    }
-
     #[test]
     fn the_journal_waits_for_the_disk_only_for_runs_on_a_device() {
         let dir = tempfile::tempdir().unwrap();
@@ -346,8 +331,10 @@ mod tests {
             })
             .collect();
         for (device, want) in [(false, 0), (true, 3)] {
+            let gate = Arc::new(Gate::default()); // only `stuck.mp4` waits on it
             let factory: BackendFactory = Arc::new(move |_| {
-                Box::new(Device {
+                Box::new(Stalling {
+                    gate: gate.clone(),
                     device,
                     fake: FakeBackend::default(),
                 })
