@@ -135,7 +135,7 @@ def trial(binary: str, root: Path, policy: str, consume: str, args) -> tuple:
 
     d = Path(tempfile.mkdtemp(prefix="vserve-cpu-"))
     sock = d / "s.sock"
-    cmd = [binary, "serve", "--listen", f"unix:{sock}", "--dataset", f"ref={root}", "--decode-threads", "2", *args.daemon_arg]
+    cmd = [binary, "serve", "--listen", f"unix:{sock}", "--dataset", f"ref={root}", *(() if any(a.startswith("--decode-threads") for a in args.daemon_arg) else ("--decode-threads", "2")), *args.daemon_arg]
     proc = subprocess.Popen(cmd, stdout=open(d / "log", "w"), stderr=subprocess.STDOUT)
     addr = f"unix:{sock}"
     ctx = mp.get_context("spawn")  # no gRPC channel crosses a fork

@@ -58,6 +58,7 @@ import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1112,6 +1113,16 @@ def merge_best(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     warm, train = best["workloads"].get("warm"), best["workloads"].get("train")
     if warm and train:
         warm["ratios"] = {"warm/cold": warm["systems"]["vserve"]["clips_per_s"] / train["systems"]["vserve"]["clips_per_s"]}
+    # Each trial's own ratios too: its systems ran minutes apart, the best rows of different trials may
+    # not have (the machine drifts), so the spread of these is the honest error bar on the kept ratios.
+    for wname, wl in best["workloads"].items():
+        per: Dict[str, List[float]] = {}
+        for r in runs:
+            rw = r["workloads"].get(wname) or {}
+            for k, v in {**rw.get("ratios", {}), **rw.get("ratios_floor", {})}.items():
+                per.setdefault(k, []).append(v)
+        if len(runs) > 1 and per:
+            wl["trial_ratios"] = per
     return best
 
 
@@ -1441,6 +1452,16 @@ def write_report(report: Dict[str, Any], outdir: Path) -> None:
             ratios = {**wl.get("ratios", {}), **wl.get("ratios_floor", {})}
             if ratios:
                 lines += ["", "Ratios: " + "; ".join(f"{k} = **{v:.2f}**" for k, v in ratios.items())]
+            per = wl.get("trial_ratios")
+            if per:
+                lines += [
+                    "",
+                    "Per trial (each trial's systems back to back): "
+                    + "; ".join(
+                        f"{k} " + ", ".join(f"{v:.2f}" for v in vs) + f" (median {statistics.median(vs):.2f})"
+                        for k, vs in per.items()
+                    ),
+                ]
             cmp = wl.get("first_batch_vs_vserve")
             if cmp:
                 lines += [

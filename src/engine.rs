@@ -337,7 +337,7 @@ impl Engine {
                 "Disposable frames whose packets were never decoded.",
                 s.frames_skipped,
             ),
-            Scraped::counter("decode_gop_runs", "GOP runs decoded.", s.gop_runs),
+            Scraped::counter("decode_gop_runs", "GOP runs decoded (consecutive GOPs whose wanted frames meet are one run).", s.gop_runs),
             Scraped::counter(
                 "decode_shared_frames",
                 "Frames a request got from another request's decode pass.",

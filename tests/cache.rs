@@ -175,6 +175,58 @@ async fn repeat_request_is_served_from_cache_and_runs_decode_exactly() {
     assert_eq!(s1.decode_queue_depth, 0, "nothing queued when idle");
 }
 
+/// gulpio/test.mp4: 256x144, 140 frames, keyframes every 30, B-frames.
+const GULP_MP4: &str = "gulpio/test.mp4";
+
+/// Runs of consecutive GOPs whose wanted frames meet (at most 4 frames between one run's last and the next
+/// keyframe) decode as one pass, without a seek: a whole video of several GOPs is one pass, a clip across
+/// a keyframe is one, a gap of 5 frames is two; every frame equals FFmpeg's. One-pass requests, so no
+/// frame comes from the cache and each plan sees every frame it asks for.
+#[tokio::test]
+async fn runs_that_meet_at_a_keyframe_are_one_pass() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let p = probe(&mut c, probe_req(MEDIA, GULP_MP4, None, false)).await;
+    assert_eq!(p.keyframes, vec![0, 30, 60, 90, 120]);
+    assert_eq!(p.frame_count, 140);
+    let (w, h) = (256, 144);
+    let ff = Ffmpeg::default().frames(&media_path(GULP_MP4), w, h, None);
+    assert_eq!(ff.len(), 140);
+    let cases: [(&[u64], u64, u64); 4] = [
+        // (wanted, passes, frames decoded or skipped: each pass from its keyframe to its last frame)
+        (&(0..140).collect::<Vec<_>>(), 1, 140),
+        (&[27, 29, 31, 32], 1, 33),
+        (&[55, 61], 1, 32),
+        (&[54, 61], 2, (54 - 30 + 1) + (61 - 60 + 1)),
+    ];
+    for (wanted, passes, span) in cases {
+        let b = get(
+            &mut c,
+            with_policy(
+                clips_req(MEDIA, vec![frames_clip(GULP_MP4, wanted, None)], None),
+                proto::CachePolicy::OnePass,
+            ),
+        )
+        .await;
+        let st = stats(&b);
+        assert_eq!(st.gop_runs, passes, "passes for {wanted:?} ({st:?})");
+        assert_eq!(
+            st.frames_decoded + st.frames_skipped,
+            span,
+            "frames read for {wanted:?} ({st:?})"
+        );
+        assert_eq!(st.cache_hits, 0, "{st:?}");
+        for (k, f) in wanted.iter().zip(u8_frames(&b, wanted.len(), h, w)) {
+            assert_bytes_eq(
+                &f,
+                &ff[k],
+                Some((w, h)),
+                &format!("{GULP_MP4} frame {k} of {wanted:?}"),
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn different_geometry_is_a_different_cache_entry() {
     let d = Daemon::start().await;
