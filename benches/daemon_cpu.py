@@ -61,6 +61,7 @@ def rank(addr: str, r: int, jobs, warm_jobs, opt: dict, q, go) -> None:
     import reference
 
     workload, inflight, policy, consume = opt["workload"], opt["inflight"], opt["policy"], opt["consume"]
+    ranks = opt["ranks"]
     cl = Client(addr)
     cl.list_datasets()
     buf = None
@@ -71,7 +72,7 @@ def rank(addr: str, r: int, jobs, warm_jobs, opt: dict, q, go) -> None:
         # after the timed ones): the daemon's buffer pool, arenas and (with a cache smaller than what
         # they admit) its cache reach their steady state.
         if workload == "full":
-            for b in cl.get_clips_many(whole(warm_jobs[r::2]), max_in_flight=inflight, cache_policy=policy):
+            for b in cl.get_clips_many(whole(warm_jobs[r::ranks]), max_in_flight=inflight, cache_policy=policy):
                 b.release()
             continue
         for b in cl.stream("ref", cache_policy=policy, **reference.train_stream_args(r, 2, 1, epoch=e)):
@@ -95,13 +96,13 @@ def rank(addr: str, r: int, jobs, warm_jobs, opt: dict, q, go) -> None:
 
     if workload == "full":
         # `inflight` requests queued at once (reference.py's full keeps 2), replies taken in order.
-        for b in cl.get_clips_many(whole(jobs[r::2]), max_in_flight=inflight, cache_policy=policy):
+        for b in cl.get_clips_many(whole(jobs[r::ranks]), max_in_flight=inflight, cache_policy=policy):
             take(b.array)
             n += 1
             b.release()
-        got = [(v, list(range(count))) for v, count in jobs[r::2]]
+        got = [(v, list(range(count))) for v, count in jobs[r::ranks]]
     else:
-        for b in cl.stream("ref", cache_policy=policy, **reference.train_stream_args(r, 2, 1)):
+        for b in cl.stream("ref", cache_policy=policy, **reference.train_stream_args(r, ranks, 1)):
             take(b.array)
             n += b.array.shape[0]
             got.extend((v, [int(x) for x in f]) for v, f in zip(b.videos, b.frames))
@@ -131,7 +132,7 @@ def trial(binary: str, root: Path, policy: str, consume: str, args) -> tuple:
     from vserve_client import Client
 
     workload, videos, perf = args.workload, args.videos, args.perf
-    opt = dict(workload=workload, inflight=args.inflight, policy=policy, warmup=args.warmup_epochs, consume=consume)
+    opt = dict(workload=workload, inflight=args.inflight, policy=policy, warmup=args.warmup_epochs, consume=consume, ranks=args.ranks)
 
     d = Path(tempfile.mkdtemp(prefix="vserve-cpu-"))
     sock = d / "s.sock"
@@ -155,7 +156,7 @@ def trial(binary: str, root: Path, policy: str, consume: str, args) -> tuple:
         if workload == "full":
             jobs, warm_jobs = jobs[:videos], jobs[videos : 2 * videos]
         q, go = ctx.Queue(), ctx.Queue()
-        ps = [ctx.Process(target=rank, args=(addr, r, jobs, warm_jobs, opt, q, go)) for r in range(2)]
+        ps = [ctx.Process(target=rank, args=(addr, r, jobs, warm_jobs, opt, q, go)) for r in range(args.ranks)]
         for p in ps:
             p.start()
         for _ in ps:
@@ -246,6 +247,7 @@ def main() -> None:
     ap.add_argument("--variant", default="gop250")
     ap.add_argument("--videos", type=int, default=40, help="videos of the full workload")
     ap.add_argument("--inflight", type=int, default=1, help="full: GetClips requests in flight per rank")
+    ap.add_argument("--ranks", type=int, default=2, help="client processes (1 with --inflight 1: a lone sequential reader)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--vserve", action="append", help="daemon binaries, alternated per trial (default target/release/vserve)")
     ap.add_argument("--policy", action="append", help="the requests' cache_policy, alternated per trial after the builds (default auto)")

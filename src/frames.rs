@@ -254,7 +254,10 @@ impl Frames {
                 break;
             }
             let mut waits = Vec::new();
-            for run in plan::gop_runs(&source.index, &missing) {
+            // Long chains of GOPs are cut for the threads idle now (a lone whole-video request on an idle
+            // daemon uses them all; a busy daemon decodes each chain in as few passes as it can).
+            let spread = self.fleet.spare_threads().max(1);
+            for run in plan::gop_runs(&source.index, &missing, spread) {
                 let key = RunKey {
                     video: id.clone(),
                     keyframe: run.keyframe,

@@ -41,11 +41,17 @@ pub const MERGE_GAP: usize = 4;
 /// spread over the decode threads, a pass boundary costs one keyframe decoded twice in this many frames.
 pub const MERGED_SPAN: usize = 256;
 
+/// The fewest frames a pass is cut down to so that idle decode threads share a chain (see `spread`).
+pub const MIN_SPREAD_SPAN: usize = 64;
+
 /// Groups `wanted` (frame indices valid for `index`) by the keyframe each is decoded from, then makes
 /// runs of consecutive GOPs whose frames meet (at most [`MERGE_GAP`] frames apart) one pass each, split
-/// evenly into passes of at most about [`MERGED_SPAN`] frames.
-pub fn gop_runs(index: &VideoIndex, wanted: &BTreeSet<usize>) -> Vec<GopRun> {
-    merge_adjacent(per_gop(index, wanted))
+/// evenly into passes of at most about [`MERGED_SPAN`] frames. `spread`: how many threads could decode
+/// this plan at once (the decode threads idle with nothing queued, at least 1): a chain is cut into up to that
+/// many passes of at least [`MIN_SPREAD_SPAN`] frames, so a lone long request on an idle daemon still
+/// uses every thread, while a busy daemon decodes each chain in as few passes as possible.
+pub fn gop_runs(index: &VideoIndex, wanted: &BTreeSet<usize>, spread: usize) -> Vec<GopRun> {
+    merge_adjacent(per_gop(index, wanted), spread)
 }
 
 /// One run per keyframe that some wanted frame is decoded from.
@@ -84,45 +90,52 @@ fn meets(prev: &GopRun, next: &GopRun) -> bool {
         .is_some_and(|&last| next.keyframe > last && next.keyframe - last - 1 <= MERGE_GAP)
 }
 
-/// Merges chains of runs that [`meets`] joins, each chain cut into equal passes of at most about
-/// [`MERGED_SPAN`] frames at GOP boundaries.
-fn merge_adjacent(runs: Vec<GopRun>) -> Vec<GopRun> {
+/// Merges chains of runs that [`meets`] joins, each chain cut into equal passes at GOP boundaries: at most
+/// about [`MERGED_SPAN`] frames each, and up to `spread` of them for a chain long enough.
+fn merge_adjacent(runs: Vec<GopRun>, spread: usize) -> Vec<GopRun> {
     let mut out: Vec<GopRun> = Vec::with_capacity(runs.len());
     let mut chain: Vec<GopRun> = Vec::new();
     for run in runs {
         if chain.last().is_some_and(|prev| !meets(prev, &run)) {
-            split_chain(std::mem::take(&mut chain), &mut out);
+            split_chain(std::mem::take(&mut chain), spread, &mut out);
         }
         chain.push(run);
     }
-    split_chain(chain, &mut out);
+    split_chain(chain, spread, &mut out);
     out
 }
 
-fn split_chain(chain: Vec<GopRun>, out: &mut Vec<GopRun>) {
+fn split_chain(chain: Vec<GopRun>, spread: usize, out: &mut Vec<GopRun>) {
     let (Some(first), Some(last)) = (chain.first(), chain.last()) else {
         return;
     };
-    let span = last.wanted.last().map_or(0, |l| l + 1 - first.keyframe);
-    let passes = span.div_ceil(MERGED_SPAN).max(1);
-    let target = span.div_ceil(passes);
-    let mut pass: Option<GopRun> = None;
-    for run in chain {
-        // End the pass before this run when the pass is nearer the target without it.
-        if let (Some(p), Some(&last)) = (&pass, run.wanted.last()) {
-            let (without, with) = (p.span(), last + 1 - p.keyframe);
-            if with - target.min(with) > target - target.min(without) {
-                out.extend(pass.take());
-            }
+    let begin = first.keyframe;
+    let span = last.wanted.last().map_or(0, |l| l + 1 - begin);
+    let passes = span
+        .div_ceil(MERGED_SPAN)
+        .max(spread.min(span / MIN_SPREAD_SPAN))
+        .max(1);
+    // Each cut at the run (GOP start) nearest an even share of the span, after the previous cut.
+    let mut cuts = Vec::with_capacity(passes);
+    for i in 1..passes {
+        let ideal = begin + i * span / passes;
+        let after = cuts.last().map_or(1, |&c| c + 1);
+        let nearest = (after..chain.len()).min_by_key(|&j| chain[j].keyframe.abs_diff(ideal));
+        if let Some(j) = nearest {
+            cuts.push(j);
         }
-        let pass_run = pass.get_or_insert_with(|| GopRun {
-            keyframe: run.keyframe,
-            wanted: Vec::new(),
-        });
-        pass_run.wanted.extend(run.wanted);
-        if pass_run.span() >= target {
+    }
+    let mut pass: Option<GopRun> = None;
+    for (j, run) in chain.into_iter().enumerate() {
+        if cuts.contains(&j) {
             out.extend(pass.take());
         }
+        pass.get_or_insert_with(|| GopRun {
+            keyframe: run.keyframe,
+            wanted: Vec::new(),
+        })
+        .wanted
+        .extend(run.wanted);
     }
     out.extend(pass);
 }
@@ -189,7 +202,7 @@ mod tests {
         assert_eq!(total, 6 + 3 + 10 + 10);
         // As passes: 5 → 10 leaves 4 frames between (merged), 12 → 20 leaves 7 (not), 29 → 30 none.
         assert_eq!(
-            gop_runs(&idx, &wanted),
+            gop_runs(&idx, &wanted, 1),
             vec![
                 GopRun {
                     keyframe: 0,
@@ -212,7 +225,7 @@ mod tests {
         let idx = index(250, &every(250, 25), SeekMode::ByPts);
         let all: BTreeSet<usize> = (0..250).collect();
         assert_eq!(
-            gop_runs(&idx, &all),
+            gop_runs(&idx, &all, 1),
             vec![GopRun {
                 keyframe: 0,
                 wanted: (0..250).collect()
@@ -221,22 +234,33 @@ mod tests {
         // A clip across a GOP boundary (every 4th frame: 3 frames between 24 and the keyframe at 25).
         let clip: BTreeSet<usize> = (12..44).step_by(4).collect();
         assert_eq!(
-            gop_runs(&idx, &clip),
+            gop_runs(&idx, &clip, 1),
             vec![GopRun {
                 keyframe: 0,
                 wanted: clip.iter().copied().collect()
             }]
         );
+        // Idle threads to share it: a whole video is cut into up to that many passes of 64 frames or more;
+        // a clip is not.
+        let starts = |spread| -> Vec<usize> {
+            gop_runs(&idx, &all, spread)
+                .iter()
+                .map(|r| r.keyframe)
+                .collect()
+        };
+        assert_eq!(starts(2), vec![0, 125]);
+        assert_eq!(starts(8), vec![0, 75, 175]);
+        assert_eq!(gop_runs(&idx, &clip, 8).len(), 1);
         // 5 frames between 19 and the keyframe at 25 (more than MERGE_GAP): two passes.
         let sparse: BTreeSet<usize> = [10, 19, 30, 40].into_iter().collect();
-        assert_eq!(gop_runs(&idx, &sparse).len(), 2);
+        assert_eq!(gop_runs(&idx, &sparse, 1).len(), 2);
     }
 
     #[test]
     fn long_chains_split_evenly_at_gop_boundaries() {
         let idx = index(1000, &every(1000, 25), SeekMode::ByPts);
         let all: BTreeSet<usize> = (0..600).collect();
-        let runs = gop_runs(&idx, &all);
+        let runs = gop_runs(&idx, &all, 1);
         let starts: Vec<usize> = runs.iter().map(|r| r.keyframe).collect();
         assert_eq!(starts, vec![0, 200, 400]);
         assert!(runs
@@ -245,7 +269,7 @@ mod tests {
         // One GOP longer than MERGED_SPAN stays one run.
         let long = index(1000, &[0, 700], SeekMode::ByPts);
         let wanted: BTreeSet<usize> = (0..1000).collect();
-        let runs = gop_runs(&long, &wanted);
+        let runs = gop_runs(&long, &wanted, 1);
         assert_eq!(
             runs.iter().map(|r| r.keyframe).collect::<Vec<_>>(),
             vec![0, 700]
@@ -253,7 +277,7 @@ mod tests {
         // Coarse GOPs: 150 + 150 + 12 frames split 150 / 162, not 300 / 12.
         let coarse = index(312, &[0, 150, 300], SeekMode::ByPts);
         let wanted: BTreeSet<usize> = (0..312).collect();
-        let spans: Vec<usize> = gop_runs(&coarse, &wanted)
+        let spans: Vec<usize> = gop_runs(&coarse, &wanted, 1)
             .iter()
             .map(GopRun::span)
             .collect();
@@ -278,7 +302,7 @@ mod tests {
                     wanted.insert(k);
                 }
             }
-            let runs = gop_runs(&idx, &wanted);
+            let runs = gop_runs(&idx, &wanted, 1 + case % 4);
             let flat: Vec<usize> = runs.iter().flat_map(|r| r.wanted.clone()).collect();
             assert_eq!(flat, wanted.iter().copied().collect::<Vec<_>>());
             for r in &runs {
@@ -293,7 +317,7 @@ mod tests {
         let idx = index(40, &[0, 10, 20, 30], SeekMode::FromStart);
         let wanted: BTreeSet<usize> = [3, 25].into_iter().collect();
         assert_eq!(
-            gop_runs(&idx, &wanted),
+            gop_runs(&idx, &wanted, 1),
             vec![GopRun {
                 keyframe: 0,
                 wanted: vec![3, 25]
@@ -308,13 +332,13 @@ mod tests {
         idx.method = IndexMethod::Stored;
         let wanted: BTreeSet<usize> = [7, 11, 39].into_iter().collect();
         assert_eq!(
-            gop_runs(&idx, &wanted),
+            gop_runs(&idx, &wanted, 1),
             vec![GopRun {
                 keyframe: 7,
                 wanted: vec![7, 11, 39]
             }]
         );
-        assert!(gop_runs(&idx, &BTreeSet::new()).is_empty());
+        assert!(gop_runs(&idx, &BTreeSet::new(), 1).is_empty());
     }
 
     #[test]

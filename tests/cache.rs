@@ -179,12 +179,14 @@ async fn repeat_request_is_served_from_cache_and_runs_decode_exactly() {
 const GULP_MP4: &str = "gulpio/test.mp4";
 
 /// Runs of consecutive GOPs whose wanted frames meet (at most 4 frames between one run's last and the next
-/// keyframe) decode as one pass, without a seek: a whole video of several GOPs is one pass, a clip across
-/// a keyframe is one, a gap of 5 frames is two; every frame equals FFmpeg's. One-pass requests, so no
+/// keyframe) decode as one pass, without a seek: on one decode thread a whole video of several GOPs is one
+/// pass, a clip across a keyframe is one, a gap of 5 frames is two; with two idle threads the whole video
+/// is two passes (0-59, 60-139), one per thread. Every frame equals FFmpeg's. One-pass requests, so no
 /// frame comes from the cache and each plan sees every frame it asks for.
 #[tokio::test]
 async fn runs_that_meet_at_a_keyframe_are_one_pass() {
-    let d = Daemon::start().await;
+    let d = Daemon::start_with(&["--decode-threads", "1"]).await;
+    let d2 = Daemon::start_with(&["--decode-threads", "2"]).await;
     let mut c = d.client().await;
     let p = probe(&mut c, probe_req(MEDIA, GULP_MP4, None, false)).await;
     assert_eq!(p.keyframes, vec![0, 30, 60, 90, 120]);
@@ -192,16 +194,22 @@ async fn runs_that_meet_at_a_keyframe_are_one_pass() {
     let (w, h) = (256, 144);
     let ff = Ffmpeg::default().frames(&media_path(GULP_MP4), w, h, None);
     assert_eq!(ff.len(), 140);
-    let cases: [(&[u64], u64, u64); 4] = [
-        // (wanted, passes, frames decoded or skipped: each pass from its keyframe to its last frame)
-        (&(0..140).collect::<Vec<_>>(), 1, 140),
-        (&[27, 29, 31, 32], 1, 33),
-        (&[55, 61], 1, 32),
-        (&[54, 61], 2, (54 - 30 + 1) + (61 - 60 + 1)),
+    let all: Vec<u64> = (0..140).collect();
+    let mut c2 = d2.client().await;
+    // (wanted, passes, frames decoded or skipped: each pass from its keyframe to its last frame, on the
+    // two-thread daemon). In this order no request starts where the one thread's decoder stopped (which
+    // it would continue from instead of seeking: fewer frames).
+    let cases: [(&[u64], u64, u64, bool); 5] = [
+        (&all, 1, 140, false),
+        (&[54, 61], 2, (54 - 30 + 1) + (61 - 60 + 1), false),
+        (&[55, 61], 1, 32, false),
+        (&[27, 29, 31, 32], 1, 33, false),
+        (&all, 2, 140, true),
     ];
-    for (wanted, passes, span) in cases {
+    for (wanted, passes, span, two_threads) in cases {
+        let c = if two_threads { &mut c2 } else { &mut c };
         let b = get(
-            &mut c,
+            c,
             with_policy(
                 clips_req(MEDIA, vec![frames_clip(GULP_MP4, wanted, None)], None),
                 proto::CachePolicy::OnePass,

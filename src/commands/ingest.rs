@@ -211,7 +211,8 @@ fn encode_video(
         let mut encoded: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
         let mut damaged = false;
         let (mut w, mut h) = (0, 0);
-        for run in crate::plan::gop_runs(&index, &wanted) {
+        // One thread decodes a sample's passes in turn: as few as possible.
+        for run in crate::plan::gop_runs(&index, &wanted, 1) {
             match backend.decode_run(&source, &run, geometry, None) {
                 Ok(out) => {
                     for (k, frame) in out.frames {

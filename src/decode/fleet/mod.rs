@@ -268,6 +268,20 @@ impl Fleet {
         self.counters.queued.load(Ordering::Relaxed)
     }
 
+    /// Decode threads idle with nothing queued for them: how many more runs would start at once now.
+    pub fn spare_threads(&self) -> usize {
+        let idle = self
+            .shared
+            .slots
+            .iter()
+            .filter(|s| {
+                let st = s.lock();
+                !st.vacant && st.running.is_none()
+            })
+            .count();
+        idle.saturating_sub(self.queue_depth())
+    }
+
     fn stuck_summary(&self) -> String {
         format!(
             "{} decode threads stuck past the {} s deadline (--decode-deadline), {} of {} slots without a thread",

@@ -289,6 +289,44 @@ mod tests {
     }
 
     #[test]
+    fn spare_threads_counts_idle_threads_less_queued_runs() {
+        let gate = Arc::new(Gate::default());
+        let g = gate.clone();
+        let factory: BackendFactory = Arc::new(move |_| {
+            Box::new(Stalling {
+                gate: g.clone(),
+                device: false,
+                fake: FakeBackend::default(),
+            })
+        });
+        let fleet = Fleet::start(2, 16, factory, FleetOptions::default()).unwrap();
+        let running = |f: &Fleet| {
+            f.shared
+                .slots
+                .iter()
+                .filter(|s| s.lock().running.is_some())
+                .count()
+        };
+        assert_eq!(fleet.spare_threads(), 2);
+        let (tx, rx) = mpsc::channel();
+        fleet.submit(job("stuck.mp4", &tx)).unwrap();
+        wait_for("one run to start", || running(&fleet) == 1);
+        assert_eq!(fleet.spare_threads(), 1);
+        fleet.submit(job("stuck.mp4", &tx)).unwrap();
+        wait_for("both runs to start", || running(&fleet) == 2);
+        assert_eq!(fleet.spare_threads(), 0);
+        fleet.submit(job("good.mp4", &tx)).unwrap();
+        assert_eq!(fleet.queue_depth(), 1);
+        assert_eq!(fleet.spare_threads(), 0);
+        gate.open();
+        for _ in 0..3 {
+            let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert_eq!(result.unwrap(), vec![2, 3]);
+        }
+        wait_for("both threads idle", || fleet.spare_threads() == 2);
+    }
+
+    #[test]
     fn shutdown_leaves_a_stuck_thread_behind_and_tells_its_waiters() {
         let (fleet, _gate) = stalling_fleet(60_000, 4);
         let (tx, rx) = mpsc::channel();
