@@ -212,16 +212,22 @@ mod tests {
         }
     }
 
-    fn stalling_fleet(deadline_ms: u64, max_stuck: usize) -> (Fleet, Arc<Gate>) {
+    /// Backends that stall on `stuck.mp4` until the returned gate opens.
+    fn stalling_factory(device: bool) -> (BackendFactory, Arc<Gate>) {
         let gate = Arc::new(Gate::default());
         let g = gate.clone();
         let factory: BackendFactory = Arc::new(move |_| {
             Box::new(Stalling {
                 gate: g.clone(),
-                device: false,
+                device,
                 fake: FakeBackend::default(),
             })
         });
+        (factory, gate)
+    }
+
+    fn stalling_fleet(deadline_ms: u64, max_stuck: usize) -> (Fleet, Arc<Gate>) {
+        let (factory, gate) = stalling_factory(false);
         let options = FleetOptions {
             deadline: Duration::from_millis(deadline_ms),
             max_stuck,
@@ -290,15 +296,7 @@ mod tests {
 
     #[test]
     fn spare_threads_counts_idle_threads_less_queued_runs() {
-        let gate = Arc::new(Gate::default());
-        let g = gate.clone();
-        let factory: BackendFactory = Arc::new(move |_| {
-            Box::new(Stalling {
-                gate: g.clone(),
-                device: false,
-                fake: FakeBackend::default(),
-            })
-        });
+        let (factory, gate) = stalling_factory(false);
         let fleet = Fleet::start(2, 16, factory, FleetOptions::default()).unwrap();
         let running = |f: &Fleet| {
             f.shared
@@ -369,14 +367,7 @@ mod tests {
             })
             .collect();
         for (device, want) in [(false, 0), (true, 3)] {
-            let gate = Arc::new(Gate::default()); // only `stuck.mp4` waits on it
-            let factory: BackendFactory = Arc::new(move |_| {
-                Box::new(Stalling {
-                    gate: gate.clone(),
-                    device,
-                    fake: FakeBackend::default(),
-                })
-            });
+            let (factory, _gate) = stalling_factory(device); // only `stuck.mp4` waits on the gate
             let options = FleetOptions {
                 deadline: Duration::from_secs(30),
                 max_stuck: 1,
