@@ -392,15 +392,18 @@ impl Frames {
         let admit_done = admit.clone();
         let (tx, rx) = watch::channel(None);
         let tx: RunSender = Arc::new(tx);
+        // A pass through several GOPs is also registered under each later keyframe it decodes, so a request
+        // whose run starts there joins it instead of decoding that GOP again.
+        let keys = spanned_keys(&key, source, &run);
         let pending = Arc::new(Mutex::new(PendingRun {
             started: false,
             run,
         }));
-        let (cache, inflight, done_tx, done_key) = (
+        let (cache, inflight, done_tx, done_keys) = (
             self.cache.clone(),
             self.inflight.clone(),
             tx.clone(),
-            key.clone(),
+            keys.clone(),
         );
         let video = key.video.clone();
         let on_failure = self.on_failure.clone();
@@ -458,15 +461,7 @@ impl Frames {
                             cache.bypass(produced);
                         }
                     }
-                    {
-                        let mut map = inflight.lock();
-                        if map
-                            .get(&done_key)
-                            .is_some_and(|f| Arc::ptr_eq(&f.tx, &done_tx))
-                        {
-                            map.remove(&done_key);
-                        }
-                    }
+                    unregister(&mut inflight.lock(), &done_keys, &done_tx);
                     done_tx.send_replace(Some(result));
                 },
             ) as OnDone))),
@@ -480,16 +475,18 @@ impl Frames {
             if exclusive && map.contains_key(&key) {
                 return Ok(None);
             }
-            map.insert(
-                key.clone(),
-                InFlight {
-                    tx: tx.clone(),
-                    pending: job.run.clone(),
-                    job: job.clone(),
-                    admit,
-                    sink,
-                },
-            );
+            let flight = InFlight {
+                tx: tx.clone(),
+                pending: job.run.clone(),
+                job: job.clone(),
+                admit,
+                sink,
+            };
+            // Later keyframes another pass already holds stay with it.
+            for k in &keys[1..] {
+                map.entry(k.clone()).or_insert_with(|| flight.clone());
+            }
+            map.insert(key.clone(), flight);
         }
         let submitted = if tenant.bounded {
             self.fleet.submit(job)
@@ -497,12 +494,40 @@ impl Frames {
             self.fleet.submit_unbounded(job)
         };
         if let Err(e) = submitted {
-            let mut map = self.inflight.lock();
-            if map.get(&key).is_some_and(|f| Arc::ptr_eq(&f.tx, &tx)) {
-                map.remove(&key);
-            }
+            unregister(&mut self.inflight.lock(), &keys, &tx);
             return Err(e.into());
         }
         Ok(Some(rx))
+    }
+}
+
+/// `key` (the run's keyframe) and, for a pass through several GOPs, the key of each later keyframe up to
+/// its last wanted frame. Stored frames (each its own keyframe) register only their first.
+fn spanned_keys(key: &RunKey, source: &VideoSource, run: &GopRun) -> Vec<RunKey> {
+    let mut keys = vec![key.clone()];
+    let index = &source.index;
+    if index.method == crate::index::IndexMethod::Stored {
+        return keys;
+    }
+    let last = run.wanted.last().copied().unwrap_or(run.keyframe);
+    let kfs = &index.keyframes;
+    keys.extend(
+        (kfs.count_at_or_before(run.keyframe)..kfs.len())
+            .map(|i| kfs.at(i))
+            .take_while(|&k| k <= last)
+            .map(|keyframe| RunKey {
+                keyframe,
+                ..key.clone()
+            }),
+    );
+    keys
+}
+
+/// Removes the keys that still name the pass whose result goes to `tx`.
+fn unregister(map: &mut HashMap<RunKey, InFlight>, keys: &[RunKey], tx: &RunSender) {
+    for k in keys {
+        if map.get(k).is_some_and(|f| Arc::ptr_eq(&f.tx, tx)) {
+            map.remove(k);
+        }
     }
 }

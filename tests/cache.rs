@@ -235,6 +235,88 @@ async fn runs_that_meet_at_a_keyframe_are_one_pass() {
     }
 }
 
+/// A request whose run starts at a keyframe inside another request's queued pass through several GOPs
+/// joins that pass instead of decoding the GOP again. The one decode thread is held by a stalled file
+/// (the debug binary's `VSERVE_TEST_STALL_ON`) until its 1 s deadline, so both requests find the pass
+/// queued; the replacement thread then decodes it once for both.
+#[tokio::test]
+async fn a_run_inside_a_queued_pass_joins_it() {
+    let d = Daemon::start_with_env(
+        &["--decode-threads", "1", "--decode-deadline", "1"],
+        &[("VSERVE_TEST_STALL_ON", "decode:stall.mov")],
+    )
+    .await;
+    std::fs::copy(media_path(CONTROL_VIDEO), d.scratch.join("stall.mov")).unwrap();
+    let mut c = d.client().await;
+    probe(&mut c, probe_req(SCRATCH, "stall.mov", None, false)).await;
+    let p = probe(&mut c, probe_req(MEDIA, GULP_MP4, None, false)).await;
+    assert_eq!(p.keyframes, vec![0, 30, 60, 90, 120]);
+    let one_pass = |frames: &[u64]| {
+        with_policy(
+            clips_req(MEDIA, vec![frames_clip(GULP_MP4, frames, None)], None),
+            proto::CachePolicy::OnePass,
+        )
+    };
+    let depth =
+        |mut c: Client| async move { c.stats().await.expect("GetStats").decode_queue_depth };
+
+    let mut cs = d.client().await;
+    let stall = tokio::spawn(async move {
+        cs.get_clips(clips_req(
+            SCRATCH,
+            vec![frames_clip("stall.mov", &[0], None)],
+            None,
+        ))
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        depth(c.clone()).await,
+        0,
+        "the stalled run holds the thread"
+    );
+    // A: frames 20-65, GOPs 0, 30 and 60 in one pass (no thread idle: not cut).
+    let a_frames: Vec<u64> = (20..66).collect();
+    let mut ca = d.client().await;
+    let a_req = one_pass(&a_frames);
+    let a = tokio::spawn(async move { ca.get_clips(a_req).await });
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while depth(c.clone()).await != 1 {
+        assert!(std::time::Instant::now() < until, "A's pass never queued");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // B: frames 35 and 40, a run from keyframe 30, inside A's queued pass.
+    let b_frames = [35u64, 40];
+    let b = get(&mut c, one_pass(&b_frames)).await;
+    let a = a.await.expect("task").expect("A's GetClips");
+    let stalled = stall.await.expect("task");
+    assert!(stalled.is_err(), "the stalled file fails at its deadline");
+
+    let (sa, sb) = (stats(&a), stats(&b));
+    assert_eq!(sa.gop_runs, 1, "A: one pass ({sa:?})");
+    assert_eq!(
+        sa.frames_decoded + sa.frames_skipped,
+        66,
+        "A: frames 0-65 ({sa:?})"
+    );
+    assert_eq!(sb.gop_runs, 0, "B decoded nothing itself ({sb:?})");
+    assert_eq!(
+        sb.shared_frames, 2,
+        "B took both frames from A's pass ({sb:?})"
+    );
+    let ff = Ffmpeg::default().frames(&media_path(GULP_MP4), 256, 144, Some(&a_frames));
+    for (batch, frames) in [(&a, &a_frames[..]), (&b, &b_frames[..])] {
+        for (k, f) in frames.iter().zip(u8_frames(batch, frames.len(), 144, 256)) {
+            assert_bytes_eq(
+                &f,
+                &ff[k],
+                Some((256, 144)),
+                &format!("{GULP_MP4} frame {k}"),
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn different_geometry_is_a_different_cache_entry() {
     let d = Daemon::start().await;
