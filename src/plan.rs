@@ -8,7 +8,8 @@
 //! Runs of consecutive GOPs whose wanted frames (nearly) meet are one pass ([`MERGE_GAP`],
 //! [`MERGED_SPAN`]): a pass ends only once its last wanted frame leaves the decoder, which reads the next
 //! GOP's keyframe ahead and decodes it, so a second pass that seeks there decodes that keyframe again (and
-//! pays a seek and a flush). Whole videos of 1 s GOPs decoded per GOP cost 15-20% more CPU than one pass.
+//! pays a seek and a flush). Whole videos of 1 s GOPs decoded per GOP cost the decode threads 5-15% more CPU
+//! than in one pass (docs/BENCHMARKS.md, "GOP runs that meet").
 
 use std::collections::BTreeSet;
 
