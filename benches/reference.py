@@ -393,15 +393,27 @@ def vserve_rank(spec: Dict[str, Any]) -> None:
 # -- peers ---------------------------------------------------------------------------------------------
 
 
+#: Groups whose frames meet across a keyframe (at most this many frames between) are decoded in one pass,
+#: as vserve's plan does (src/plan.rs MERGE_GAP): a second seek would decode that keyframe twice.
+MERGE_GAP = 4
+
+
 def _runs(frames: List[int], keyframes: List[int]) -> List[Tuple[int, List[int]]]:
-    """Wanted frames grouped by the keyframe before them: (keyframe, [frames]) in order."""
+    """Wanted frames grouped by the keyframe before them, (keyframe, [frames]) in order, with groups that
+    meet across a keyframe (``MERGE_GAP``) joined into one pass from the first one's keyframe."""
     import bisect
 
     runs: Dict[int, List[int]] = {}
     for f in sorted(set(frames)):
         k = keyframes[bisect.bisect_right(keyframes, f) - 1] if keyframes else 0
         runs.setdefault(k, []).append(f)
-    return sorted(runs.items())
+    out: List[Tuple[int, List[int]]] = []
+    for k, fs in sorted(runs.items()):
+        if out and k - out[-1][1][-1] - 1 <= MERGE_GAP:
+            out[-1][1].extend(fs)
+        else:
+            out.append((k, fs))
+    return out
 
 
 def decode_pyav(clip: Dict[str, Any], stats: Dict[str, int], thread_type: Optional[str] = None) -> np.ndarray:
