@@ -269,7 +269,11 @@ async fn a_run_inside_a_queued_pass_joins_it() {
         ))
         .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !d.log_text().contains("VSERVE_TEST_STALL_ON: blocking") {
+        assert!(std::time::Instant::now() < until, "the stall never started");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     assert_eq!(
         depth(c.clone()).await,
         0,
