@@ -76,9 +76,7 @@ async fn repeat_request_is_served_from_cache_and_runs_decode_exactly() {
         let first = get(&mut c, req()).await;
         let st = stats(&first);
         add(&st);
-        for (k, f) in wanted.iter().zip(u8_frames(&first, wanted.len(), 272, 640)) {
-            assert_bytes_eq(&f, &ff[k], Some((640, 272)), &format!("bikes frame {k}"));
-        }
+        assert_frames_eq(&first, wanted, &ff, (640, 272), "bikes");
         assert_eq!(
             st.frames_decoded + st.frames_skipped, run_len,
             "frames {wanted:?} with keyframes {kf:?}: decode from each run's keyframe to its last wanted frame ({st:?})"
@@ -224,14 +222,7 @@ async fn runs_that_meet_at_a_keyframe_are_one_pass() {
             "frames read for {wanted:?} ({st:?})"
         );
         assert_eq!(st.cache_hits, 0, "{st:?}");
-        for (k, f) in wanted.iter().zip(u8_frames(&b, wanted.len(), h, w)) {
-            assert_bytes_eq(
-                &f,
-                &ff[k],
-                Some((w, h)),
-                &format!("{GULP_MP4} frame {k} of {wanted:?}"),
-            );
-        }
+        assert_frames_eq(&b, wanted, &ff, (w, h), &format!("{GULP_MP4} ({wanted:?})"));
     }
 }
 
@@ -309,16 +300,8 @@ async fn a_run_inside_a_queued_pass_joins_it() {
         "B took both frames from A's pass ({sb:?})"
     );
     let ff = Ffmpeg::default().frames(&media_path(GULP_MP4), 256, 144, Some(&a_frames));
-    for (batch, frames) in [(&a, &a_frames[..]), (&b, &b_frames[..])] {
-        for (k, f) in frames.iter().zip(u8_frames(batch, frames.len(), 144, 256)) {
-            assert_bytes_eq(
-                &f,
-                &ff[k],
-                Some((256, 144)),
-                &format!("{GULP_MP4} frame {k}"),
-            );
-        }
-    }
+    assert_frames_eq(&a, &a_frames, &ff, (256, 144), "A");
+    assert_frames_eq(&b, &b_frames, &ff, (256, 144), "B");
 }
 
 #[tokio::test]
@@ -432,14 +415,7 @@ async fn concurrent_identical_requests_share_one_decode() {
     }
     let ff = Ffmpeg::default().frames(&media_path(BUNNY), 1280, 720, Some(&wanted));
     for (i, b) in batches.iter().enumerate() {
-        for (k, f) in wanted.iter().zip(u8_frames(b, 2, 720, 1280)) {
-            assert_bytes_eq(
-                &f,
-                &ff[k],
-                Some((1280, 720)),
-                &format!("request {i} frame {k}"),
-            );
-        }
+        assert_frames_eq(b, &wanted, &ff, (1280, 720), &format!("request {i}"));
     }
     let s = c.stats().await.expect("GetStats");
     assert_eq!(
@@ -539,11 +515,8 @@ async fn one_pass_and_scans_bypass_the_cache_with_exact_pixels_and_counters() {
     let scan: Vec<u64> = (kf[2]..kf[2] + 20).collect();
     let all: Vec<u64> = small.iter().chain(&scan).copied().collect();
     let ff = Ffmpeg::default().frames(&media_path(BIKES), 640, 272, Some(&all));
-    let check = |b: &Batch, frames: &[u64], what: &str| {
-        for (k, f) in frames.iter().zip(u8_frames(b, frames.len(), 272, 640)) {
-            assert_bytes_eq(&f, &ff[k], Some((640, 272)), &format!("{what}: frame {k}"));
-        }
-    };
+    let check =
+        |b: &Batch, frames: &[u64], what: &str| assert_frames_eq(b, frames, &ff, (640, 272), what);
     let req = |frames: &[u64]| clips_req(MEDIA, vec![frames_clip(BIKES, frames, None)], None);
     let base = cache_counters(&d, &mut c).await;
     let moved = |now: (u64, u64, u64, u64)| {
@@ -762,14 +735,7 @@ async fn in_place_shm_replies_are_exact() {
         let b = get(&mut c, req).await;
         assert!(b.header.shm.is_some(), "{video}: a shared-memory reply");
         let ff = cli.frames(&media_path(video), w, h, Some(&frames));
-        for (k, f) in frames.iter().zip(u8_frames(&b, frames.len(), h, w)) {
-            assert_bytes_eq(
-                &f,
-                &ff[k],
-                Some((w, h)),
-                &format!("{video} {w}x{h} frame {k}"),
-            );
-        }
+        assert_frames_eq(&b, &frames, &ff, (w, h), &format!("{video} {w}x{h}"));
         let distinct: std::collections::BTreeSet<u64> = frames.iter().copied().collect();
         let after = c.stats().await.expect("GetStats").frames_in_place;
         assert_eq!(

@@ -368,6 +368,25 @@ pub fn assert_bytes_eq(
     assert_close(actual, expected, 0, frame_wh, what);
 }
 
+/// Asserts that the HxWx3 uint8 frames of `batch`, which holds `frames` in order, equal `reference`'s
+/// frames of the same indices byte for byte (`reference`: [`Ffmpeg::frames`]).
+pub fn assert_frames_eq(
+    batch: &Batch,
+    frames: &[u64],
+    reference: &BTreeMap<u64, Vec<u8>>,
+    (w, h): (usize, usize),
+    what: &str,
+) {
+    for (k, f) in frames.iter().zip(u8_frames(batch, frames.len(), h, w)) {
+        assert_bytes_eq(
+            &f,
+            &reference[k],
+            Some((w, h)),
+            &format!("{what} frame {k}"),
+        );
+    }
+}
+
 /// Asserts |actual - expected| <= tol per byte (same length).
 pub fn assert_close(
     actual: &[u8],
