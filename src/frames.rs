@@ -255,8 +255,18 @@ impl Frames {
             }
             let mut waits = Vec::new();
             // Long chains of GOPs are cut for the threads idle now (a lone whole-video request on an idle
-            // daemon uses them all; a busy daemon decodes each chain in as few passes as it can).
-            let spread = self.fleet.spare_threads().max(1);
+            // daemon uses them all; a busy daemon decodes each chain in as few passes as it can). Frames
+            // whose whole span (from the keyframe before the first) is too short for any chain of them to
+            // be cut, a training clip's, skip the look at the fleet's slots.
+            let spanned = match (missing.first(), missing.last()) {
+                (Some(&a), Some(&b)) => b + 1 - source.index.keyframe_before(a),
+                _ => 0,
+            };
+            let spread = if spanned >= 2 * plan::MIN_SPREAD_SPAN {
+                self.fleet.spare_threads().max(1)
+            } else {
+                1
+            };
             for run in plan::gop_runs(&source.index, &missing, spread) {
                 let key = RunKey {
                     video: id.clone(),
