@@ -60,6 +60,9 @@ struct InFlight {
     admit: Arc<AtomicBool>,
     /// The leader's reply, where the run converts the leader's frames in place.
     sink: Option<Arc<Sink>>,
+    /// Every key the pass is registered under (its keyframe first, then the later keyframes it decodes
+    /// through, including those a joiner grew it into): all removed when it ends.
+    keys: Arc<Mutex<Vec<RunKey>>>,
 }
 
 /// Whose decode work a fetch queues: the fleet shares threads fairly between tenants. `bounded` work
@@ -278,7 +281,7 @@ impl Frames {
                 // Round 0 registers a new pass only if nobody registered one since it looked.
                 loop {
                     if round == 0 {
-                        if let Some(rx) = self.join(&key, &run.wanted, tenant, admit) {
+                        if let Some(rx) = self.join(&key, source, &run.wanted, tenant, admit) {
                             waits.push((rx, false));
                             break;
                         }
@@ -354,24 +357,47 @@ impl Frames {
     /// Joins the registered pass of `key`, if any: adds `wanted` to it while it is queued, and, when it
     /// is queued under another tenant, queues a copy under `tenant` too, so the run starts at whichever
     /// turn comes first (fair share holds for joiners). `admit`: this request lets the run's frames enter
-    /// the cache.
+    /// the cache. A queued pass that `wanted` grows past its last frame is also registered under the later
+    /// keyframes it now decodes through (those no other pass holds).
     fn join(
         &self,
         key: &RunKey,
+        source: &VideoSource,
         wanted: &[usize],
         tenant: Tenant,
         admit: bool,
     ) -> Option<watch::Receiver<Option<RunResult>>> {
-        let (rx, queued) = self.inflight.lock().get(key).map(|f| {
+        let (rx, queued) = {
+            let mut map = self.inflight.lock();
+            let f = map.get(key)?.clone();
             if admit {
                 f.admit.store(true, Ordering::Relaxed);
             }
             if let Some(s) = &f.sink {
                 s.mark_shared();
             }
-            let queued = f.pending.lock().extend(wanted);
+            let (queued, grown) = {
+                let mut pending = f.pending.lock();
+                let before = pending.run.wanted.last().copied();
+                let queued = pending.extend(wanted);
+                let after = pending.run.wanted.last().copied();
+                (queued, before.zip(after).filter(|(b, a)| a > b))
+            };
+            if let Some((before, after)) = grown {
+                let mut keys = f.keys.lock();
+                for keyframe in keyframes_within(source, before, after) {
+                    let k = RunKey {
+                        keyframe,
+                        ..key.clone()
+                    };
+                    if !map.contains_key(&k) {
+                        map.insert(k.clone(), f.clone());
+                        keys.push(k);
+                    }
+                }
+            }
             (f.tx.subscribe(), queued.then(|| f.job.clone()))
-        })?;
+        };
         if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
             job.tenant = tenant.id;
             let _ = if tenant.bounded {
@@ -405,6 +431,7 @@ impl Frames {
         // A pass through several GOPs is also registered under each later keyframe it decodes, so a request
         // whose run starts there joins it instead of decoding that GOP again.
         let keys = spanned_keys(&key, source, &run);
+        let all_keys = Arc::new(Mutex::new(keys.clone()));
         let pending = Arc::new(Mutex::new(PendingRun {
             started: false,
             run,
@@ -413,7 +440,7 @@ impl Frames {
             self.cache.clone(),
             self.inflight.clone(),
             tx.clone(),
-            keys.clone(),
+            all_keys.clone(),
         );
         let video = key.video.clone();
         let on_failure = self.on_failure.clone();
@@ -471,7 +498,11 @@ impl Frames {
                             cache.bypass(produced);
                         }
                     }
-                    unregister(&mut inflight.lock(), &done_keys, &done_tx);
+                    {
+                        let mut map = inflight.lock();
+                        let keys = std::mem::take(&mut *done_keys.lock());
+                        unregister(&mut map, &keys, &done_tx);
+                    }
                     done_tx.send_replace(Some(result));
                 },
             ) as OnDone))),
@@ -491,6 +522,7 @@ impl Frames {
                 job: job.clone(),
                 admit,
                 sink,
+                keys: all_keys.clone(),
             };
             // Later keyframes another pass already holds stay with it.
             for k in &keys[1..] {
@@ -504,7 +536,9 @@ impl Frames {
             self.fleet.submit_unbounded(job)
         };
         if let Err(e) = submitted {
-            unregister(&mut self.inflight.lock(), &keys, &tx);
+            let mut map = self.inflight.lock();
+            let keys = std::mem::take(&mut *all_keys.lock());
+            unregister(&mut map, &keys, &tx);
             return Err(e.into());
         }
         Ok(Some(rx))
@@ -514,23 +548,34 @@ impl Frames {
 /// `key` (the run's keyframe) and, for a pass through several GOPs, the key of each later keyframe up to
 /// its last wanted frame. Stored frames (each its own keyframe) register only their first.
 fn spanned_keys(key: &RunKey, source: &VideoSource, run: &GopRun) -> Vec<RunKey> {
-    let mut keys = vec![key.clone()];
-    let index = &source.index;
-    if index.method == crate::index::IndexMethod::Stored {
-        return keys;
-    }
     let last = run.wanted.last().copied().unwrap_or(run.keyframe);
-    let kfs = &index.keyframes;
-    keys.extend(
-        (kfs.count_at_or_before(run.keyframe)..kfs.len())
-            .map(|i| kfs.at(i))
-            .take_while(|&k| k <= last)
-            .map(|keyframe| RunKey {
+    std::iter::once(key.clone())
+        .chain(
+            keyframes_within(source, run.keyframe, last).map(|keyframe| RunKey {
                 keyframe,
                 ..key.clone()
             }),
-    );
-    keys
+        )
+        .collect()
+}
+
+/// The keyframes after frame `after` up to frame `last` a pass decodes through (none for stored frames,
+/// each its own keyframe, whose passes never cross one).
+fn keyframes_within(
+    source: &VideoSource,
+    after: usize,
+    last: usize,
+) -> impl Iterator<Item = usize> + '_ {
+    let index = &source.index;
+    let kfs = &index.keyframes;
+    let from = if index.method == crate::index::IndexMethod::Stored {
+        kfs.len()
+    } else {
+        kfs.count_at_or_before(after)
+    };
+    (from..kfs.len())
+        .map(|i| kfs.at(i))
+        .take_while(move |&k| k <= last)
 }
 
 /// Removes the keys that still name the pass whose result goes to `tx`.

@@ -226,12 +226,10 @@ async fn runs_that_meet_at_a_keyframe_are_one_pass() {
     }
 }
 
-/// A request whose run starts at a keyframe inside another request's queued pass through several GOPs
-/// joins that pass instead of decoding the GOP again. The one decode thread is held by a stalled file
-/// (the debug binary's `VSERVE_TEST_STALL_ON`) until its 1 s deadline, so both requests find the pass
-/// queued; the replacement thread then decodes it once for both.
-#[tokio::test]
-async fn a_run_inside_a_queued_pass_joins_it() {
+/// A daemon of one decode thread, held by a stalled file (the debug binary's `VSERVE_TEST_STALL_ON`)
+/// until its 1 s deadline so that passes queue behind it; the task of the stalled request (it fails at
+/// the deadline), and the queue depth as a client sees it.
+async fn daemon_with_its_one_thread_held() -> (Daemon, tokio::task::JoinHandle<()>) {
     let d = Daemon::start_with_env(
         &["--decode-threads", "1", "--decode-deadline", "1"],
         &[("VSERVE_TEST_STALL_ON", "decode:stall.mov")],
@@ -242,50 +240,67 @@ async fn a_run_inside_a_queued_pass_joins_it() {
     probe(&mut c, probe_req(SCRATCH, "stall.mov", None, false)).await;
     let p = probe(&mut c, probe_req(MEDIA, GULP_MP4, None, false)).await;
     assert_eq!(p.keyframes, vec![0, 30, 60, 90, 120]);
-    let one_pass = |frames: &[u64]| {
-        with_policy(
-            clips_req(MEDIA, vec![frames_clip(GULP_MP4, frames, None)], None),
-            proto::CachePolicy::OnePass,
-        )
-    };
-    let depth =
-        |mut c: Client| async move { c.stats().await.expect("GetStats").decode_queue_depth };
-
-    let mut cs = d.client().await;
     let stall = tokio::spawn(async move {
-        cs.get_clips(clips_req(
-            SCRATCH,
-            vec![frames_clip("stall.mov", &[0], None)],
-            None,
-        ))
-        .await
+        let r = c
+            .get_clips(clips_req(
+                SCRATCH,
+                vec![frames_clip("stall.mov", &[0], None)],
+                None,
+            ))
+            .await;
+        assert!(r.is_err(), "the stalled file fails at its deadline");
     });
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !d.log_text().contains("VSERVE_TEST_STALL_ON: blocking") {
         assert!(std::time::Instant::now() < until, "the stall never started");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    assert_eq!(
-        depth(c.clone()).await,
-        0,
-        "the stalled run holds the thread"
-    );
+    assert_eq!(queue_depth(&d).await, 0, "the stalled run holds the thread");
+    (d, stall)
+}
+
+async fn queue_depth(d: &Daemon) -> u64 {
+    d.client()
+        .await
+        .stats()
+        .await
+        .expect("GetStats")
+        .decode_queue_depth
+}
+
+/// Waits until `n` runs are queued (each request is its own tenant: a joiner queues a copy of the run).
+async fn until_queued(d: &Daemon, n: u64, what: &str) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while queue_depth(d).await != n {
+        assert!(std::time::Instant::now() < until, "{what} never queued");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+fn one_pass_req(frames: &[u64]) -> proto::GetClipsRequest {
+    with_policy(
+        clips_req(MEDIA, vec![frames_clip(GULP_MP4, frames, None)], None),
+        proto::CachePolicy::OnePass,
+    )
+}
+
+/// A request whose run starts at a keyframe inside another request's queued pass through several GOPs
+/// joins that pass instead of decoding the GOP again; the replacement for the held thread then decodes
+/// it once for both.
+#[tokio::test]
+async fn a_run_inside_a_queued_pass_joins_it() {
+    let (d, stall) = daemon_with_its_one_thread_held().await;
     // A: frames 20-65, GOPs 0, 30 and 60 in one pass (no thread idle: not cut).
     let a_frames: Vec<u64> = (20..66).collect();
     let mut ca = d.client().await;
-    let a_req = one_pass(&a_frames);
+    let a_req = one_pass_req(&a_frames);
     let a = tokio::spawn(async move { ca.get_clips(a_req).await });
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while depth(c.clone()).await != 1 {
-        assert!(std::time::Instant::now() < until, "A's pass never queued");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    until_queued(&d, 1, "A's pass").await;
     // B: frames 35 and 40, a run from keyframe 30, inside A's queued pass.
     let b_frames = [35u64, 40];
-    let b = get(&mut c, one_pass(&b_frames)).await;
+    let b = get(&mut d.client().await, one_pass_req(&b_frames)).await;
     let a = a.await.expect("task").expect("A's GetClips");
-    let stalled = stall.await.expect("task");
-    assert!(stalled.is_err(), "the stalled file fails at its deadline");
+    stall.await.expect("stalled request");
 
     let (sa, sb) = (stats(&a), stats(&b));
     assert_eq!(sa.gop_runs, 1, "A: one pass ({sa:?})");
@@ -302,6 +317,48 @@ async fn a_run_inside_a_queued_pass_joins_it() {
     let ff = Ffmpeg::default().frames(&media_path(GULP_MP4), 256, 144, Some(&a_frames));
     assert_frames_eq(&a, &a_frames, &ff, (256, 144), "A");
     assert_frames_eq(&b, &b_frames, &ff, (256, 144), "B");
+}
+
+/// A joiner that grows a queued pass into later GOPs registers the pass there too: a third request whose
+/// run starts at a keyframe the pass grew into joins it rather than decoding that GOP again.
+#[tokio::test]
+async fn a_pass_grown_by_a_joiner_is_joined_where_it_grew() {
+    let (d, stall) = daemon_with_its_one_thread_held().await;
+    // A: frames 20-25, GOP 0 only.
+    let a_frames: Vec<u64> = (20..26).collect();
+    let mut ca = d.client().await;
+    let a_req = one_pass_req(&a_frames);
+    let a = tokio::spawn(async move { ca.get_clips(a_req).await });
+    until_queued(&d, 1, "A's pass").await;
+    // B: frames 28-64, one run from keyframe 0 through GOPs 30 and 60: it joins A's pass and grows it.
+    let b_frames: Vec<u64> = (28..65).collect();
+    let mut cb = d.client().await;
+    let b_req = one_pass_req(&b_frames);
+    let b = tokio::spawn(async move { cb.get_clips(b_req).await });
+    until_queued(&d, 2, "B's copy of A's pass").await;
+    // C: frames 62 and 64, a run from keyframe 60, where A's pass now reaches.
+    let c_frames = [62u64, 64];
+    let c = get(&mut d.client().await, one_pass_req(&c_frames)).await;
+    let a = a.await.expect("task").expect("A's GetClips");
+    let b = b.await.expect("task").expect("B's GetClips");
+    stall.await.expect("stalled request");
+
+    let (sa, sb, sc) = (stats(&a), stats(&b), stats(&c));
+    assert_eq!(sa.gop_runs, 1, "A: one pass ({sa:?})");
+    assert_eq!(
+        sa.frames_decoded + sa.frames_skipped,
+        65,
+        "A's pass: frames 0-64, grown by B ({sa:?})"
+    );
+    assert_eq!(sb.gop_runs, 0, "B decoded nothing itself ({sb:?})");
+    assert_eq!(sb.shared_frames, 37, "B: all from A's pass ({sb:?})");
+    assert_eq!(sc.gop_runs, 0, "C decoded nothing itself ({sc:?})");
+    assert_eq!(sc.shared_frames, 2, "C: both from A's pass ({sc:?})");
+    let all: Vec<u64> = (20..65).collect();
+    let ff = Ffmpeg::default().frames(&media_path(GULP_MP4), 256, 144, Some(&all));
+    assert_frames_eq(&a, &a_frames, &ff, (256, 144), "A");
+    assert_frames_eq(&b, &b_frames, &ff, (256, 144), "B");
+    assert_frames_eq(&c, &c_frames, &ff, (256, 144), "C");
 }
 
 #[tokio::test]
