@@ -130,7 +130,9 @@ async fn shm_arrays_equal_inline_and_arenas_are_removed() {
             .collect()
     };
 
-    // Streams: every batch equal; the arena is one file for the stream, gone at its end.
+    // Streams: every batch equal; the arena is one file for the stream. The Rust client releases each
+    // slot once it has copied the batch out, so at the stream's end the arena goes to the pool and the
+    // next stream of the same shape (the next epoch) writes into the same file.
     let inline = {
         let mut s = c
             .stream_batches(stream_req(proto::Transport::Inline))
@@ -142,32 +144,50 @@ async fn shm_arrays_equal_inline_and_arenas_are_removed() {
         }
         v
     };
-    let mut s = c
-        .stream_batches(stream_req(proto::Transport::Shm))
-        .await
-        .unwrap();
-    let mut n = 0;
-    let mut paths = std::collections::BTreeSet::new();
-    while let Some(b) = s.next().await.unwrap() {
-        let slot = b.header.shm.clone().expect("shm slot");
-        paths.insert(slot.path);
-        assert_eq!(b.header.clips, inline[n].header.clips);
-        assert_eq!(b.header.dtype, proto::DType::DtypeFloat16 as i32);
-        assert_bytes_eq(&b.data, &inline[n].data, None, &format!("stream batch {n}"));
-        n += 1;
-    }
-    assert_eq!(n, inline.len());
-    assert_eq!(paths.len(), 1, "one arena per stream");
-    drop(s);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !others(shm.path()).is_empty() {
-        assert!(Instant::now() < deadline, "stream arena not removed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut arenas = Vec::new();
+    for epoch in 0..2 {
+        let mut s = c
+            .stream_batches(stream_req(proto::Transport::Shm))
+            .await
+            .unwrap();
+        let mut n = 0;
+        let mut paths = std::collections::BTreeSet::new();
+        while let Some(b) = s.next().await.unwrap() {
+            let slot = b.header.shm.clone().expect("shm slot");
+            paths.insert(slot.path);
+            assert_eq!(b.header.clips, inline[n].header.clips);
+            assert_eq!(b.header.dtype, proto::DType::DtypeFloat16 as i32);
+            assert_bytes_eq(
+                &b.data,
+                &inline[n].data,
+                None,
+                &format!("stream {epoch} batch {n}"),
+            );
+            n += 1;
+        }
+        assert_eq!(n, inline.len());
+        assert_eq!(paths.len(), 1, "one arena per stream");
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.stats().await.unwrap().active_streams != 0 {
+            assert!(Instant::now() < deadline, "stream {epoch} never ended");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            others(shm.path()).len(),
+            1,
+            "the ended stream's arena, pooled"
+        );
+        arenas.push(others(shm.path()));
     }
     assert_eq!(
+        arenas[0], arenas[1],
+        "the second stream reused the first's arena"
+    );
+    assert_eq!(
         c.stats().await.unwrap().shm_arenas,
-        1,
-        "only the spare GetClips arena"
+        2,
+        "the spare GetClips arena and the pooled stream arena"
     );
 
     // Releasing an unknown arena is NOT_FOUND.

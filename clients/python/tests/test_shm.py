@@ -46,18 +46,25 @@ def test_transports_give_identical_arrays(daemon):
         assert_array_equal(b.array, a.array, "GetClips shm vs inline")
         kept_arena = b.header.shm.arena
         want = [x.detach() for x in inline.stream("clips", **KW)]
-        got = []
-        with shm.stream("clips", **KW) as stream:
-            for x in stream:
-                assert x.shared
-                got.append((x.batch, x.array.copy(), x.videos))
-        assert [g[0] for g in got] == [w.batch for w in want]
-        for (n, arr, videos), w in zip(got, want):
-            assert videos == w.videos
-            assert_array_equal(arr, w.array, f"stream batch {n} shm vs inline")
-    # Left: at most the GetClips reply's arena (unreleased while `b` lives, or kept as the daemon's spare).
+        # Twice (two epochs): the second stream writes into the arena the first one ended with.
+        stream_arenas = []
+        for epoch in range(2):
+            got = []
+            with shm.stream("clips", **KW) as stream:
+                for x in stream:
+                    assert x.shared
+                    got.append((x.batch, x.array.copy(), x.videos))
+                    stream_arenas.append((epoch, x.header.shm.arena))
+            assert [g[0] for g in got] == [w.batch for w in want]
+            for (n, arr, videos), w in zip(got, want):
+                assert videos == w.videos
+                assert_array_equal(arr, w.array, f"epoch {epoch} stream batch {n} shm vs inline")
+        assert len({a for _, a in stream_arenas}) == 1, f"the second stream reused the first's arena: {stream_arenas}"
+        pooled = stream_arenas[0][1]
+    # Left: at most the GetClips reply's arena (unreleased while `b` lives, or kept as the daemon's spare)
+    # and the ended streams' arena, pooled for the next stream of its shape.
     deadline = time.monotonic() + 10
-    left = lambda: [n for n in arenas_of(daemon) if n != kept_arena and n not in before]  # noqa: E731
+    left = lambda: [n for n in arenas_of(daemon) if n not in (kept_arena, pooled) and n not in before]  # noqa: E731
     while left() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left() == [], "arenas left after the streams ended"

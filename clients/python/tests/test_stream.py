@@ -112,7 +112,8 @@ def test_worker_split_matches_the_rank_stream(client, n):
         with client.stream("clips", worker=(w, n), **BASE) as stream:
             for b in stream:
                 assert b.batch % n == w and b.batch not in got
-                got[b.batch] = b
+                # A view of a slot the next read releases (and the next worker's stream may reuse): a copy.
+                got[b.batch] = b.detach()
     assert sorted(got) == [b.batch for b in full]
     for b in full:
         assert got[b.batch].videos == b.videos

@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -73,8 +73,8 @@ class InlineTransport(Transport):
 #: only from 3.13 on.
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 PAGE = mmap.PAGESIZE
-#: Arena mappings a GetClips transport keeps for later replies in the same arena (the daemon's spare pool
-#: holds at most 4 arenas per daemon; a few more cover replies still referenced).
+#: Arena mappings a transport keeps for later replies and streams in the same arena (the daemon lends a
+#: released GetClips arena to a later reply, an ended stream's to the next stream of its shape).
 CACHED_MAPPINGS = 8
 
 
@@ -326,7 +326,8 @@ class ShmTransport(Transport):
             request.reuse_arena = True
 
     def _mapping(self, shm: Any) -> Mapping:
-        """The GetClips arena's mapping: a cached one when this arena served an earlier reply."""
+        """An arena's mapping (a GetClips reply's or a stream's): a cached one when this arena served an
+        earlier reply or an earlier stream."""
         key = (shm.path, int(shm.arena_bytes))
         with self._lock:
             mapping = self._maps.get(key)
@@ -381,7 +382,9 @@ class ShmTransport(Transport):
         yield from self._shm_batches(itertools.chain([first], it))
 
     def _shm_batches(self, messages: Iterable[Any]) -> Iterator[Batch]:
-        maps: Dict[str, Mapping] = {}
+        # The stream's arena is mapped through the same cache as GetClips replies: the daemon lends an
+        # ended stream's arena to the next stream of the same shape (the next epoch), whose batches then
+        # land in pages this process has already mapped.
         previous = None
         try:
             for msg in messages:
@@ -392,9 +395,7 @@ class ShmTransport(Transport):
                 h = msg.header
                 if not h.HasField("shm"):
                     raise ProtocolError("batch without a shared-memory slot in a shared-memory stream")
-                mapped = maps.get(h.shm.path)
-                if mapped is None:
-                    mapped = maps[h.shm.path] = Mapping(h.shm.path)
+                mapped = self._mapping(h.shm)
                 batch = Batch(h, mapped.view(h), releaser=self._releaser(h.shm.arena, h.shm.slot))
                 if previous is not None and not previous._kept:
                     previous.release()

@@ -242,6 +242,11 @@ impl Arena {
         Ok(())
     }
 
+    /// Slots of the arena.
+    pub(super) fn slots(&self) -> usize {
+        self.free.lock().len()
+    }
+
     pub(super) fn all_free(&self) -> bool {
         self.free.lock().iter().all(|&f| f)
     }

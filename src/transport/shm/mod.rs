@@ -40,6 +40,7 @@ use crate::peer::{Peer, PeerKey};
 
 mod arena;
 mod pending;
+mod streams;
 #[cfg(test)]
 mod tests;
 
@@ -138,6 +139,10 @@ pub struct ShmRegistry {
     /// Arenas of streams that ended with slots the client has not released yet: kept until it does,
     /// or for the time to live, or until the client exits.
     retired: Mutex<HashMap<String, (Arc<Arena>, Instant)>>,
+    /// Arenas of ended streams, every slot released, for the next stream of their shape (`streams.rs`).
+    stream_spare: Mutex<Vec<(Arc<Arena>, Instant)>>,
+    /// The most bytes stream arenas held at once since the pool last ran empty: what it may keep.
+    stream_peak: Mutex<usize>,
 }
 
 impl Drop for ShmRegistry {
@@ -146,6 +151,7 @@ impl Drop for ShmRegistry {
         self.one_shot.lock().clear();
         self.spare.lock().clear();
         self.retired.lock().clear();
+        self.stream_spare.lock().clear();
         let _ = std::fs::remove_file(self.dir.join(".lock"));
         let _ = std::fs::remove_dir(&self.dir);
     }
@@ -202,6 +208,8 @@ impl ShmRegistry {
             spare: Mutex::new(Vec::new()),
             reusable_peak: Mutex::new((0, 0)),
             retired: Mutex::new(HashMap::new()),
+            stream_spare: Mutex::new(Vec::new()),
+            stream_peak: Mutex::new(0),
         })
     }
 
@@ -314,6 +322,7 @@ impl ShmRegistry {
         let over = |live: usize| live + nbytes > self.budget.total;
         if over(self.live.load(Ordering::Relaxed)) {
             self.spare.lock().clear();
+            self.stream_spare.lock().clear();
         }
         let live = self.live.load(Ordering::Relaxed);
         if over(live) {
@@ -337,20 +346,6 @@ impl ShmRegistry {
             owner,
             self.live.clone(),
         )
-    }
-
-    /// A stream's arena, owned by `owner`; dropped (and its file removed) with the last reference.
-    pub fn stream_arena(
-        &self,
-        slot_bytes: usize,
-        slots: usize,
-        owner: &Peer,
-    ) -> Result<Arc<Arena>, ShmError> {
-        let arena = Arc::new(self.create(slot_bytes, slots, owner)?);
-        let mut map = self.streams.lock();
-        map.retain(|_, w| w.strong_count() > 0);
-        map.insert(arena.name.clone(), Arc::downgrade(&arena));
-        Ok(arena)
     }
 
     /// Puts one reply's bytes in a one-slot arena kept until released or expired.
@@ -461,6 +456,7 @@ impl ShmRegistry {
         }
         drop(spare);
         self.retired.lock().retain(|_, (_, at)| at.elapsed() < ttl);
+        self.expire_stream_spares();
     }
 
     /// The reaper's round: expires by time, and drops the replies and retired stream arenas of clients
@@ -511,9 +507,11 @@ impl ShmRegistry {
     }
 
     /// A stream ended: its arena stays until the client has released every slot (it may not have read
-    /// the last batches yet), for the time to live, or until the client exits.
+    /// the last batches yet), for the time to live, or until the client exits; then, released, it goes to
+    /// the pool for the next stream of its shape.
     pub fn retire(&self, arena: Arc<Arena>) {
         if arena.all_free() && Arc::strong_count(&arena) == 1 {
+            self.pool_stream_arena(arena);
             return;
         }
         if arena.owner.lock().is_alive() == Some(false) {
@@ -560,6 +558,7 @@ impl ShmRegistry {
             a.release(slots)?;
             if a.all_free() {
                 self.retired.lock().remove(arena);
+                self.pool_stream_arena(a);
             }
             return Ok(());
         }
@@ -594,8 +593,12 @@ impl ShmRegistry {
             p.retain(|_, w| w.strong_count() > 0);
             p.len()
         };
-        (streams + self.one_shot.lock().len() + pending + self.spare.lock().len() + retired_only)
-            as u64
+        (streams
+            + self.one_shot.lock().len()
+            + pending
+            + self.spare.lock().len()
+            + self.stream_spare.lock().len()
+            + retired_only) as u64
     }
 
     /// Bytes of every arena file alive now.

@@ -443,3 +443,108 @@ fn replies_taken_before_decoding_count_in_their_owners_budget_until_published_or
     assert_eq!(reg.bytes_in_use(), 0);
     reg.reserve_reply(600, false, &x).unwrap();
 }
+
+#[tokio::test]
+async fn ended_streams_lend_their_arena_to_the_next_stream_of_their_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    // Another process of this user (pid 1 is always running): its files are opened the same way.
+    let first = Peer::unix(Some(1), euid);
+    let mine = Peer::unix(Some(std::process::id() as i32), euid);
+    let a = reg.stream_arena(100, 3, &first).unwrap();
+    let b = reg.stream_arena(100, 3, &first).unwrap();
+    let (a_name, b_name) = (a.name().to_owned(), b.name().to_owned());
+    // `a` ends with every slot released: pooled at once, its file kept.
+    let s = a.acquire().await;
+    a.write(s, &[7; 100]).unwrap();
+    reg.release(&a_name, &[s], &first).unwrap();
+    reg.retire(a);
+    assert_eq!(reg.spare_stream_arenas(), 1);
+    assert!(reg.dir().join(&a_name).exists());
+    // `b` ends with a slot the client still reads: retired, pooled once released.
+    let held = b.acquire().await;
+    b.write(held, &[8; 50]).unwrap();
+    reg.retire(b);
+    assert_eq!(reg.spare_stream_arenas(), 1);
+    reg.release(&b_name, &[held], &first).unwrap();
+    assert_eq!(reg.spare_stream_arenas(), 2);
+    assert_eq!((reg.open_arenas(), reg.bytes_in_use()), (2, 600));
+
+    // The next two streams of that shape take them: the same files, no new bytes.
+    let c = reg.stream_arena(100, 3, &mine).unwrap();
+    let d = reg.stream_arena(100, 3, &mine).unwrap();
+    let mut names = vec![c.name().to_owned(), d.name().to_owned()];
+    names.sort();
+    let mut old = vec![a_name.clone(), b_name];
+    old.sort();
+    assert_eq!(names, old);
+    assert_eq!((reg.spare_stream_arenas(), reg.bytes_in_use()), (0, 600));
+    // Writes land in the file as in a new arena; only the new owner releases.
+    let s = c.acquire().await;
+    let r = c.write(s, &[9; 100]).unwrap();
+    assert_eq!(
+        std::fs::read(&r.path).unwrap()[r.offset as usize..][..100],
+        [9; 100]
+    );
+    let e = reg.release(c.name(), &[s], &first).unwrap_err();
+    assert!(matches!(e, ShmError::NotOwner { .. }), "{e:?}");
+    reg.release(c.name(), &[s], &mine).unwrap();
+
+    // Another shape, or a client that may not open the file: a new arena.
+    let other_shape = reg.stream_arena(100, 4, &mine).unwrap();
+    assert!(![c.name(), d.name()].contains(&other_shape.name()));
+    reg.retire(c);
+    assert_eq!(reg.spare_stream_arenas(), 1);
+    let remote = reg
+        .stream_arena(100, 3, &Peer::tcp("10.0.0.9".parse().unwrap()))
+        .unwrap();
+    assert_eq!(reg.spare_stream_arenas(), 1, "not lent across access modes");
+    assert_eq!(reg.bytes_in_use(), 300 * 3 + 400);
+    drop((d, other_shape, remote));
+}
+
+#[tokio::test]
+async fn pooled_stream_arenas_stay_within_their_peak_and_the_budget_and_expire() {
+    // Half the budget caps the pool: a 600-byte arena of a 1000-byte budget is not kept.
+    let dir = tempfile::tempdir().unwrap();
+    let budget = ShmBudget {
+        total: 1000,
+        per_client: 1000,
+    };
+    let reg = ShmRegistry::new(dir.path().into(), Duration::from_secs(60), budget).unwrap();
+    let big = reg.stream_arena(200, 3, &me()).unwrap();
+    let name = big.name().to_owned();
+    reg.retire(big);
+    assert_eq!(reg.spare_stream_arenas(), 0);
+    assert!(!reg.dir().join(&name).exists());
+    assert_eq!(reg.bytes_in_use(), 0);
+    // A pooled arena goes when a new one would not fit the budget otherwise.
+    let small = reg.stream_arena(100, 4, &me()).unwrap();
+    reg.retire(small);
+    assert_eq!((reg.spare_stream_arenas(), reg.bytes_in_use()), (1, 400));
+    let other = reg.stream_arena(200, 4, &me()).unwrap();
+    assert_eq!((reg.spare_stream_arenas(), reg.bytes_in_use()), (0, 800));
+    drop(other);
+
+    // The pool keeps no more than the stream arenas held at once: one stream at a time, one kept.
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_millis(50));
+    for _ in 0..3 {
+        let a = reg.stream_arena(10, 2, &me()).unwrap();
+        reg.retire(a);
+    }
+    let b = reg.stream_arena(10, 3, &me()).unwrap();
+    reg.retire(b);
+    assert_eq!(
+        reg.spare_stream_arenas(),
+        1,
+        "the 30-byte arena replaced the 20-byte one"
+    );
+    assert_eq!(reg.bytes_in_use(), 30);
+    // Unused for the time to live: gone.
+    std::thread::sleep(Duration::from_millis(80));
+    assert_eq!(reg.open_arenas(), 0);
+    assert_eq!(reg.bytes_in_use(), 0);
+}

@@ -1,0 +1,116 @@
+//! Stream arenas kept across streams: a training job opens a stream per rank per epoch, each with an
+//! arena of `prefetch + 3` batch slots (192 MB at 32 clips of 8 224x224 frames, prefetch 2). Made anew,
+//! each is a new file whose pages the kernel allocates and zeroes (`posix_fallocate`), the daemon faults in
+//! as it writes the first batches, and the client faults in again as it reads them. A stream that ends
+//! with every slot released hands its arena to a pool here, and the next stream of the same shape (slot
+//! size and count) whose client may open the file takes it: no new file, its pages already there.
+//!
+//! Bounds: the pool holds at most as many bytes as stream arenas held at once at their peak (it never
+//! makes the daemon hold more shared memory than its streams did), never more than half of the budget
+//! (`--shm-bytes`) nor [`MAX_SPARE_ARENAS`] arenas; each goes after the time to live unused, and all of
+//! them when a new arena would not fit the budget otherwise. A pooled arena belongs to nobody: it counts in
+//! no client's budget until a stream takes it, and only that stream's client may release its slots.
+
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use super::{Arena, ShmError, ShmRegistry, MAX_SPARE_ARENAS};
+use crate::peer::Peer;
+
+impl ShmRegistry {
+    /// A stream's arena of `slots` slots of `slot_bytes`, owned by `owner`: a pooled one of that shape
+    /// when there is one `owner` may open (and its budget holds), else a new file. Dropped with the last
+    /// reference, or pooled at the stream's end (see [`ShmRegistry::retire`]).
+    pub fn stream_arena(
+        &self,
+        slot_bytes: usize,
+        slots: usize,
+        owner: &Peer,
+    ) -> Result<Arc<Arena>, ShmError> {
+        self.expire();
+        let arena = match self.take_stream_spare(slot_bytes, slots, owner) {
+            Some(a) => a,
+            None => Arc::new(self.create(slot_bytes, slots, owner)?),
+        };
+        let mut map = self.streams.lock();
+        map.retain(|_, w| w.strong_count() > 0);
+        map.insert(arena.name.clone(), Arc::downgrade(&arena));
+        let live: usize = map
+            .values()
+            .filter_map(Weak::upgrade)
+            .map(|a| a.bytes())
+            .sum();
+        let mut peak = self.stream_peak.lock();
+        *peak = (*peak).max(live);
+        Ok(arena)
+    }
+
+    /// Pooled stream arenas (for tests and stats).
+    pub fn spare_stream_arenas(&self) -> usize {
+        self.stream_spare.lock().len()
+    }
+
+    fn take_stream_spare(
+        &self,
+        slot_bytes: usize,
+        slots: usize,
+        owner: &Peer,
+    ) -> Option<Arc<Arena>> {
+        let access = self.access_for(owner);
+        let arena = {
+            let mut spare = self.stream_spare.lock();
+            let i = spare.iter().position(|(a, _)| {
+                a.access == access && a.slot_bytes == slot_bytes.max(1) && a.slots() == slots.max(1)
+            })?;
+            spare.swap_remove(i).0
+        };
+        if self.bytes_of(&owner.key) + arena.bytes() > self.budget.per_client {
+            // Dropped: the new arena's refusal names the budget.
+            return None;
+        }
+        *arena.owner.lock() = owner.clone();
+        tracing::debug!(arena = %arena.name, bytes = arena.bytes(), "stream reuses a pooled arena");
+        Some(arena)
+    }
+
+    /// Pools a stream's arena once its stream has ended, its client has released every slot and nothing
+    /// else holds it; otherwise lets it go. Returns whether it was pooled.
+    pub(super) fn pool_stream_arena(&self, arena: Arc<Arena>) -> bool {
+        if !arena.all_free() || Arc::strong_count(&arena) != 1 {
+            return false;
+        }
+        if arena.owner.lock().is_alive() == Some(false) {
+            return false;
+        }
+        self.streams.lock().remove(&arena.name);
+        let most_bytes = (*self.stream_peak.lock()).min(self.budget.total / 2);
+        if arena.bytes() > most_bytes {
+            return false;
+        }
+        let mut spare = self.stream_spare.lock();
+        spare.push((arena, Instant::now()));
+        while spare.len() > MAX_SPARE_ARENAS
+            || spare.iter().map(|(a, _)| a.bytes()).sum::<usize>() > most_bytes
+        {
+            spare.remove(0);
+        }
+        true
+    }
+
+    /// Drops pooled stream arenas unused for the time to live; once none is left, the peak they are
+    /// bounded by starts again from the stream arenas alive now.
+    pub(super) fn expire_stream_spares(&self) {
+        let mut spare = self.stream_spare.lock();
+        spare.retain(|(_, at)| at.elapsed() < self.ttl);
+        if spare.is_empty() {
+            let live: usize = self
+                .streams
+                .lock()
+                .values()
+                .filter_map(Weak::upgrade)
+                .map(|a| a.bytes())
+                .sum();
+            *self.stream_peak.lock() = live;
+        }
+    }
+}
