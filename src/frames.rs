@@ -257,15 +257,16 @@ impl Frames {
                 break;
             }
             let mut waits = Vec::new();
-            // Long chains of GOPs are cut for the threads idle now (a lone whole-video request on an idle
-            // daemon uses them all; a busy daemon decodes each chain in as few passes as it can). Frames
-            // whose whole span (from the keyframe before the first) is too short for any chain of them to
-            // be cut, a training clip's, skip the look at the fleet's slots.
-            let spanned = match (missing.first(), missing.last()) {
-                (Some(&a), Some(&b)) => b + 1 - source.index.keyframe_before(a),
-                _ => 0,
+            // Chains of GOP runs are cut for the threads idle now (a request on an idle daemon uses them
+            // all; a busy daemon decodes each chain in as few passes as it can). Frames within one GOP, most
+            // training clips, skip the look at the fleet's slots.
+            let crosses_a_keyframe = match (missing.first(), missing.last()) {
+                (Some(&a), Some(&b)) => {
+                    source.index.keyframe_before(b) > source.index.keyframe_before(a)
+                }
+                _ => false,
             };
-            let spread = if spanned >= 2 * plan::MIN_SPREAD_SPAN {
+            let spread = if crosses_a_keyframe {
                 self.fleet.spare_threads().max(1)
             } else {
                 1

@@ -42,15 +42,13 @@ pub const MERGE_GAP: usize = 4;
 /// spread over the decode threads, a pass boundary costs one keyframe decoded twice in this many frames.
 pub const MERGED_SPAN: usize = 256;
 
-/// The fewest frames a pass is cut down to so that idle decode threads share a chain (see `spread`).
-pub const MIN_SPREAD_SPAN: usize = 64;
-
 /// Groups `wanted` (frame indices valid for `index`) by the keyframe each is decoded from, then makes
 /// runs of consecutive GOPs whose frames meet (at most [`MERGE_GAP`] frames apart) one pass each, split
 /// evenly into passes of at most about [`MERGED_SPAN`] frames. `spread`: how many threads could decode
 /// this plan at once (the decode threads idle with nothing queued, at least 1): a chain is cut into up to that
-/// many passes of at least [`MIN_SPREAD_SPAN`] frames, so a lone long request on an idle daemon still
-/// uses every thread, while a busy daemon decodes each chain in as few passes as possible.
+/// many passes (at most one per GOP run in it), so a request on an idle daemon uses every idle thread (its
+/// latency is that of its longest pass, for one keyframe decoded twice per cut, on threads that would
+/// otherwise wait), while a busy daemon decodes each chain in as few passes as possible.
 pub fn gop_runs(index: &VideoIndex, wanted: &BTreeSet<usize>, spread: usize) -> Vec<GopRun> {
     merge_adjacent(per_gop(index, wanted), spread)
 }
@@ -92,7 +90,7 @@ fn meets(prev: &GopRun, next: &GopRun) -> bool {
 }
 
 /// Merges chains of runs that [`meets`] joins, each chain cut into equal passes at GOP boundaries: at most
-/// about [`MERGED_SPAN`] frames each, and up to `spread` of them for a chain long enough.
+/// about [`MERGED_SPAN`] frames each, and up to `spread` of them for a chain of that many GOP runs.
 fn merge_adjacent(runs: Vec<GopRun>, spread: usize) -> Vec<GopRun> {
     let mut out: Vec<GopRun> = Vec::with_capacity(runs.len());
     let mut chain: Vec<GopRun> = Vec::new();
@@ -114,7 +112,7 @@ fn split_chain(chain: Vec<GopRun>, spread: usize, out: &mut Vec<GopRun>) {
     let span = last.wanted.last().map_or(0, |l| l + 1 - begin);
     let passes = span
         .div_ceil(MERGED_SPAN)
-        .max(spread.min(span / MIN_SPREAD_SPAN))
+        .max(spread.min(chain.len()))
         .max(1);
     // Each cut at the run (GOP start) nearest an even share of the span, after the previous cut.
     let mut cuts = Vec::with_capacity(passes);
@@ -241,8 +239,8 @@ mod tests {
                 wanted: clip.iter().copied().collect()
             }]
         );
-        // Idle threads to share it: a whole video is cut into up to that many passes of 64 frames or more;
-        // a clip is not.
+        // Idle threads to share it: a whole video is cut into up to that many passes, a clip across a
+        // keyframe into its two GOP runs.
         let starts = |spread| -> Vec<usize> {
             gop_runs(&idx, &all, spread)
                 .iter()
@@ -250,8 +248,23 @@ mod tests {
                 .collect()
         };
         assert_eq!(starts(2), vec![0, 125]);
-        assert_eq!(starts(8), vec![0, 75, 175]);
-        assert_eq!(gop_runs(&idx, &clip, 8).len(), 1);
+        // 8 passes of about 31 frames: each cut at the GOP start nearest its share.
+        assert_eq!(starts(8), vec![0, 25, 50, 100, 125, 150, 175, 225]);
+        assert_eq!(
+            gop_runs(&idx, &clip, 8),
+            vec![
+                GopRun {
+                    keyframe: 0,
+                    wanted: vec![12, 16, 20, 24]
+                },
+                GopRun {
+                    keyframe: 25,
+                    wanted: vec![28, 32, 36, 40]
+                },
+            ]
+        );
+        // Never more passes than GOP runs, however many threads idle.
+        assert_eq!(gop_runs(&idx, &clip, 16).len(), 2);
         // 5 frames between 19 and the keyframe at 25 (more than MERGE_GAP): two passes.
         let sparse: BTreeSet<usize> = [10, 19, 30, 40].into_iter().collect();
         assert_eq!(gop_runs(&idx, &sparse, 1).len(), 2);

@@ -178,9 +178,10 @@ const GULP_MP4: &str = "gulpio/test.mp4";
 
 /// Runs of consecutive GOPs whose wanted frames meet (at most 4 frames between one run's last and the next
 /// keyframe) decode as one pass, without a seek: on one decode thread a whole video of several GOPs is one
-/// pass, a clip across a keyframe is one, a gap of 5 frames is two; with two idle threads the whole video
-/// is two passes (0-59, 60-139), one per thread. Every frame equals FFmpeg's. One-pass requests, so no
-/// frame comes from the cache and each plan sees every frame it asks for.
+/// pass, a clip across a keyframe is one, a gap of 5 frames is two; with two idle threads a clip across a
+/// keyframe is two passes (0-29, 30-32) and the whole video two (0-59, 60-139), one per thread. Every
+/// frame equals FFmpeg's. One-pass requests, so no frame comes from the cache and each plan sees every
+/// frame it asks for.
 #[tokio::test]
 async fn runs_that_meet_at_a_keyframe_are_one_pass() {
     let d = Daemon::start_with(&["--decode-threads", "1"]).await;
@@ -197,15 +198,22 @@ async fn runs_that_meet_at_a_keyframe_are_one_pass() {
     // (wanted, passes, frames decoded or skipped: each pass from its keyframe to its last frame, on the
     // two-thread daemon). In this order no request starts where the one thread's decoder stopped (which
     // it would continue from instead of seeking: fewer frames).
-    let cases: [(&[u64], u64, u64, bool); 5] = [
+    let cases: [(&[u64], u64, u64, bool); 6] = [
         (&all, 1, 140, false),
         (&[54, 61], 2, (54 - 30 + 1) + (61 - 60 + 1), false),
         (&[55, 61], 1, 32, false),
         (&[27, 29, 31, 32], 1, 33, false),
+        (&[27, 29, 31, 32], 2, 30 + 3, true),
         (&all, 2, 140, true),
     ];
     for (wanted, passes, span, two_threads) in cases {
-        let c = if two_threads { &mut c2 } else { &mut c };
+        let c = if two_threads {
+            // Both threads idle again (a thread marks itself idle just after handing over its result).
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            &mut c2
+        } else {
+            &mut c
+        };
         let b = get(
             c,
             with_policy(
