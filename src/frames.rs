@@ -271,7 +271,11 @@ impl Frames {
             } else {
                 1
             };
-            for run in plan::gop_runs(&source.index, &missing, spread) {
+            let runs = plan::gop_runs(&source.index, &missing, spread);
+            for run in runs
+                .into_iter()
+                .flat_map(|r| self.split_at_flights(id, geometry, source, r))
+            {
                 let key = RunKey {
                     video: id.clone(),
                     keyframe: run.keyframe,
@@ -353,6 +357,64 @@ impl Frames {
             )));
         }
         Ok((got, stats))
+    }
+
+    /// `run` cut at each later keyframe it decodes through where a pass other than the one at its own
+    /// keyframe is registered, so that each piece joins the pass already decoding it. (A plan made while
+    /// the threads were busy merges GOP runs that an earlier plan, made while they were idle, cut into
+    /// passes: whole, the run would join the first pass only, grow it over the others' GOPs and decode them
+    /// a second time.)
+    fn split_at_flights(
+        &self,
+        id: &Arc<VideoId>,
+        geometry: Geometry,
+        source: &VideoSource,
+        run: GopRun,
+    ) -> Vec<GopRun> {
+        let last = run.wanted.last().copied().unwrap_or(run.keyframe);
+        let key_at = |keyframe| RunKey {
+            video: id.clone(),
+            keyframe,
+            geometry,
+        };
+        let cuts: Vec<usize> = {
+            let map = self.inflight.lock();
+            if map.is_empty() {
+                return vec![run];
+            }
+            let own = map.get(&key_at(run.keyframe)).map(|f| f.tx.clone());
+            keyframes_within(source, run.keyframe, last)
+                .filter(|&k| {
+                    map.get(&key_at(k))
+                        .is_some_and(|f| !own.as_ref().is_some_and(|o| Arc::ptr_eq(o, &f.tx)))
+                })
+                .collect()
+        };
+        if cuts.is_empty() {
+            return vec![run];
+        }
+        let mut pieces: Vec<GopRun> = Vec::with_capacity(cuts.len() + 1);
+        let mut next_cut = 0;
+        let mut piece = GopRun {
+            keyframe: run.keyframe,
+            wanted: Vec::new(),
+        };
+        for k in run.wanted {
+            while next_cut < cuts.len() && k >= cuts[next_cut] {
+                let next = GopRun {
+                    keyframe: cuts[next_cut],
+                    wanted: Vec::new(),
+                };
+                next_cut += 1;
+                let done = std::mem::replace(&mut piece, next);
+                if !done.wanted.is_empty() {
+                    pieces.push(done);
+                }
+            }
+            piece.wanted.push(k);
+        }
+        pieces.push(piece);
+        pieces
     }
 
     /// Joins the registered pass of `key`, if any: adds `wanted` to it while it is queued, and, when it

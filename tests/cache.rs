@@ -285,6 +285,13 @@ async fn until_queued(d: &Daemon, n: u64, what: &str) {
     }
 }
 
+/// A one-pass request for `frames` of [`GULP_MP4`], sent on its own connection in the background.
+async fn in_background(d: &Daemon, frames: &[u64]) -> tokio::task::JoinHandle<Batch> {
+    let mut c = d.client().await;
+    let req = one_pass_req(frames);
+    tokio::spawn(async move { c.get_clips(req).await.expect("GetClips") })
+}
+
 fn one_pass_req(frames: &[u64]) -> proto::GetClipsRequest {
     with_policy(
         clips_req(MEDIA, vec![frames_clip(GULP_MP4, frames, None)], None),
@@ -300,14 +307,12 @@ async fn a_run_inside_a_queued_pass_joins_it() {
     let (d, stall) = daemon_with_its_one_thread_held().await;
     // A: frames 20-65, GOPs 0, 30 and 60 in one pass (no thread idle: not cut).
     let a_frames: Vec<u64> = (20..66).collect();
-    let mut ca = d.client().await;
-    let a_req = one_pass_req(&a_frames);
-    let a = tokio::spawn(async move { ca.get_clips(a_req).await });
+    let a = in_background(&d, &a_frames).await;
     until_queued(&d, 1, "A's pass").await;
     // B: frames 35 and 40, a run from keyframe 30, inside A's queued pass.
     let b_frames = [35u64, 40];
     let b = get(&mut d.client().await, one_pass_req(&b_frames)).await;
-    let a = a.await.expect("task").expect("A's GetClips");
+    let a = a.await.expect("A's request");
     stall.await.expect("stalled request");
 
     let (sa, sb) = (stats(&a), stats(&b));
@@ -334,21 +339,17 @@ async fn a_pass_grown_by_a_joiner_is_joined_where_it_grew() {
     let (d, stall) = daemon_with_its_one_thread_held().await;
     // A: frames 20-25, GOP 0 only.
     let a_frames: Vec<u64> = (20..26).collect();
-    let mut ca = d.client().await;
-    let a_req = one_pass_req(&a_frames);
-    let a = tokio::spawn(async move { ca.get_clips(a_req).await });
+    let a = in_background(&d, &a_frames).await;
     until_queued(&d, 1, "A's pass").await;
     // B: frames 28-64, one run from keyframe 0 through GOPs 30 and 60: it joins A's pass and grows it.
     let b_frames: Vec<u64> = (28..65).collect();
-    let mut cb = d.client().await;
-    let b_req = one_pass_req(&b_frames);
-    let b = tokio::spawn(async move { cb.get_clips(b_req).await });
+    let b = in_background(&d, &b_frames).await;
     until_queued(&d, 2, "B's copy of A's pass").await;
     // C: frames 62 and 64, a run from keyframe 60, where A's pass now reaches.
     let c_frames = [62u64, 64];
     let c = get(&mut d.client().await, one_pass_req(&c_frames)).await;
-    let a = a.await.expect("task").expect("A's GetClips");
-    let b = b.await.expect("task").expect("B's GetClips");
+    let a = a.await.expect("A's request");
+    let b = b.await.expect("B's request");
     stall.await.expect("stalled request");
 
     let (sa, sb, sc) = (stats(&a), stats(&b), stats(&c));
@@ -367,6 +368,42 @@ async fn a_pass_grown_by_a_joiner_is_joined_where_it_grew() {
     assert_frames_eq(&a, &a_frames, &ff, (256, 144), "A");
     assert_frames_eq(&b, &b_frames, &ff, (256, 144), "B");
     assert_frames_eq(&c, &c_frames, &ff, (256, 144), "C");
+}
+
+/// A request whose plan merges GOP runs that separate queued passes already decode (as a plan made on an
+/// idle daemon cuts them) joins each of those passes, instead of growing the first over the second's GOP.
+#[tokio::test]
+async fn a_merged_run_joins_each_pass_it_crosses() {
+    let (d, stall) = daemon_with_its_one_thread_held().await;
+    // A: frames 27 and 29 (GOP 0); A2: 31 and 32 (GOP 30): two queued passes.
+    let a = in_background(&d, &[27, 29]).await;
+    until_queued(&d, 1, "A's pass").await;
+    let a2 = in_background(&d, &[31, 32]).await;
+    until_queued(&d, 2, "A2's pass").await;
+    // B: all four, one merged run from keyframe 0 (2 frames between 29 and the keyframe at 30).
+    let b_frames = [27u64, 29, 31, 32];
+    let b = get(&mut d.client().await, one_pass_req(&b_frames)).await;
+    let a = a.await.expect("A's request");
+    let a2 = a2.await.expect("A2's request");
+    stall.await.expect("stalled request");
+
+    let (sa, sa2, sb) = (stats(&a), stats(&a2), stats(&b));
+    assert_eq!(
+        (sa.gop_runs, sa.frames_decoded + sa.frames_skipped),
+        (1, 30),
+        "A's pass: frames 0-29 only ({sa:?})"
+    );
+    assert_eq!(
+        (sa2.gop_runs, sa2.frames_decoded + sa2.frames_skipped),
+        (1, 3),
+        "A2's pass: frames 30-32 ({sa2:?})"
+    );
+    assert_eq!(sb.gop_runs, 0, "B decoded nothing itself ({sb:?})");
+    assert_eq!(sb.shared_frames, 4, "B: two frames from each pass ({sb:?})");
+    let ff = Ffmpeg::default().frames(&media_path(GULP_MP4), 256, 144, Some(&b_frames));
+    assert_frames_eq(&a, &[27, 29], &ff, (256, 144), "A");
+    assert_frames_eq(&a2, &[31, 32], &ff, (256, 144), "A2");
+    assert_frames_eq(&b, &b_frames, &ff, (256, 144), "B");
 }
 
 #[tokio::test]
