@@ -408,7 +408,7 @@ impl ShmRegistry {
         let access = self.access_for(owner);
         let mut spare = self.spare.lock();
         let fits = |a: &Arena| {
-            a.access == access
+            lends_to(a, access, owner)
                 && a.slot_bytes >= nbytes
                 && a.slot_bytes / 2 <= nbytes.max(SPARE_ROUND)
         };
@@ -644,6 +644,21 @@ enum Releaser {
     OwnerGone,
     /// Anyone else: PERMISSION_DENIED.
     Other,
+}
+
+/// Whether a spare arena may go to `to`, whose files open as `access`: the file must open the same way, and
+/// since whoever held the arena before knows its name, only a client of the same user (who could read that
+/// user's memory anyway) takes it. Clients without a uid (TCP: any local user may connect) take only the
+/// spares of in-process calls, never another client's.
+fn lends_to(a: &Arena, access: Access, to: &Peer) -> bool {
+    if a.access != access {
+        return false;
+    }
+    let before = a.owner.lock();
+    match (before.uid, to.uid) {
+        (Some(b), Some(t)) => b == t,
+        _ => before.key == PeerKey::Local && to.key == PeerKey::Local,
+    }
 }
 
 fn may_release(a: &Arena, by: &Peer) -> Releaser {

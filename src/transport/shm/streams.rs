@@ -14,7 +14,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use super::{Arena, ShmError, ShmRegistry, MAX_SPARE_ARENAS};
+use super::{lends_to, Arena, ShmError, ShmRegistry, MAX_SPARE_ARENAS};
 use crate::peer::Peer;
 
 impl ShmRegistry {
@@ -60,7 +60,9 @@ impl ShmRegistry {
         let arena = {
             let mut spare = self.stream_spare.lock();
             let i = spare.iter().position(|(a, _)| {
-                a.access == access && a.slot_bytes == slot_bytes.max(1) && a.slots() == slots.max(1)
+                lends_to(a, access, owner)
+                    && a.slot_bytes == slot_bytes.max(1)
+                    && a.slots() == slots.max(1)
             })?;
             spare.swap_remove(i).0
         };

@@ -548,3 +548,54 @@ async fn pooled_stream_arenas_stay_within_their_peak_and_the_budget_and_expire()
     assert_eq!(reg.open_arenas(), 0);
     assert_eq!(reg.bytes_in_use(), 0);
 }
+
+#[test]
+fn spare_arenas_go_only_to_clients_of_the_same_user() {
+    // Whoever held an arena knows its name: a spare must not carry another user's batches to it. Clients
+    // without a uid (TCP) open files the same way, so the access mode alone would not tell them apart.
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let a = Peer::tcp("10.0.0.9".parse().unwrap());
+    let b = Peer::tcp("10.0.0.10".parse().unwrap());
+    let reply = |who: &Peer| {
+        reg.one_shot_with(1000, true, who, |buf| {
+            buf.fill(1);
+            Ok::<_, ShmError>(())
+        })
+        .unwrap()
+        .1
+    };
+    let first = reply(&a);
+    reg.release(&first.arena, &[0], &a).unwrap();
+    assert_eq!(reg.spare_arenas(), 1);
+    let other = reply(&b);
+    assert_ne!(
+        other.arena, first.arena,
+        "another client's spare reply arena"
+    );
+    let stream = reg.stream_arena(100, 2, &a).unwrap();
+    let name = stream.name().to_owned();
+    reg.retire(stream);
+    assert_eq!(reg.spare_stream_arenas(), 1);
+    let s = reg.stream_arena(100, 2, &b).unwrap();
+    assert_ne!(s.name(), name, "another client's pooled stream arena");
+    assert_eq!(reg.spare_stream_arenas(), 1);
+
+    // Two processes of one user share (the first test of each pool); two users do not, whatever the
+    // access mode says.
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let (u, v) = (
+        Peer::unix(Some(1), euid),
+        Peer::unix(Some(std::process::id() as i32), euid.wrapping_add(1)),
+    );
+    let x = reg.stream_arena(50, 2, &u).unwrap();
+    let name = x.name().to_owned();
+    reg.retire(x);
+    let y = reg.stream_arena(50, 2, &v).unwrap();
+    assert_ne!(y.name(), name, "another user's pooled stream arena");
+    let z = reg
+        .stream_arena(50, 2, &Peer::unix(Some(std::process::id() as i32), euid))
+        .unwrap();
+    assert_eq!(z.name(), name, "the same user's pooled stream arena");
+}
