@@ -202,17 +202,15 @@ mod tests {
         // As passes: 5 → 10 leaves 4 frames between (merged), 12 → 20 leaves 7 (not), 29 → 30 none.
         assert_eq!(
             gop_runs(&idx, &wanted, 1),
-            vec![
-                GopRun {
-                    keyframe: 0,
-                    wanted: vec![3, 5, 10, 12]
-                },
-                GopRun {
-                    keyframe: 20,
-                    wanted: vec![29, 39]
-                },
-            ]
+            vec![run(0, &[3, 5, 10, 12]), run(20, &[29, 39])]
         );
+    }
+
+    fn run(keyframe: usize, wanted: &[usize]) -> GopRun {
+        GopRun {
+            keyframe,
+            wanted: wanted.to_vec(),
+        }
     }
 
     fn every(n: usize, step: usize) -> Vec<usize> {
@@ -252,16 +250,7 @@ mod tests {
         assert_eq!(starts(8), vec![0, 25, 50, 100, 125, 150, 175, 225]);
         assert_eq!(
             gop_runs(&idx, &clip, 8),
-            vec![
-                GopRun {
-                    keyframe: 0,
-                    wanted: vec![12, 16, 20, 24]
-                },
-                GopRun {
-                    keyframe: 25,
-                    wanted: vec![28, 32, 36, 40]
-                },
-            ]
+            vec![run(0, &[12, 16, 20, 24]), run(25, &[28, 32, 36, 40])]
         );
         // Never more passes than GOP runs, however many threads idle.
         assert_eq!(gop_runs(&idx, &clip, 16).len(), 2);

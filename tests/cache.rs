@@ -235,8 +235,8 @@ async fn runs_that_meet_at_a_keyframe_are_one_pass() {
 }
 
 /// A daemon of one decode thread, held by a stalled file (the debug binary's `VSERVE_TEST_STALL_ON`)
-/// until its 1 s deadline so that passes queue behind it; the task of the stalled request (it fails at
-/// the deadline), and the queue depth as a client sees it.
+/// until its 1 s deadline so that passes queue behind it, and the task of the stalled request (which
+/// asserts that it fails at the deadline).
 async fn daemon_with_its_one_thread_held() -> (Daemon, tokio::task::JoinHandle<()>) {
     let d = Daemon::start_with_env(
         &["--decode-threads", "1", "--decode-deadline", "1"],
