@@ -271,11 +271,15 @@ impl Frames {
             } else {
                 1
             };
-            let runs = plan::gop_runs(&source.index, &missing, spread);
-            for run in runs
-                .into_iter()
-                .flat_map(|r| self.split_at_flights(id, geometry, source, r))
-            {
+            let mut runs = plan::gop_runs(&source.index, &missing, spread);
+            if round == 0 {
+                // Round 1 joins nothing: its runs stay whole.
+                runs = runs
+                    .into_iter()
+                    .flat_map(|r| self.split_at_flights(id, geometry, source, r))
+                    .collect();
+            }
+            for run in runs {
                 let key = RunKey {
                     video: id.clone(),
                     keyframe: run.keyframe,
