@@ -206,6 +206,7 @@ mod tests {
         Peer {
             key: PeerKey::Process { pid: p, start: 1 },
             uid: Some(1000),
+            tcp_uid: None,
         }
     }
 

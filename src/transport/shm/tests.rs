@@ -598,4 +598,17 @@ fn spare_arenas_go_only_to_clients_of_the_same_user() {
         .stream_arena(50, 2, &Peer::unix(Some(std::process::id() as i32), euid))
         .unwrap();
     assert_eq!(z.name(), name, "the same user's pooled stream arena");
+
+    // Loopback TCP clients the kernel names a user for: the same user shares, another does not.
+    let tcp_user = |uid: u32| Peer {
+        tcp_uid: Some(uid),
+        ..Peer::tcp("127.0.0.1".parse().unwrap())
+    };
+    let x = reg.stream_arena(70, 2, &tcp_user(1000)).unwrap();
+    let name = x.name().to_owned();
+    reg.retire(x);
+    let other = reg.stream_arena(70, 2, &tcp_user(1001)).unwrap();
+    assert_ne!(other.name(), name, "another loopback user's pooled arena");
+    let same = reg.stream_arena(70, 2, &tcp_user(1000)).unwrap();
+    assert_eq!(same.name(), name, "the same loopback user's pooled arena");
 }

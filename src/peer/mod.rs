@@ -9,10 +9,14 @@
 //!   SIGKILLed client are reclaimed without waiting for its next request.
 //! - A Unix peer whose pid the kernel cannot name in this pid namespace (pid 0) is keyed by its uid.
 //! - On TCP a client is its IP address (a reconnect from another port is the same client; clients behind
-//!   one address share its limits). Liveness is unknowable there: its arenas expire by time.
+//!   one address share its limits). Liveness is unknowable there: its arenas expire by time. On loopback
+//!   the kernel names the user owning the client's socket ([`Peer::tcp_uid`], `loopback.rs`); that decides
+//!   only whether a released shared-memory arena may be lent to it, never a privilege.
 //! - A call with no connection (in-process tests) is [`PeerKey::Local`].
 
 use std::net::IpAddr;
+
+mod loopback;
 
 /// The key limits are counted by and arenas owned by.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -33,6 +37,9 @@ pub struct Peer {
     pub key: PeerKey,
     /// The peer's uid on a Unix socket.
     pub uid: Option<u32>,
+    /// The uid owning the client's end of a loopback TCP connection: only for lending spare arenas
+    /// (privileges go by `uid`, which TCP never has).
+    pub tcp_uid: Option<u32>,
 }
 
 impl Peer {
@@ -48,6 +55,7 @@ impl Peer {
         Peer {
             key,
             uid: Some(uid),
+            tcp_uid: None,
         }
     }
 
@@ -55,6 +63,7 @@ impl Peer {
         Peer {
             key: PeerKey::Address(ip),
             uid: None,
+            tcp_uid: None,
         }
     }
 
@@ -62,6 +71,7 @@ impl Peer {
         Peer {
             key: PeerKey::Local,
             uid: None,
+            tcp_uid: None,
         }
     }
 
@@ -79,7 +89,12 @@ impl Peer {
                 .map(|t| t.get_ref())
         });
         match tcp.and_then(|t| t.remote_addr()) {
-            Some(addr) => Peer::tcp(addr.ip()),
+            Some(addr) => Peer {
+                tcp_uid: tcp
+                    .and_then(|t| t.local_addr())
+                    .and_then(|server| loopback::uid(addr, server)),
+                ..Peer::tcp(addr.ip())
+            },
             None => Peer::local(),
         }
     }
