@@ -3,7 +3,8 @@
 //! each is a new file whose pages the kernel allocates and zeroes (`posix_fallocate`), the daemon faults in
 //! as it writes the first batches, and the client faults in again as it reads them. A stream that ends
 //! with every slot released hands its arena to a pool here, and the next stream of the same shape (slot
-//! size and count) whose client may open the file takes it: no new file, its pages already there.
+//! size and count) of a client of the same user takes it (see `lends_to`: the earlier owner knows the
+//! file's name): no new file, its pages already there.
 //!
 //! Bounds: the pool holds at most as many bytes as stream arenas held at once at their peak (it never
 //! makes the daemon hold more shared memory than its streams did), never more than half of the budget
