@@ -129,6 +129,21 @@ fn ask(request: Request) -> Option<u32> {
     }
     // SAFETY: `fd` was just opened and nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The kernel answers an exact lookup at once; this runs on a call's path, so never wait long for it.
+    let timeout = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 100_000,
+    };
+    // SAFETY: setsockopt with a pointer to a timeval of the size given.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
     let message = Message {
         header: NlMsgHdr {
             len: size_of::<Message>() as u32,
