@@ -65,6 +65,29 @@ struct InFlight {
     keys: Arc<Mutex<Vec<RunKey>>>,
 }
 
+impl InFlight {
+    /// Registers this pass also under the `keyframes` it decodes through (video and geometry of `base`)
+    /// that no other pass holds, remembering them for [`unregister`].
+    fn register_through(
+        &self,
+        map: &mut HashMap<RunKey, InFlight>,
+        base: &RunKey,
+        keyframes: impl Iterator<Item = usize>,
+    ) {
+        let mut keys = self.keys.lock();
+        for keyframe in keyframes {
+            let k = RunKey {
+                keyframe,
+                ..base.clone()
+            };
+            if let std::collections::hash_map::Entry::Vacant(e) = map.entry(k.clone()) {
+                e.insert(self.clone());
+                keys.push(k);
+            }
+        }
+    }
+}
+
 /// Whose decode work a fetch queues: the fleet shares threads fairly between tenants. `bounded` work
 /// (GetClips) is refused when the queue is full; a stream's is not, since its prefetch bounds it.
 #[derive(Clone, Copy, Debug)]
@@ -376,6 +399,11 @@ impl Frames {
         run: GopRun,
     ) -> Vec<GopRun> {
         let last = run.wanted.last().copied().unwrap_or(run.keyframe);
+        let inner: Vec<usize> = keyframes_within(source, run.keyframe, last).collect();
+        if inner.is_empty() {
+            // Within one GOP (most training clips): nothing to cut, no look at the table.
+            return vec![run];
+        }
         let key_at = |keyframe| RunKey {
             video: id.clone(),
             keyframe,
@@ -383,42 +411,16 @@ impl Frames {
         };
         let cuts: Vec<usize> = {
             let map = self.inflight.lock();
-            if map.is_empty() {
-                return vec![run];
-            }
             let own = map.get(&key_at(run.keyframe)).map(|f| f.tx.clone());
-            keyframes_within(source, run.keyframe, last)
+            inner
+                .into_iter()
                 .filter(|&k| {
                     map.get(&key_at(k))
                         .is_some_and(|f| !own.as_ref().is_some_and(|o| Arc::ptr_eq(o, &f.tx)))
                 })
                 .collect()
         };
-        if cuts.is_empty() {
-            return vec![run];
-        }
-        let mut pieces: Vec<GopRun> = Vec::with_capacity(cuts.len() + 1);
-        let mut next_cut = 0;
-        let mut piece = GopRun {
-            keyframe: run.keyframe,
-            wanted: Vec::new(),
-        };
-        for k in run.wanted {
-            while next_cut < cuts.len() && k >= cuts[next_cut] {
-                let next = GopRun {
-                    keyframe: cuts[next_cut],
-                    wanted: Vec::new(),
-                };
-                next_cut += 1;
-                let done = std::mem::replace(&mut piece, next);
-                if !done.wanted.is_empty() {
-                    pieces.push(done);
-                }
-            }
-            piece.wanted.push(k);
-        }
-        pieces.push(piece);
-        pieces
+        plan::cut_at(run, &cuts)
     }
 
     /// Joins the registered pass of `key`, if any: adds `wanted` to it while it is queued, and, when it
@@ -436,7 +438,7 @@ impl Frames {
     ) -> Option<watch::Receiver<Option<RunResult>>> {
         let (rx, queued) = {
             let mut map = self.inflight.lock();
-            let f = map.get(key)?.clone();
+            let f = map.get(key)?;
             if admit {
                 f.admit.store(true, Ordering::Relaxed);
             }
@@ -450,20 +452,13 @@ impl Frames {
                 let after = pending.run.wanted.last().copied();
                 (queued, before.zip(after).filter(|(b, a)| a > b))
             };
+            let joined = (f.tx.subscribe(), queued.then(|| f.job.clone()));
             if let Some((before, after)) = grown {
-                let mut keys = f.keys.lock();
-                for keyframe in keyframes_within(source, before, after) {
-                    let k = RunKey {
-                        keyframe,
-                        ..key.clone()
-                    };
-                    if !map.contains_key(&k) {
-                        map.insert(k.clone(), f.clone());
-                        keys.push(k);
-                    }
-                }
+                // Cloned only here: registering needs the table mutably.
+                let f = f.clone();
+                f.register_through(&mut map, key, keyframes_within(source, before, after));
             }
-            (f.tx.subscribe(), queued.then(|| f.job.clone()))
+            joined
         };
         if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
             job.tenant = tenant.id;
@@ -497,8 +492,9 @@ impl Frames {
         let tx: RunSender = Arc::new(tx);
         // A pass through several GOPs is also registered under each later keyframe it decodes, so a request
         // whose run starts there joins it instead of decoding that GOP again.
-        let keys = spanned_keys(&key, source, &run);
-        let all_keys = Arc::new(Mutex::new(keys.clone()));
+        let last = run.wanted.last().copied().unwrap_or(run.keyframe);
+        let through: Vec<usize> = keyframes_within(source, run.keyframe, last).collect();
+        let all_keys = Arc::new(Mutex::new(vec![key.clone()]));
         let pending = Arc::new(Mutex::new(PendingRun {
             started: false,
             run,
@@ -591,11 +587,9 @@ impl Frames {
                 sink,
                 keys: all_keys.clone(),
             };
+            map.insert(key.clone(), flight.clone());
             // Later keyframes another pass already holds stay with it.
-            for k in &keys[1..] {
-                map.entry(k.clone()).or_insert_with(|| flight.clone());
-            }
-            map.insert(key.clone(), flight);
+            flight.register_through(&mut map, &key, through.into_iter());
         }
         let submitted = if tenant.bounded {
             self.fleet.submit(job)
@@ -610,20 +604,6 @@ impl Frames {
         }
         Ok(Some(rx))
     }
-}
-
-/// `key` (the run's keyframe) and, for a pass through several GOPs, the key of each later keyframe up to
-/// its last wanted frame. Stored frames (each its own keyframe) register only their first.
-fn spanned_keys(key: &RunKey, source: &VideoSource, run: &GopRun) -> Vec<RunKey> {
-    let last = run.wanted.last().copied().unwrap_or(run.keyframe);
-    std::iter::once(key.clone())
-        .chain(
-            keyframes_within(source, run.keyframe, last).map(|keyframe| RunKey {
-                keyframe,
-                ..key.clone()
-            }),
-        )
-        .collect()
 }
 
 /// The keyframes after frame `after` up to frame `last` a pass decodes through (none for stored frames,

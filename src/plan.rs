@@ -68,9 +68,28 @@ fn per_gop(index: &VideoIndex, wanted: &BTreeSet<usize>) -> Vec<GopRun> {
             })
             .unwrap_or_default();
     }
+    group(wanted.iter().copied(), |k| index.keyframe_before(k))
+}
+
+/// `run` cut at `cuts` (sorted keyframes after its own): each piece starts at the last cut at or before
+/// its frames, or at the run's keyframe. Cuts with no wanted frame after them before the next make no
+/// piece.
+pub fn cut_at(run: GopRun, cuts: &[usize]) -> Vec<GopRun> {
+    let keyframe = run.keyframe;
+    group(run.wanted, |k| match cuts.partition_point(|&c| c <= k) {
+        0 => keyframe,
+        n => cuts[n - 1],
+    })
+}
+
+/// Sorted frames grouped into runs by the keyframe `start_of` each (non-decreasing along the frames).
+fn group(
+    wanted: impl IntoIterator<Item = usize>,
+    start_of: impl Fn(usize) -> usize,
+) -> Vec<GopRun> {
     let mut runs: Vec<GopRun> = Vec::new();
-    for &k in wanted {
-        let kf = index.keyframe_before(k);
+    for k in wanted {
+        let kf = start_of(k);
         match runs.last_mut() {
             Some(run) if run.keyframe == kf => run.wanted.push(k),
             _ => runs.push(GopRun {
@@ -211,6 +230,21 @@ mod tests {
             keyframe,
             wanted: wanted.to_vec(),
         }
+    }
+
+    #[test]
+    fn a_run_cut_at_keyframes_keeps_each_frame_once() {
+        let r = run(0, &[27, 29, 31, 32, 61, 65]);
+        assert_eq!(
+            cut_at(r.clone(), &[30, 60]),
+            vec![run(0, &[27, 29]), run(30, &[31, 32]), run(60, &[61, 65])]
+        );
+        // A cut with no frame of its own makes no piece; no cut leaves the run whole.
+        assert_eq!(
+            cut_at(r.clone(), &[30, 45, 60]),
+            vec![run(0, &[27, 29]), run(30, &[31, 32]), run(60, &[61, 65])]
+        );
+        assert_eq!(cut_at(r.clone(), &[]), vec![r]);
     }
 
     fn every(n: usize, step: usize) -> Vec<usize> {
