@@ -426,16 +426,7 @@ impl ShmRegistry {
     /// Keeps a released reusable arena for later replies, within the pool's bounds (the newest stay).
     fn put_spare(&self, arena: Arc<Arena>) {
         let (most, most_bytes) = self.spare_bounds();
-        if arena.slot_bytes > most_bytes {
-            return;
-        }
-        let mut spare = self.spare.lock();
-        spare.push((arena, Instant::now()));
-        while spare.len() > most
-            || spare.iter().map(|(a, _)| a.slot_bytes).sum::<usize>() > most_bytes
-        {
-            spare.remove(0);
-        }
+        keep_newest(&self.spare, arena, most, most_bytes);
     }
 
     /// Drops one-shot and retired arenas older than the time to live, and spare ones unused that long.
@@ -644,6 +635,24 @@ enum Releaser {
     OwnerGone,
     /// Anyone else: PERMISSION_DENIED.
     Other,
+}
+
+/// Keeps `arena` in `pool` (a pool of spare arenas, newest last) unless it alone holds more than
+/// `most_bytes`, then drops the oldest while the pool holds more than `most` arenas or `most_bytes`.
+fn keep_newest(
+    pool: &Mutex<Vec<(Arc<Arena>, Instant)>>,
+    arena: Arc<Arena>,
+    most: usize,
+    most_bytes: usize,
+) {
+    if arena.bytes() > most_bytes {
+        return;
+    }
+    let mut pool = pool.lock();
+    pool.push((arena, Instant::now()));
+    while pool.len() > most || pool.iter().map(|(a, _)| a.bytes()).sum::<usize>() > most_bytes {
+        pool.remove(0);
+    }
 }
 
 /// Whether a spare arena may go to `to`, whose files open as `access`: the file must open the same way, and

@@ -12,10 +12,10 @@
 //! them when a new arena would not fit the budget otherwise. A pooled arena belongs to nobody: it counts in
 //! no client's budget until a stream takes it, and only that stream's client may release its slots.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
 
-use super::{lends_to, Arena, ShmError, ShmRegistry, MAX_SPARE_ARENAS};
+use super::{keep_newest, lends_to, Arena, ShmError, ShmRegistry, MAX_SPARE_ARENAS};
 use crate::peer::Peer;
 
 impl ShmRegistry {
@@ -36,11 +36,7 @@ impl ShmRegistry {
         let mut map = self.streams.lock();
         map.retain(|_, w| w.strong_count() > 0);
         map.insert(arena.name.clone(), Arc::downgrade(&arena));
-        let live: usize = map
-            .values()
-            .filter_map(Weak::upgrade)
-            .map(|a| a.bytes())
-            .sum();
+        let live = live_bytes(&map);
         let mut peak = self.stream_peak.lock();
         *peak = (*peak).max(live);
         Ok(arena)
@@ -77,27 +73,17 @@ impl ShmRegistry {
     }
 
     /// Pools a stream's arena once its stream has ended, its client has released every slot and nothing
-    /// else holds it; otherwise lets it go. Returns whether it was pooled.
-    pub(super) fn pool_stream_arena(&self, arena: Arc<Arena>) -> bool {
-        if !arena.all_free() || Arc::strong_count(&arena) != 1 {
-            return false;
-        }
-        if arena.owner.lock().is_alive() == Some(false) {
-            return false;
+    /// else holds it; otherwise lets it go.
+    pub(super) fn pool_stream_arena(&self, arena: Arc<Arena>) {
+        if !arena.all_free()
+            || Arc::strong_count(&arena) != 1
+            || arena.owner.lock().is_alive() == Some(false)
+        {
+            return;
         }
         self.streams.lock().remove(&arena.name);
         let most_bytes = (*self.stream_peak.lock()).min(self.budget.total / 2);
-        if arena.bytes() > most_bytes {
-            return false;
-        }
-        let mut spare = self.stream_spare.lock();
-        spare.push((arena, Instant::now()));
-        while spare.len() > MAX_SPARE_ARENAS
-            || spare.iter().map(|(a, _)| a.bytes()).sum::<usize>() > most_bytes
-        {
-            spare.remove(0);
-        }
-        true
+        keep_newest(&self.stream_spare, arena, MAX_SPARE_ARENAS, most_bytes);
     }
 
     /// Drops pooled stream arenas unused for the time to live; once none is left, the peak they are
@@ -106,14 +92,17 @@ impl ShmRegistry {
         let mut spare = self.stream_spare.lock();
         spare.retain(|(_, at)| at.elapsed() < self.ttl);
         if spare.is_empty() {
-            let live: usize = self
-                .streams
-                .lock()
-                .values()
-                .filter_map(Weak::upgrade)
-                .map(|a| a.bytes())
-                .sum();
+            let live = live_bytes(&self.streams.lock());
             *self.stream_peak.lock() = live;
         }
     }
+}
+
+/// Bytes of the stream arenas still alive in the registry's table.
+fn live_bytes(streams: &HashMap<String, Weak<Arena>>) -> usize {
+    streams
+        .values()
+        .filter_map(Weak::upgrade)
+        .map(|a| a.bytes())
+        .sum()
 }
