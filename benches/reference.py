@@ -115,6 +115,10 @@ def short_side_size(w: int, h: int, short: int) -> Tuple[int, int]:
     return max(1, (w * short * 2 + h) // (2 * h)), short
 
 
+#: Seconds between PSS samples during a timed trial (``--pss-period``; 0: no sampling).
+PSS_PERIOD = 0.2
+
+
 class PssSampler(threading.Thread):
     """Samples the summed PSS of some root processes and all their descendants, every `period` s.
 
@@ -160,7 +164,7 @@ class PssSampler(threading.Thread):
         return 0
 
     def run(self) -> None:
-        while not self._halt.is_set():
+        while self.period > 0 and not self._halt.is_set():
             total = sum(self._pss(p) for p in self._tree(self.roots))
             minus = 0
             if self.minus is not None:
@@ -723,7 +727,7 @@ def run_ranks(specs: List[Dict[str, Any]], mode: str, daemon: Optional[Daemon], 
             raise RuntimeError(f"{mode}: a rank did not start (said {line!r})")
     roots = [p.pid for p in procs] + ([daemon.proc.pid] if daemon else [])
     minus = (lambda: daemon.stats()["cache_bytes"]) if daemon else None
-    sampler = PssSampler(roots, minus)
+    sampler = PssSampler(roots, minus, PSS_PERIOD)
     stats0 = daemon.stats() if daemon else None
     cpu0 = daemon.cpu() if daemon else 0.0
     sampler.start()
@@ -1632,7 +1636,10 @@ def main() -> None:
     ap.add_argument("--vserve-bin", default=str(REPO / "target" / "release" / "vserve"))
     ap.add_argument("--floor-bin", default=os.environ.get("FLOOR_BIN", ""))
     ap.add_argument("--no-floor", action="store_true", help="skip the floor (a smoke test without release builds)")
+    ap.add_argument("--pss-period", type=float, default=0.2, help="seconds between memory samples in a trial (0: none)")
     args = ap.parse_args()
+    global PSS_PERIOD
+    PSS_PERIOD = args.pss_period
     args.variants = [v for v in args.variants.split(",") if v]
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.systems = [s for s in args.systems.split(",") if s]

@@ -29,7 +29,7 @@ macro_rules! for_each_stat {
             frames_decoded gop_runs cache_hits cache_misses cache_bytes cache_entries index_builds
             cache_admitted cache_bypassed requests decode_queue_depth shared_frames frames_skipped active_streams
             inflight_requests
-            samples_skipped batches_sent shm_arenas frames_in_place
+            samples_skipped batches_sent shm_arenas frames_in_place decoders_opened decoders_reused
         }
     };
 }
@@ -267,6 +267,8 @@ impl Engine {
             batches_sent: self.streams.batches.load(Ordering::Relaxed),
             shm_arenas: self.shm.open_arenas(),
             frames_in_place: f.frames_in_place,
+            decoders_opened: f.decoders_opened,
+            decoders_reused: f.decoders_reused,
         }
     }
 
@@ -331,6 +333,16 @@ impl Engine {
                 "decode_frames_in_place",
                 "Decoded frames converted straight into the shared-memory reply that wanted them.",
                 s.frames_in_place,
+            ),
+            Scraped::counter(
+                "decode_decoders_opened",
+                "Decoders opened for a video that was not open on its thread.",
+                s.decoders_opened,
+            ),
+            Scraped::counter(
+                "decode_decoders_reused",
+                "Of the decoders opened, those that were another video's of the same parameter sets, reused.",
+                s.decoders_reused,
             ),
             Scraped::counter(
                 "decode_frames_skipped",

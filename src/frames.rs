@@ -140,6 +140,8 @@ pub struct FrameStats {
     pub shared_frames: u64,
     /// Decoded frames converted straight into the reply that wanted them (see [`Sink`]).
     pub frames_in_place: u64,
+    pub decoders_opened: u64,
+    pub decoders_reused: u64,
     pub decode_queue_depth: u64,
     /// Runs failed for passing their deadline.
     pub deadline_exceeded: u64,
@@ -210,6 +212,8 @@ impl Frames {
             cache_bypassed: self.cache.bypassed(),
             shared_frames: c.shared_frames.load(Ordering::Relaxed),
             frames_in_place: c.in_place.load(Ordering::Relaxed),
+            decoders_opened: f.decoders_opened.load(Ordering::Relaxed),
+            decoders_reused: f.decoders_reused.load(Ordering::Relaxed),
             decode_queue_depth: self.fleet.queue_depth() as u64,
             deadline_exceeded: f.deadline_exceeded.load(Ordering::Relaxed),
             stuck_threads: f.stuck.load(Ordering::Relaxed) as u64,

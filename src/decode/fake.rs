@@ -68,7 +68,7 @@ impl Backend for FakeBackend {
             sunk,
             decoded: run.span() as u64,
             skipped: 0,
-            decoded_on: Default::default(),
+            ..Default::default()
         })
     }
 }

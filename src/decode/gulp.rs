@@ -73,7 +73,7 @@ impl GulpBackend {
             sunk: Vec::new(),
             decoded: run.wanted.len() as u64,
             skipped: 0,
-            decoded_on: Default::default(),
+            ..Default::default()
         })
     }
 }

