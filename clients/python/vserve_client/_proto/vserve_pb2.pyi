@@ -413,7 +413,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("frames_decoded", "gop_runs", "cache_hits", "cache_misses", "cache_bytes", "cache_entries", "index_builds", "requests", "decode_queue_depth", "shared_frames", "frames_skipped", "active_streams", "inflight_requests", "samples_skipped", "batches_sent", "shm_arenas", "cache_admitted", "cache_bypassed", "frames_in_place")
+    __slots__ = ("frames_decoded", "gop_runs", "cache_hits", "cache_misses", "cache_bytes", "cache_entries", "index_builds", "requests", "decode_queue_depth", "shared_frames", "frames_skipped", "active_streams", "inflight_requests", "samples_skipped", "batches_sent", "shm_arenas", "cache_admitted", "cache_bypassed", "frames_in_place", "decoders_opened", "decoders_reused")
     FRAMES_DECODED_FIELD_NUMBER: _ClassVar[int]
     GOP_RUNS_FIELD_NUMBER: _ClassVar[int]
     CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +433,8 @@ class GetStatsResponse(_message.Message):
     CACHE_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYPASSED_FIELD_NUMBER: _ClassVar[int]
     FRAMES_IN_PLACE_FIELD_NUMBER: _ClassVar[int]
+    DECODERS_OPENED_FIELD_NUMBER: _ClassVar[int]
+    DECODERS_REUSED_FIELD_NUMBER: _ClassVar[int]
     frames_decoded: int
     gop_runs: int
     cache_hits: int
@@ -452,7 +454,9 @@ class GetStatsResponse(_message.Message):
     cache_admitted: int
     cache_bypassed: int
     frames_in_place: int
-    def __init__(self, frames_decoded: _Optional[int] = ..., gop_runs: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., index_builds: _Optional[int] = ..., requests: _Optional[int] = ..., decode_queue_depth: _Optional[int] = ..., shared_frames: _Optional[int] = ..., frames_skipped: _Optional[int] = ..., active_streams: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., batches_sent: _Optional[int] = ..., shm_arenas: _Optional[int] = ..., cache_admitted: _Optional[int] = ..., cache_bypassed: _Optional[int] = ..., frames_in_place: _Optional[int] = ...) -> None: ...
+    decoders_opened: int
+    decoders_reused: int
+    def __init__(self, frames_decoded: _Optional[int] = ..., gop_runs: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., index_builds: _Optional[int] = ..., requests: _Optional[int] = ..., decode_queue_depth: _Optional[int] = ..., shared_frames: _Optional[int] = ..., frames_skipped: _Optional[int] = ..., active_streams: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., batches_sent: _Optional[int] = ..., shm_arenas: _Optional[int] = ..., cache_admitted: _Optional[int] = ..., cache_bypassed: _Optional[int] = ..., frames_in_place: _Optional[int] = ..., decoders_opened: _Optional[int] = ..., decoders_reused: _Optional[int] = ...) -> None: ...
 
 class ClipSampler(_message.Message):
     __slots__ = ("kind", "num_clips", "frames_per_clip", "frame_stride", "seconds_between_frames", "seconds_between_clip_starts", "range_start", "range_end", "short_video")
