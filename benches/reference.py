@@ -116,7 +116,7 @@ def short_side_size(w: int, h: int, short: int) -> Tuple[int, int]:
 
 
 #: Seconds between PSS samples during a timed trial (``--pss-period``; 0: no sampling).
-PSS_PERIOD = 0.2
+PSS_PERIOD = 1.0
 
 
 class PssSampler(threading.Thread):
@@ -1636,7 +1636,7 @@ def main() -> None:
     ap.add_argument("--vserve-bin", default=str(REPO / "target" / "release" / "vserve"))
     ap.add_argument("--floor-bin", default=os.environ.get("FLOOR_BIN", ""))
     ap.add_argument("--no-floor", action="store_true", help="skip the floor (a smoke test without release builds)")
-    ap.add_argument("--pss-period", type=float, default=0.2, help="seconds between memory samples in a trial (0: none)")
+    ap.add_argument("--pss-period", type=float, default=1.0, help="seconds between memory samples in a trial (0: none)")
     args = ap.parse_args()
     global PSS_PERIOD
     PSS_PERIOD = args.pss_period

