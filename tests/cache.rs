@@ -560,6 +560,11 @@ async fn sequential_single_frame_requests_continue_the_decoder() {
         work, span,
         "frames {frames:?} one per request: the keyframe prefix is decoded once, not once per request"
     );
+    // One decoder opened for all of them (the video stays open on its thread), none reused.
+    let s = c.stats().await.expect("GetStats");
+    assert_eq!((s.decoders_opened, s.decoders_reused), (1, 0));
+    assert_eq!(metric(&d, "vserve_decode_decoders_opened_total"), 1);
+    assert_eq!(metric(&d, "vserve_decode_decoders_reused_total"), 0);
 }
 
 /// A counter of the daemon's `/metrics` (0 when the series is not there yet).

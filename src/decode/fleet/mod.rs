@@ -502,18 +502,14 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
         drop(st);
         if let Ok(out) = &result {
             counters.runs.fetch_add(1, Ordering::Relaxed);
-            counters
-                .frames_decoded
-                .fetch_add(out.decoded, Ordering::Relaxed);
-            counters
-                .frames_skipped
-                .fetch_add(out.skipped, Ordering::Relaxed);
-            counters
-                .decoders_opened
-                .fetch_add(out.decoders_opened, Ordering::Relaxed);
-            counters
-                .decoders_reused
-                .fetch_add(out.decoders_reused, Ordering::Relaxed);
+            for (counter, n) in [
+                (&counters.frames_decoded, out.decoded),
+                (&counters.frames_skipped, out.skipped),
+                (&counters.decoders_opened, out.decoders_opened),
+                (&counters.decoders_reused, out.decoders_reused),
+            ] {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
         }
         let f = on_done.lock().take();
         if let Some(f) = f {
