@@ -310,8 +310,15 @@ mod tests {
         );
 
         // Round robin over the eight clips, a different GOP each round: only four stay open on a
-        // backend, so from the fifth video on each opens with the decoder of one that closed.
-        let mut backend = FfmpegBackend::new(1);
+        // backend, so from the fifth video on each opens with the decoder of one that closed. With one
+        // decoder thread (the daemon's setting), and with two frame threads a decoder.
+        for threads in [1, 2] {
+            round_robin(&clips, threads);
+        }
+    }
+
+    fn round_robin(clips: &[Clip], threads: usize) {
+        let mut backend = FfmpegBackend::new(threads);
         let (mut opened, mut reused) = (0, 0);
         for round in 0..3usize {
             for (i, c) in clips.iter().enumerate() {
@@ -335,7 +342,7 @@ mod tests {
                 for (k, f) in &out.frames {
                     assert!(
                         f.data == c.frames[*k],
-                        "clip {i} frame {k} (round {round}) differs from FFmpeg's"
+                        "clip {i} frame {k} (round {round}, {threads} threads) differs from FFmpeg's"
                     );
                 }
             }
