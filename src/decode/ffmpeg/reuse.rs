@@ -5,7 +5,8 @@
 //!
 //! Input: a decoder leaving a backend's open videos (the least recent of them), and later a video about to
 //! be opened. Output: for a video whose stream has exactly the same [`DecoderKey`] (codec, size, pixel
-//! format, time base, parameter sets), a spare decoder, flushed, instead of a new one. A flushed decoder
+//! format, time base, parameter sets, and the container's other codec parameters: colour tags, aspect
+//! ratio, reorder delay), a spare decoder, flushed, instead of a new one. A flushed decoder
 //! is where a seek puts it (no picture, no reference, no output pending): a run always starts at a
 //! keyframe, as after a seek within one video. The new video's parameter sets are given to the decoder
 //! again with its first packet (`AV_PKT_DATA_NEW_EXTRADATA`), so sets that the earlier video replaced
@@ -45,7 +46,10 @@ fn unreserve(bytes: usize) {
     HELD.fetch_sub(bytes, Ordering::Relaxed);
 }
 
-/// What must be equal for a decoder to decode another video as a new one would.
+/// What must be equal for a decoder to decode another video as a new one would: every field of the
+/// stream's codec parameters that opening a decoder copies into its context (a decoder keeps them for
+/// the frames it makes: a container's colour tags, absent from the parameter sets, decide the matrix a
+/// frame is converted with), the time base, and the parameter sets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecoderKey {
     codec: i32,
@@ -53,6 +57,10 @@ pub struct DecoderKey {
     height: i32,
     format: i32,
     time_base: (i32, i32),
+    /// codec_tag, bits_per_coded_sample, bits_per_raw_sample, profile, level, field_order, color_range,
+    /// color_primaries, color_trc, color_space, chroma_location, sample_aspect_ratio (num, den),
+    /// video_delay.
+    params: [i64; 14],
     /// The stream's parameter sets (avcC), byte for byte.
     extradata: Vec<u8>,
 }
@@ -87,6 +95,22 @@ impl DecoderKey {
                 height: p.height,
                 format: p.format,
                 time_base: (tb.numerator(), tb.denominator()),
+                params: [
+                    p.codec_tag as i64,
+                    p.bits_per_coded_sample as i64,
+                    p.bits_per_raw_sample as i64,
+                    p.profile as i64,
+                    p.level as i64,
+                    p.field_order as i64,
+                    p.color_range as i64,
+                    p.color_primaries as i64,
+                    p.color_trc as i64,
+                    p.color_space as i64,
+                    p.chroma_location as i64,
+                    p.sample_aspect_ratio.num as i64,
+                    p.sample_aspect_ratio.den as i64,
+                    p.video_delay as i64,
+                ],
                 extradata: std::slice::from_raw_parts(p.extradata, p.extradata_size as usize)
                     .to_vec(),
             })
@@ -238,6 +262,27 @@ mod tests {
         out
     }
 
+    /// `src` remuxed (no re-encode: the same parameter sets) with BT.709 colour tags in the container.
+    fn tagged_bt709(src: &Path, out: PathBuf) -> PathBuf {
+        let ok = Command::new("ffmpeg")
+            .args(["-nostdin", "-loglevel", "error", "-y", "-i"])
+            .arg(src)
+            .args([
+                "-c",
+                "copy",
+                "-color_primaries",
+                "bt709",
+                "-color_trc",
+                "bt709",
+            ])
+            .args(["-colorspace", "bt709", "-movflags", "+write_colr"])
+            .arg(&out)
+            .status()
+            .expect("ffmpeg");
+        assert!(ok.success(), "ffmpeg failed to remux {}", src.display());
+        out
+    }
+
     /// Every frame as `ffmpeg -threads 1 -pix_fmt rgb24` outputs it (the reference).
     fn reference(path: &Path, w: usize, h: usize) -> Vec<Vec<u8>> {
         let out = Command::new("ffmpeg")
@@ -295,19 +340,36 @@ mod tests {
     #[test]
     fn a_reused_decoder_decodes_each_video_as_ffmpeg_does() {
         let dir = tempfile::tempdir().unwrap();
-        // Six clips of one encoding (one key), two of another crf (another key: its PPS differs).
+        // Six clips of one encoding (one key), two of another crf (another key: its PPS differs), two of
+        // the first encoding tagged BT.709 by their container (a third key).
         let mut clips: Vec<Clip> = (0..6)
             .map(|i| clip(encode(dir.path(), &format!("a{i}.mp4"), 0.4 * i as f64, 23)))
             .collect();
         clips.extend(
             (0..2).map(|i| clip(encode(dir.path(), &format!("b{i}.mp4"), 0.3 + i as f64, 35))),
         );
+        // Two of the first encoding's clips again, tagged BT.709 by the container only: the same
+        // parameter sets, but FFmpeg converts their frames with another matrix (so another key).
+        for i in 0..2 {
+            let src = clips[i].source.path.clone();
+            clips.push(clip(tagged_bt709(
+                &src,
+                dir.path().join(format!("c{i}.mp4")),
+            )));
+        }
         assert!(clips[..6].iter().all(|c| c.key == clips[0].key));
-        assert!(clips[6..].iter().all(|c| c.key == clips[6].key));
+        assert!(clips[6..8].iter().all(|c| c.key == clips[6].key));
+        assert_eq!(clips[8].key, clips[9].key);
         assert_ne!(
             clips[0].key, clips[6].key,
             "the two crfs share parameter sets: the test proves less"
         );
+        assert_eq!(clips[0].key.extradata, clips[8].key.extradata);
+        assert_ne!(
+            clips[0].frames[0], clips[8].frames[0],
+            "the tag changes FFmpeg's pixels"
+        );
+        assert_ne!(clips[0].key, clips[8].key);
 
         // Round robin over the eight clips, a different GOP each round: only four stay open on a
         // backend, so from the fifth video on each opens with the decoder of one that closed. With one
@@ -348,11 +410,11 @@ mod tests {
             }
         }
         assert_eq!(
-            opened, 24,
-            "every run opens its video (eight videos, four kept open)"
+            opened, 30,
+            "every run opens its video (ten videos, four kept open)"
         );
         assert!(reused >= 16, "{reused} of {opened} decoders reused");
-        assert!(backend.spares.len() <= 8);
+        assert!(backend.spares.len() <= 10);
     }
 
     #[test]
@@ -364,6 +426,7 @@ mod tests {
             height: 720,
             format: 0,
             time_base: (1, 25),
+            params: [0; 14],
             extradata: vec![n],
         };
         assert_eq!(SPARE_BYTES / big(0).bytes(), 2);
