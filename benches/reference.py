@@ -126,7 +126,7 @@ class PssSampler(threading.Thread):
     processes that map them, so the sum counts each page once. `minus()` is subtracted per sample (the
     daemon's frame cache, which the memory aim excludes)."""
 
-    def __init__(self, roots: List[int], minus=None, period: float = 0.2):
+    def __init__(self, roots: List[int], minus, period: float):
         super().__init__(daemon=True)
         self.roots, self.minus, self.period = roots, minus, period
         self.peak = 0
@@ -1603,6 +1603,7 @@ def write_open_loop_report(report: Dict[str, Any], outdir: Path) -> None:
 
 
 def main() -> None:
+    global PSS_PERIOD
     if len(sys.argv) == 3 and sys.argv[1] in ("_vserve-rank", "_peer-rank", "_open-loop-rank"):
         spec = json.loads(Path(sys.argv[2]).read_text())
         {"_vserve-rank": vserve_rank, "_peer-rank": peer_rank, "_open-loop-rank": open_loop_rank}[sys.argv[1]](spec)
@@ -1636,9 +1637,8 @@ def main() -> None:
     ap.add_argument("--vserve-bin", default=str(REPO / "target" / "release" / "vserve"))
     ap.add_argument("--floor-bin", default=os.environ.get("FLOOR_BIN", ""))
     ap.add_argument("--no-floor", action="store_true", help="skip the floor (a smoke test without release builds)")
-    ap.add_argument("--pss-period", type=float, default=1.0, help="seconds between memory samples in a trial (0: none)")
+    ap.add_argument("--pss-period", type=float, default=PSS_PERIOD, help="seconds between memory samples in a trial (0: none)")
     args = ap.parse_args()
-    global PSS_PERIOD
     PSS_PERIOD = args.pss_period
     args.variants = [v for v in args.variants.split(",") if v]
     args.workloads = [w for w in args.workloads.split(",") if w]
