@@ -18,14 +18,39 @@ use crate::peer::{Peer, PeerKey};
 /// Who may open an arena's file: its mode and, when the daemon gives it away, the owner's uid.
 pub(super) type Access = (u32, Option<u32>);
 
+/// Bits of a slot token that number the slot; the bits above count the slot's leases (see
+/// [`Arena::release`]).
+const SLOT_BITS: u32 = 8;
+/// Slots an arena may have.
+pub(super) const MAX_SLOTS: usize = 1 << SLOT_BITS;
+/// Leases of one slot before its count starts again (a token carries this many of them).
+const LEASES: u32 = 1 << (32 - SLOT_BITS);
+
+/// One slot: whether it is free to write, and how many times it was released (its current lease).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct SlotState {
+    taken: bool,
+    lease: u32,
+}
+
+/// The slot a token names (whatever its lease).
+pub(super) fn index(token: u32) -> usize {
+    (token & (MAX_SLOTS as u32 - 1)) as usize
+}
+
 /// A file of `slots` slots of `slot_bytes`, mapped into the daemon.
+///
+/// A slot is handed out as a token: its number plus the count of its earlier leases. The client
+/// releases the token it was given, so a release sent twice, or late after the slot (or, for a reply
+/// arena lent to the client's next reply, the arena) was taken again, names an earlier lease and frees
+/// nothing: the slot's new holder keeps its bytes.
 pub struct Arena {
     pub(super) name: String,
     pub(super) path: PathBuf,
     pub(super) map: memmap2::MmapRaw,
     pub(super) slot_bytes: usize,
-    /// Per slot: free to write.
-    pub(super) free: Mutex<Vec<bool>>,
+    /// Per slot: taken or free, and its lease count.
+    pub(super) slots: Mutex<Vec<SlotState>>,
     pub(super) released: Notify,
     /// The client that may release slots (changes when a spare arena is lent to another reply).
     pub(super) owner: Mutex<Peer>,
@@ -63,6 +88,12 @@ impl Arena {
             path: path.display().to_string(),
             reason: e.to_string(),
         };
+        if slots > MAX_SLOTS {
+            return Err(ShmError::Create {
+                path: path.display().to_string(),
+                reason: format!("{slots} slots, at most {MAX_SLOTS}"),
+            });
+        }
         let total = slot_bytes.max(1) * slots.max(1);
         let available = free_bytes(dir).unwrap_or(u64::MAX);
         if total as u64 > available {
@@ -106,7 +137,7 @@ impl Arena {
             path,
             map,
             slot_bytes: slot_bytes.max(1),
-            free: Mutex::new(vec![true; slots.max(1)]),
+            slots: Mutex::new(vec![SlotState::default(); slots.max(1)]),
             released: Notify::new(),
             owner: Mutex::new(owner.clone()),
             access,
@@ -142,12 +173,19 @@ impl Arena {
         }
     }
 
+    /// Takes a free slot: its token.
     pub(crate) fn try_acquire(&self) -> Option<u32> {
-        let mut free = self.free.lock();
-        let slot = free.iter().position(|&f| f)?;
-        free[slot] = false;
-        Some(slot as u32)
+        let mut slots = self.slots.lock();
+        let i = slots.iter().position(|s| !s.taken)?;
+        slots[i].taken = true;
+        Some(slots[i].lease << SLOT_BITS | i as u32)
     }
+
+    /// Byte offset in the file of the slot a token names.
+    pub(super) fn offset(&self, token: u32) -> usize {
+        index(token) * self.slot_bytes
+    }
+
     /// Copies `data` into a slot the caller acquired.
     pub fn write(&self, slot: u32, data: &[u8]) -> Result<ShmRef, ShmError> {
         if data.len() > self.slot_bytes {
@@ -156,7 +194,7 @@ impl Arena {
                 slot_bytes: self.slot_bytes,
             });
         }
-        let offset = slot as usize * self.slot_bytes;
+        let offset = self.offset(slot);
         if offset + self.slot_bytes > self.map.len() {
             return Err(ShmError::BadSlot {
                 arena: self.name.clone(),
@@ -192,7 +230,7 @@ impl Arena {
     where
         E: From<ShmError>,
     {
-        let offset = slot as usize * self.slot_bytes;
+        let offset = self.offset(slot);
         if nbytes > self.slot_bytes || offset + self.slot_bytes > self.map.len() {
             let _ = self.release(&[slot]);
             return Err(ShmError::TooLarge {
@@ -224,31 +262,44 @@ impl Arena {
         }
     }
 
-    /// Marks slots free again: all of them, or (one not in the arena) none.
-    pub(super) fn release(&self, slots: &[u32]) -> Result<(), ShmError> {
-        {
-            let mut free = self.free.lock();
-            if let Some(&bad) = slots.iter().find(|&&s| s as usize >= free.len()) {
+    /// Frees the slots the tokens hold now: all of them, or (a token naming no slot of the arena) none.
+    /// A token of an earlier lease (a release sent twice, or late after its slot was taken again) frees
+    /// nothing. Returns how many slots were freed.
+    pub(super) fn release(&self, tokens: &[u32]) -> Result<usize, ShmError> {
+        let freed = {
+            let mut slots = self.slots.lock();
+            if let Some(&bad) = tokens.iter().find(|&&t| index(t) >= slots.len()) {
                 return Err(ShmError::BadSlot {
                     arena: self.name.clone(),
                     slot: bad,
                 });
             }
-            for &s in slots {
-                free[s as usize] = true;
+            let mut freed = 0;
+            for &t in tokens {
+                let s = &mut slots[index(t)];
+                if s.taken && s.lease == t >> SLOT_BITS {
+                    s.taken = false;
+                    s.lease = (s.lease + 1) % LEASES;
+                    freed += 1;
+                }
             }
+            freed
+        };
+        if freed > 0 {
+            self.released.notify_waiters();
+        } else {
+            tracing::debug!(arena = %self.name, ?tokens, "release of slots no longer held: ignored");
         }
-        self.released.notify_waiters();
-        Ok(())
+        Ok(freed)
     }
 
     /// Slots of the arena.
     pub(super) fn slots(&self) -> usize {
-        self.free.lock().len()
+        self.slots.lock().len()
     }
 
     pub(super) fn all_free(&self) -> bool {
-        self.free.lock().iter().all(|&f| f)
+        self.slots.lock().iter().all(|s| !s.taken)
     }
 }
 

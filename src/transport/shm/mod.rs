@@ -528,8 +528,10 @@ impl ShmRegistry {
                     Releaser::Other => return Err(not_owner()),
                 }
                 let (a, reusable) = (a.clone(), *reusable);
-                if reusable {
-                    a.release(slots)?;
+                if a.release(slots)? == 0 {
+                    // An earlier reply's release, sent twice or late: this arena now holds a later
+                    // reply (lent to it), which stays.
+                    return Ok(());
                 }
                 one_shot.remove(arena);
                 drop(one_shot);
@@ -556,7 +558,7 @@ impl ShmRegistry {
         let found = self.streams.lock().get(arena).and_then(Weak::upgrade);
         match found {
             Some(a) => match may_release(&a, by) {
-                Releaser::Owner => a.release(slots),
+                Releaser::Owner => a.release(slots).map(drop),
                 Releaser::OwnerGone => Ok(()),
                 Releaser::Other => Err(not_owner()),
             },

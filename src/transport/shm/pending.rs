@@ -53,7 +53,7 @@ impl PendingReply {
     }
 
     fn slot_ref(&self) -> ShmRef {
-        let offset = self.slot as usize * self.arena.slot_bytes;
+        let offset = self.arena.offset(self.slot);
         ShmRef {
             path: self.arena.path.clone(),
             arena: self.arena.name.clone(),
@@ -71,7 +71,7 @@ impl SinkMemory for PendingReply {
             self.arena
                 .map
                 .as_mut_ptr()
-                .add(self.slot as usize * self.arena.slot_bytes)
+                .add(self.arena.offset(self.slot))
         }
     }
     fn bytes(&self) -> usize {
