@@ -400,3 +400,44 @@ def test_epoch_arithmetic():
     assert global_offset(1, batch_size=3, num_clips=2, world_size=2) == 2
     with pytest.raises(ValueError):
         shard_size(5, 0, 1, "even")
+
+
+def test_kept_mappings_of_removed_arenas_are_dropped_without_another_call(tmp_path, monkeypatch):
+    # The daemon removes spare arenas after a minute unused; a client that makes no further call must not
+    # keep their memory mapped.
+    import threading
+    import time
+    import types
+
+    from vserve_client import transport
+
+    monkeypatch.setattr(transport, "PRUNE_PERIOD", 0.05)
+    t = transport.ShmTransport(lambda arena, slots: None)
+    gone, kept = tmp_path / "vserve-gone", tmp_path / "vserve-kept"
+    for f in (gone, kept):
+        f.write_bytes(b"\x01" * 8192)
+    shm = {f: types.SimpleNamespace(path=str(f), arena_bytes=8192) for f in (gone, kept)}
+    m = t._mapping(shm[gone])
+    t._mapping(shm[kept])
+    assert set(t._maps) == {(str(gone), 8192), (str(kept), 8192)}
+    gone.unlink()
+    deadline = time.monotonic() + 10
+    while (str(gone), 8192) in t._maps and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert set(t._maps) == {(str(kept), 8192)}, "the removed arena's mapping was dropped, the other kept"
+    assert m.base[:4].tolist() == [1, 1, 1, 1], "a mapping still viewed stays valid"
+    # With nothing left to watch the thread ends; the next mapping starts another.
+    kept.unlink()
+    while t._maps and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert t._maps == {}
+    while any(th.name == "vserve-shm-prune" for th in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(th.name == "vserve-shm-prune" for th in threading.enumerate())
+    again = tmp_path / "vserve-again"
+    again.write_bytes(b"\x02" * 8192)
+    t._mapping(types.SimpleNamespace(path=str(again), arena_bytes=8192))
+    again.unlink()
+    while t._maps and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert t._maps == {}

@@ -76,6 +76,9 @@ PAGE = mmap.PAGESIZE
 #: Arena mappings a transport keeps for later replies and streams in the same arena (the daemon lends a
 #: released GetClips arena to a later reply, an ended stream's to the next stream of its shape).
 CACHED_MAPPINGS = 8
+#: Seconds between checks, on a background thread, for kept mappings of arenas the daemon has removed
+#: (it drops spare arenas unused for a minute): a client that stops calling does not keep their memory.
+PRUNE_PERIOD = 5.0
 
 
 class Mapping:
@@ -274,6 +277,8 @@ class ShmTransport(Transport):
         self._lock = threading.Lock()
         self._maps: "OrderedDict[Tuple[str, int], Mapping]" = OrderedDict()
         self._checked = 0.0
+        # The process whose pruning thread runs (a forked child starts its own).
+        self._pruner_pid = 0
 
     def _collect(self, arena: str, slot: int) -> None:
         with self._lock:
@@ -346,7 +351,22 @@ class ShmTransport(Transport):
             self._maps[key] = mapping
             while len(self._maps) > CACHED_MAPPINGS:
                 self._maps.popitem(last=False)
+            if self._pruner_pid != os.getpid():
+                self._pruner_pid = os.getpid()
+                threading.Thread(
+                    target=_prune, args=(weakref.ref(self),), name="vserve-shm-prune", daemon=True
+                ).start()
         return mapping
+
+    def _prune(self) -> bool:
+        """Drops kept mappings whose arena file is gone; whether any remain to watch."""
+        with self._lock:
+            gone = [k for k in self._maps if not os.path.exists(k[0])]
+            for k in gone:
+                del self._maps[k]
+            if not self._maps:
+                self._pruner_pid = 0  # the next mapping starts a new thread
+            return bool(self._maps)
 
     def one(self, messages: Iterable[Any]) -> Batch:
         it = iter(messages)
@@ -407,6 +427,17 @@ class ShmTransport(Transport):
                     previous.release()
                 except Exception:
                     pass  # the call is being torn down; the daemon removes the arena with the stream
+
+
+def _prune(transport: "weakref.ReferenceType[ShmTransport]") -> None:
+    """A transport's pruning thread: every PRUNE_PERIOD, drops its mappings of removed arenas; ends with
+    the transport or once it keeps none."""
+    while True:
+        time.sleep(PRUNE_PERIOD)
+        t = transport()
+        if t is None or not t._prune():
+            return
+        del t
 
 
 def is_local(addr: str) -> bool:
