@@ -259,11 +259,19 @@ impl Dataset {
             }
         }
         let joined = self.root.join(rel);
-        let canonical = joined.canonicalize().map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => DatasetError::NotFound {
+        let canonical = joined.canonicalize().map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => DatasetError::NotFound {
                 dataset: self.name.clone(),
                 video: video.to_owned(),
             },
+            // The dataset's own symlinks go round in a circle: nothing to read at this path, and
+            // nothing the daemon can fix (a client error, not an internal one logged per request).
+            Some(libc::ELOOP) => DatasetError::NotAFile {
+                dataset: self.name.clone(),
+                video: video.to_owned(),
+                kind: "a symbolic-link loop".into(),
+            },
+            Some(libc::ENAMETOOLONG) => DatasetError::BadPath(video.to_owned()),
             _ => DatasetError::Io {
                 dataset: self.name.clone(),
                 video: video.to_owned(),

