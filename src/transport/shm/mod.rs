@@ -44,6 +44,8 @@ mod streams;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+pub(crate) use arena::index as slot_index;
 pub use arena::{filesystem_bytes, Arena};
 use arena::{random_hex, Access};
 pub use pending::PendingReply;
