@@ -576,3 +576,80 @@ async fn keeps_working_when_fed_garbage() {
         println!("known disagreement {v}: {state}: {why}");
     }
 }
+
+/// Damage the packet scan cannot see and the decoder reports no error for (tests/data/damaged/SOURCES.md):
+/// swapped composition offsets (the decoder shows two pictures in the other order) and HEVC slice damage
+/// that makes the decoder drop a picture. Frame k must be `ffmpeg -threads 1`'s frame k whichever way it is
+/// asked for, first alone and then with every other frame. (Before: single frames were DATA_LOSS or other
+/// pixels, the HEVC file's frames after the damage came back one off, and nothing marked the files damaged.)
+#[tokio::test]
+async fn damage_only_the_decoder_sees_gives_ffmpegs_frames_whichever_way_they_are_asked_for() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/damaged");
+    let dataset = format!("damaged={}", root.display());
+    let mut d = Daemon::start_with(&["--dataset", &dataset]).await;
+    let mut c = d.client().await;
+    let ctl = Control::new();
+    // (file, frames asked for alone first, frames ffmpeg -threads 1 outputs)
+    let cases: &[(&str, &[u64], u64)] = &[
+        ("ctts_swap.mp4", &[46, 44, 45, 43, 100], 140),
+        ("hevc_slice_damage.mp4", &[14, 15, 60, 138], 139),
+    ];
+    for &(video, singles, count) in cases {
+        let (w, h) = (256, 144);
+        let all: BTreeSet<u64> = (0..count).collect();
+        let ff = ffmpeg_threads1(&root.join(video), w, h, &all);
+        assert_eq!(
+            ff.count, count,
+            "{video}: ffmpeg {} {}",
+            ff.status, ff.stderr_tail
+        );
+        let get =
+            |frames: Vec<u64>| clips_req("damaged", vec![frames_clip(video, &frames, None)], None);
+        for &k in singles {
+            let b = c
+                .get_clips(get(vec![k]))
+                .await
+                .unwrap_or_else(|e| panic!("{video} frame {k} alone: {e}"));
+            let got = u8_frames(&b, 1, h, w);
+            assert_bytes_eq(
+                &got[0],
+                &ff.frames[&k],
+                Some((w, h)),
+                &format!("{video} frame {k} alone"),
+            );
+        }
+        let b = c
+            .get_clips(get(all.iter().copied().collect()))
+            .await
+            .unwrap_or_else(|e| panic!("{video} every frame: {e}"));
+        for (k, f) in u8_frames(&b, count as usize, h, w).iter().enumerate() {
+            assert_bytes_eq(
+                f,
+                &ff.frames[&(k as u64)],
+                Some((w, h)),
+                &format!("{video} frame {k} of all"),
+            );
+        }
+        // The table is the decoder's now: as many frames as ffmpeg outputs.
+        let p = c
+            .probe(probe_req("damaged", video, None, false))
+            .await
+            .unwrap();
+        assert_eq!(
+            p.frame_count, count,
+            "{video}: probed frames after the first decode"
+        );
+        ctl.check(&mut d, &c, video).await;
+    }
+    let (status, metrics) = d.admin_get("/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("vserve_decode_damaged_files_total 2"),
+        "both files found damaged:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("damaged"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

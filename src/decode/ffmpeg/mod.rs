@@ -337,6 +337,11 @@ fn decode_in(
     let last_pts = index.frames.at(last).pts;
     // Only a clean packet-scan table can be wrong about damage; decode-scan tables already account for it.
     let watch_damage = index.method == IndexMethod::PacketScan;
+    // On a clean file the decoder gives frames in the table's order: the last one it gave (from the
+    // keyframe on), and those of this run's packets it has been sent and not given yet.
+    let mut previous: Option<usize> = None;
+    let mut sent = std::collections::BTreeSet::new();
+    let watch_order = watch_damage && index.seek == SeekMode::ByPts;
     while !done {
         while video.decoder.receive_frame(&mut frame).is_ok() {
             out.decoded += 1;
@@ -366,6 +371,22 @@ fn decode_in(
                     path: path.clone(),
                     frame: k,
                 });
+            }
+            if watch_order && k >= run.keyframe {
+                // A frame out of the table's order (given after a later one, or before an earlier one
+                // it was sent): the container's timestamps disagree with the order the decoder shows the
+                // pictures in (damaged composition offsets). Which pixels a frame number names would
+                // then depend on which frames a request decodes; a decode table is the decoder's order.
+                sent.remove(&k);
+                if previous.is_some_and(|p| k <= p) || sent.range(run.keyframe..k).next().is_some()
+                {
+                    video.next_frame = None;
+                    return Err(DecodeError::Damaged {
+                        path: path.clone(),
+                        frame: k,
+                    });
+                }
+                previous = Some(k);
             }
             video.next_frame = Some(k + 1);
             if let Ok(slot) = run.wanted.binary_search(&k) {
@@ -457,6 +478,11 @@ fn decode_in(
                         }
                     }
                 }
+                if watch_order {
+                    if let Some(k) = packet.pts().and_then(|p| index.frame_of_pts(p)) {
+                        sent.insert(k);
+                    }
+                }
                 if let Err(e) = video.decoder.send_packet(&packet) {
                     tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");
                     if watch_damage && matches!(e, ff::Error::InvalidData) {
@@ -497,6 +523,15 @@ fn decode_in(
         .collect();
     if !missing.is_empty() {
         video.next_frame = None;
+        if watch_damage {
+            // The packet scan counted a frame the decoder does not give (a picture dropped for damage
+            // inside its coded data, or timestamps that name another picture): the table is wrong from
+            // here on, so the file is indexed again by decoding and the request resolved against that.
+            return Err(DecodeError::Damaged {
+                path: path.clone(),
+                frame: missing[0],
+            });
+        }
         return Err(DecodeError::MissingFrames {
             path: video.path.clone(),
             frames: missing,
