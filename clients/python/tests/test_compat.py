@@ -205,11 +205,17 @@ def test_decoder_indexing_slicing_and_ranges(client, reference):
     assert_array_equal(data, ref[7], "get_frame_at") and (pts, dur) == (0.28, 0.04)
     frames = list(r)
     assert [f.pts_seconds for f in frames] == [0.2, 0.32, 0.44] and len(r[1:]) == 2
-    for bad in (lambda: dec[250], lambda: dec.get_frames_at([-251]), lambda: dec.get_frames_in_range(0, 251)):
+    for bad in (lambda: dec[250], lambda: dec.get_frames_at([-251])):
         with pytest.raises(IndexError):
             bad()
     with pytest.raises(vserve_client.InvalidArgument):
         dec.get_frames_in_range(0, 5, 0)
+    # A Python slice, as TorchCodec 0.17 reads the range: negative bounds from the end, clamped to the video.
+    assert_array_equal(dec.get_frames_in_range(247, 1000).data, ref[247:], "(247, 1000)")
+    assert_array_equal(dec.get_frames_in_range(-3, 1000, 2).data, ref[[247, 249]], "(-3, 1000, 2)")
+    assert_array_equal(dec.get_frames_in_range(-1000, 2).data, ref[:2], "(-1000, 2)")
+    assert len(dec.get_frames_in_range(4, 4)) == 0 and len(dec.get_frames_in_range(9, 3)) == 0
+    assert len(dec.get_frames_in_range(250, 260)) == 0
 
 
 def test_decoder_resize_and_metadata_names(client, reference):
@@ -271,11 +277,37 @@ def test_played_at_follows_the_played_at_rule(client, video):
     assert dec.get_frames_played_in_range(m.begin_stream_seconds, m.end_stream_seconds).pts_seconds.tolist() == s
     with pytest.raises(vserve_client.InvalidArgument):
         dec.get_frames_played_in_range(b, a)
+    # Bounds outside the stream are a ValueError, as TorchCodec's (played_at's are an IndexError).
+    for lo, hi in ((m.begin_stream_seconds - 0.5, a), (m.end_stream_seconds, m.end_stream_seconds), (a, m.end_stream_seconds + 0.5)):
+        with pytest.raises(ValueError):
+            dec.get_frames_played_in_range(lo, hi)
+    # Resampled to a rate (TorchCodec 0.17's rule, checked against it on four videos, docs): round((b - a) * fps)
+    # frames, the i-th the one played at a + i / fps, reported at that time for 1 / fps.
+    for fps in (7.3, 60.0):
+        times = [a + i / fps for i in range(round((b - a) * fps))]
+        r = dec.get_frames_played_in_range(a, b, fps=fps)
+        assert r.pts_seconds.tolist() == times and r.duration_seconds.tolist() == [1 / fps] * len(times)
+        assert_array_equal(r.data, dec.get_frames_played_at(times).data, f"played in range at {fps} fps")
+    with pytest.raises(ValueError):
+        dec.get_frames_played_in_range(a, b, fps=0)
+    every = dec.get_all_frames(fps=2.0)
+    assert len(every) == round((m.end_stream_seconds - m.begin_stream_seconds) * 2.0)
+    assert every.pts_seconds[1] == m.begin_stream_seconds + 0.5
 
 
 def test_client_metadata_and_decoder_errors(client):
     m = client.metadata("media", BIKES)
     assert m.num_frames == 250 and m.pts_seconds[1] == 0.04
+    assert (m.rotation, m.rotation_clockwise) == (None, 0)
+    # TorchCodec's rotation: the display matrix's counter-clockwise angle (what TorchCodec 0.17 reports
+    # for decord's rotated clips), vserve's clockwise one beside it.
+    for video, cw, tc in (("decord/video_90.mov", 90, -90.0), ("decord/video_180.mov", 180, -180.0), ("decord/video_270.mov", 270, 90.0)):
+        r = client.metadata("media", video)
+        assert (r.rotation_clockwise, r.rotation) == (cw, tc), video
+    dec = VideoDecoder(client, "media", BIKES, seek_mode="approximate", tensors=False)
+    assert dec.seek_mode == "approximate" and len(dec.get_all_frames()) == 250
+    with pytest.raises(vserve_client.InvalidArgument, match="seek_mode"):
+        VideoDecoder(client, "media", BIKES, seek_mode="fast")
     with pytest.raises(vserve_client.NotFound):
         VideoDecoder(client, "media", "no/such.mp4")
     with pytest.raises(vserve_client.InvalidArgument, match="dimension_order"):

@@ -55,7 +55,10 @@ class VideoStreamMetadata:
         average_fps: num_frames / duration_seconds (TorchCodec's definition); average_fps_from_header:
             the container's average frame rate.
         width, height: of the decoded frames (after display rotation, as returned); coded_width,
-            coded_height: as stored. rotation: degrees clockwise applied for display.
+            coded_height: as stored. rotation: TorchCodec's value, the display matrix's angle in degrees
+            counter-clockwise in [-180, 180) (a quarter turn clockwise is -90.0), None for a video
+            shown as stored; rotation_clockwise: the same as vserve's Probe states it, 0, 90, 180 or 270
+            degrees clockwise.
         codec, pixel_format, stream_index, time_base (num, den).
         pts_seconds, duration_seconds_per_frame: float64 [num_frames], each frame's pts and stated
             duration (:meth:`Client.probe`'s ``pts`` and ``durations`` in seconds).
@@ -71,7 +74,8 @@ class VideoStreamMetadata:
     height: int
     coded_width: int
     coded_height: int
-    rotation: int
+    rotation: Optional[float]
+    rotation_clockwise: int
     codec: str
     pixel_format: str
     stream_index: int
@@ -125,7 +129,8 @@ class VideoStreamMetadata:
             height=int(p["display_height"]),
             coded_width=int(p["width"]),
             coded_height=int(p["height"]),
-            rotation=int(p["rotation"]),
+            rotation=_counter_clockwise(int(p["rotation"])),
+            rotation_clockwise=int(p["rotation"]),
             codec=p["codec"],
             pixel_format=p["pixel_format"],
             stream_index=int(p["stream"]),
@@ -133,6 +138,14 @@ class VideoStreamMetadata:
             pts_seconds=pts_s,
             duration_seconds_per_frame=dur_s,
         )
+
+
+def _counter_clockwise(clockwise: int) -> Optional[float]:
+    """TorchCodec's rotation for a clockwise display rotation: the display matrix's counter-clockwise
+    angle in [-180, 180) (FFmpeg's av_display_rotation_get), None when there is none to apply."""
+    if clockwise % 360 == 0:
+        return None
+    return float((180 - clockwise) % 360 - 180)
 
 
 @dataclass
@@ -189,6 +202,8 @@ class VideoDecoder:
             and display rotation (on by default), as :meth:`Client.get_clips`. ``metadata`` describes the
             video itself, before any resize.
         tensors: torch tensors (True), numpy arrays (False), or torch when installed (None).
+        seek_mode: "exact" or "approximate", accepted for TorchCodec's callers; both are exact (the daemon
+            indexes each video once and shares the table).
     """
 
     def __init__(
@@ -205,9 +220,14 @@ class VideoDecoder:
         width: Optional[int] = None,
         rotate: bool = True,
         tensors: Optional[bool] = None,
+        seek_mode: str = "exact",
     ):
         if dimension_order not in ("NCHW", "NHWC"):
             raise InvalidArgument(f"dimension_order={dimension_order!r}: expected 'NCHW' or 'NHWC'")
+        if seek_mode not in ("exact", "approximate"):
+            raise InvalidArgument(f"seek_mode={seek_mode!r}: expected 'exact' or 'approximate'")
+        # Both are exact here: the daemon indexes each video once and shares its table.
+        self.seek_mode = seek_mode
         if isinstance(client, str):
             from .client import Client
 
@@ -270,16 +290,15 @@ class VideoDecoder:
         return self._frames([self._index(i) for i in np.asarray(indices).reshape(-1).tolist()])
 
     def get_frames_in_range(self, start: int, stop: int, step: int = 1) -> FrameBatch:
-        """Frames ``start, start + step, ...`` before ``stop`` (TorchCodec: 0 <= start < num_frames,
-        stop <= num_frames, step > 0)."""
-        n = len(self)
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step <= 0:
+        """Frames ``start, start + step, ...`` before ``stop``, read as a Python slice as TorchCodec 0.17
+        does: negative bounds count from the end and bounds past either end are clamped
+        (``(-10, 1000)`` gives the last 10 frames, an empty range no frames). ``step`` > 0."""
+        for name, v in (("start", start), ("stop", stop), ("step", step)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InvalidArgument(f"{name}={v!r}: expected an int")
+        if step <= 0:
             raise InvalidArgument(f"step={step!r}: must be a positive int")
-        if not 0 <= start < n:
-            raise OutOfRange(f"start={start} is out of bounds: the video has {n} frames")
-        if not start <= stop <= n:
-            raise OutOfRange(f"stop={stop}: must be in [start={start}, {n}]")
-        return self._frames(list(range(int(start), int(stop), int(step))))
+        return self._frames(list(range(*slice(int(start), int(stop), int(step)).indices(len(self)))))
 
     # -- times ---------------------------------------------------------------------------------------
 
@@ -303,21 +322,46 @@ class VideoDecoder:
             return self._frames([])
         return self._fetch({"times": times})
 
-    def get_frames_played_in_range(self, start_seconds: float, stop_seconds: float) -> FrameBatch:
+    def get_frames_played_in_range(
+        self, start_seconds: float, stop_seconds: float, fps: Optional[float] = None
+    ) -> FrameBatch:
         """The frames played during [start_seconds, stop_seconds): from the frame played at start_seconds
-        to the last frame whose pts is before stop_seconds (empty when they are equal)."""
+        to the last frame whose pts is before stop_seconds (empty when they are equal). With ``fps``,
+        resampled to that rate as TorchCodec 0.17 does: ``round((stop - start) * fps)`` frames, the i-th
+        the one played at ``start_seconds + i / fps``, reported with that time as its pts and ``1 / fps``
+        as its duration. Bounds outside the stream raise :class:`InvalidArgument` (a ``ValueError``, as
+        TorchCodec's)."""
         m = self.metadata
         a, b = float(start_seconds), float(stop_seconds)
         if a > b:
             raise InvalidArgument(f"start_seconds={a} is after stop_seconds={b}")
-        self._check_time(a, "start_seconds")
+        if not m.begin_stream_seconds <= a < m.end_stream_seconds:
+            raise InvalidArgument(
+                f"start_seconds={a} is outside the stream's [{m.begin_stream_seconds}, {m.end_stream_seconds}) seconds"
+            )
         if b > m.end_stream_seconds:
-            raise OutOfRange(f"stop_seconds={b} is after the stream's end at {m.end_stream_seconds} seconds")
+            raise InvalidArgument(f"stop_seconds={b} is after the stream's end at {m.end_stream_seconds} seconds")
+        if fps is not None:
+            rate = float(fps)
+            if not rate > 0 or not np.isfinite(rate):
+                raise InvalidArgument(f"fps={fps!r}: must be a positive number")
+            times = [a + i / rate for i in range(int(np.round((b - a) * rate)))]
+            if not times:
+                return self._frames([])
+            fb = self.get_frames_played_at(times)
+            return self._wrap(np.asarray(fb.data), times, np.full(len(times), 1 / rate))
         if a == b:
             return self._frames([])
         first = int(np.searchsorted(m.pts_seconds, a, side="right")) - 1
         stop = int(np.searchsorted(m.pts_seconds, b, side="left"))
         return self._frames(list(range(max(first, 0), stop)))
+
+    def get_all_frames(self, fps: Optional[float] = None) -> FrameBatch:
+        """Every frame (with ``fps``: the frames played at that rate from the stream's start)."""
+        m = self.metadata
+        if fps is None:
+            return self._frames(list(range(len(self))))
+        return self.get_frames_played_in_range(m.begin_stream_seconds, m.end_stream_seconds, fps)
 
     # -- fetching ------------------------------------------------------------------------------------
 
