@@ -54,6 +54,21 @@ impl Decoder {
         Ok(Decoder { handle })
     }
 
+    /// The error of the call that just failed, after replacing the handle with a new one: libjpeg-turbo
+    /// 2.1's TurboJPEG API can leave a handle that met a damaged stream (e.g. garbage in its Huffman
+    /// tables) failing every later call with that stream's error, so one bad record would break every
+    /// decode after it on this thread. If no new handle can be made, later calls fail cleanly.
+    fn failed(&mut self) -> JpegError {
+        let e = last_error(self.handle);
+        // SAFETY: the handle came from tjInitDecompress (or is null after a failed re-init, which
+        // tjDestroy refuses harmlessly) and is destroyed once, then replaced.
+        unsafe {
+            tj::tjDestroy(self.handle);
+            self.handle = tj::tjInitDecompress();
+        }
+        e
+    }
+
     /// Width and height from the header.
     pub fn header(&mut self, jpeg: &[u8]) -> Result<(u32, u32), JpegError> {
         let (mut w, mut h, mut sub, mut cs) = (0, 0, 0, 0);
@@ -70,7 +85,7 @@ impl Decoder {
             )
         };
         if rc != 0 {
-            return Err(last_error(self.handle));
+            return Err(self.failed());
         }
         if w <= 0 || h <= 0 {
             return Err(JpegError(format!("bad image size {w}x{h}")));
@@ -99,7 +114,7 @@ impl Decoder {
             )
         };
         if rc != 0 {
-            return Err(last_error(self.handle));
+            return Err(self.failed());
         }
         Ok(Rgb {
             width: w,
@@ -224,5 +239,40 @@ mod tests {
         assert!(d.decode(&jpeg[..jpeg.len() / 2]).is_err());
         assert!(d.decode(b"not a jpeg").is_err());
         assert!(Encoder::new(0).is_err());
+    }
+
+    /// A record that starts as a JPEG and turns into garbage fails alone: the same decoder then decodes
+    /// good records exactly as before. (It used to fail every later decode on that handle with the damaged
+    /// record's error, "Unsupported marker type 0x58": one bad record in one gulp dataset broke every JPEG
+    /// decode of that decode thread, in every dataset, until the daemon restarted.)
+    #[test]
+    fn a_damaged_record_does_not_poison_the_decoder() {
+        let (w, h) = (64u32, 48u32);
+        let rgb: Vec<u8> = (0..w * h)
+            .flat_map(|i| [(i * 7 % 251) as u8, (i / w * 5) as u8, (i % w * 3) as u8])
+            .collect();
+        let good = Encoder::new(90).unwrap().encode(&rgb, w, h).unwrap();
+        let mut d = Decoder::new().unwrap();
+        let first = d.decode(&good).unwrap().data;
+        // Random runs over the header's tables and the scan (as the record found poisoning the decoder:
+        // 800 random bytes from offset 600, in its Huffman tables).
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for at in (40..good.len() - 8).step_by(37) {
+            let mut bad = good.clone();
+            let end = (at + 800).min(bad.len() - 2);
+            for b in &mut bad[at..end] {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *b = seed as u8;
+            }
+            // Garbage in the scan may still decode (to other pixels); either way the next record is fine.
+            let _ = d.decode(&bad);
+            let again = d
+                .decode(&good)
+                .unwrap_or_else(|e| panic!("after garbage at {at}: {e}"));
+            assert_eq!(again.data, first, "after garbage at {at}");
+            assert_eq!(d.header(&good).unwrap(), (w, h));
+        }
     }
 }
