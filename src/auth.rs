@@ -52,7 +52,19 @@ impl tonic::service::Interceptor for TokenCheck {
         match self.check(request.metadata()) {
             Ok(()) => Ok(request),
             Err(status) => {
-                tracing::warn!(message = status.message(), "request refused");
+                // Thinned per client like every refusal a client causes (a line per interval with the
+                // count left out): anyone who can reach the port could otherwise grow the log at will.
+                // The RPC layer has put the connection's peer in the extensions.
+                let client = request
+                    .extensions()
+                    .get::<crate::peer::Peer>()
+                    .map_or_else(|| "unknown".to_owned(), |p| p.describe());
+                crate::refusal::RefusalLog::global().log_client_error(
+                    "(authentication)",
+                    &client,
+                    "UNAUTHENTICATED",
+                    status.message(),
+                );
                 Err(status)
             }
         }

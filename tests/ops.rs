@@ -351,6 +351,25 @@ async fn a_token_guards_tcp_calls() {
         expect_code(c.list_datasets().await, &["UNAUTHENTICATED"], what);
         expect_code(c.get_clips(bikes(&[0])).await, &["UNAUTHENTICATED"], what);
     }
+    // A peer sending calls without the token in a loop costs a log line per interval, naming it (was
+    // one line per call, without the address).
+    let mut c = Client::connect_with(&tcp, &with(None)).await.unwrap();
+    for _ in 0..300 {
+        expect_code(c.list_datasets().await, &["UNAUTHENTICATED"], "flood");
+    }
+    let lines: Vec<String> = d
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("bearer token"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        (1..=3).contains(&lines.len()),
+        "{} refusal lines for 304 refusals:\n{}",
+        lines.len(),
+        lines.join("\n")
+    );
+    assert!(lines[0].contains("127.0.0.1"), "{}", lines[0]);
     let mut c = Client::connect_with(&tcp, &with(Some("correct-horse-battery")))
         .await
         .unwrap();
