@@ -149,11 +149,24 @@ pub struct ShmRegistry {
 
 impl Drop for ShmRegistry {
     fn drop(&mut self) {
-        // Arenas still referenced elsewhere remove their own files; the directory goes when empty.
         self.one_shot.lock().clear();
         self.spare.lock().clear();
         self.retired.lock().clear();
         self.stream_spare.lock().clear();
+        // Arenas still referenced elsewhere (a reply a decode thread left at shutdown still writes
+        // into) would remove their files only when dropped, which a process exiting never does: left
+        // behind without the lock, no later daemon's sweep could tell them stale. They go now; whoever
+        // maps one keeps its pages until unmapping.
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                if e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with("vserve-"))
+                {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         let _ = std::fs::remove_file(self.dir.join(".lock"));
         let _ = std::fs::remove_dir(&self.dir);
     }
@@ -242,7 +255,7 @@ impl ShmRegistry {
             };
             if meta.is_dir() {
                 if is_instance_name(name)
-                    && instance_is_gone(&e.path())
+                    && (instance_is_gone(&e.path()) || lockless_and_dead(name, &e.path()))
                     && std::fs::remove_dir_all(e.path()).is_ok()
                 {
                     removed += 1;
@@ -625,6 +638,19 @@ fn instance_is_gone(dir: &Path) -> bool {
     };
     // SAFETY: flock on a descriptor we own; the lock (if taken) goes when `lock` is closed.
     unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Whether an instance directory lost its lock file and the pid in its name runs no process: left by a
+/// daemon whose exit removed the lock but not every arena (before that was fixed, a reply still held at
+/// shutdown). A live pid keeps it (it may be another daemon's, e.g. pid 1 in containers).
+fn lockless_and_dead(name: &str, dir: &Path) -> bool {
+    let pid = name
+        .strip_prefix("vserve-")
+        .and_then(|r| r.split('-').next())
+        .and_then(|p| p.parse::<u32>().ok());
+    !dir.join(".lock").exists()
+        && pid
+            .is_some_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists())
 }
 
 /// Who is asking to release an arena's slots.

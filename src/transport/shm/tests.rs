@@ -202,9 +202,18 @@ fn stale_instances_go_and_live_ones_stay_whatever_their_pids() {
         std::fs::create_dir(dir.path().join(f)).unwrap();
         std::fs::write(dir.path().join(f).join("data"), b"keep").unwrap();
     }
+    // An instance whose daemon exited having removed its lock but not an arena a stuck decode thread
+    // still held (the daemon's pid, u32::MAX - 1, runs nothing).
+    let lockless = dir.path().join(format!(
+        "vserve-{}-0123456789abcdef0123456789abcdee",
+        u32::MAX - 1
+    ));
+    std::fs::create_dir(&lockless).unwrap();
+    std::fs::write(lockless.join("vserve-4567"), b"reply").unwrap();
     let reg = registry(dir.path(), Duration::from_secs(60));
-    assert_eq!(reg.remove_stale(), 2);
+    assert_eq!(reg.remove_stale(), 3);
     assert!(!dead.exists());
+    assert!(!lockless.exists());
     assert!(!dir.path().join("vserve-0-abc").exists());
     assert!(dir.path().join(&mine).exists());
     assert!(dir.path().join("other-file").exists());
@@ -215,10 +224,19 @@ fn stale_instances_go_and_live_ones_stay_whatever_their_pids() {
         live.dir().join(live_arena.name()).exists(),
         "a running instance's arena stays"
     );
-    // Dropping a registry removes its directory.
+    // Dropping a registry removes its directory, with the arenas still referenced elsewhere (a reply
+    // a decode thread left at shutdown): their files go, their mappings stay usable.
     let d = reg.dir().to_path_buf();
+    let held = Arc::new(reserve(&reg));
     drop(reg);
     assert!(!d.exists());
+    // SAFETY: nothing else touches the reply's bytes.
+    unsafe { held.with_bytes(|b| b.fill(7)) };
+    drop(held);
+}
+
+fn reserve(reg: &ShmRegistry) -> PendingReply {
+    reg.reserve_reply(4096, false, &me()).unwrap()
 }
 
 #[test]
