@@ -363,3 +363,42 @@ async fn inside_a_daemon_the_check_streams_results_into_its_store_and_its_stream
     assert_eq!(out.status.code(), Some(69));
     assert!(String::from_utf8_lossy(&out.stderr).contains("NOT_FOUND"));
 }
+
+/// A check cut short by the daemon's shutdown ends with UNAVAILABLE after the videos it checked, never
+/// with OK (which `vserve check --daemon` would report as a clean dataset, exit 0).
+#[tokio::test]
+async fn a_check_cut_short_by_shutdown_ends_unavailable() {
+    let d = Daemon::start_with(&["--shutdown-grace", "30", "--decode-threads", "1"]).await;
+    let mut c = d.client().await;
+    let mut s = c
+        .check_dataset(vserve_client::proto::CheckDatasetRequest {
+            dataset: MEDIA.into(),
+            jobs: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let first = s
+        .message()
+        .await
+        .unwrap()
+        .expect("the first video's result");
+    assert!(first.total > 5, "{} videos", first.total);
+    d.terminate();
+    let mut done = first.done;
+    let end = loop {
+        match s.message().await {
+            Ok(Some(m)) => done = m.done,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    let status = end.expect_err("a check cut short must not end OK");
+    assert_eq!(
+        status.code(),
+        tonic::Code::Unavailable,
+        "{}",
+        status.message()
+    );
+    assert!(done < first.total, "{done} of {} checked", first.total);
+}

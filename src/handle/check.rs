@@ -59,10 +59,12 @@ pub async fn check_dataset(
     tokio::task::spawn_blocking(move || {
         let catalog = engine.catalog();
         let store = catalog.store().map(|s| s.as_ref());
+        let mut checked = 0;
         crate::check::run(&ds, &videos, jobs, store, |report, record, done, total| {
             if let Some(r) = &record {
                 catalog.learn(r);
             }
+            checked = done;
             let sent = tx.blocking_send(Ok(CheckProgress {
                 report,
                 done: done as u64,
@@ -70,6 +72,12 @@ pub async fn check_dataset(
             }));
             sent.is_ok() && !engine.is_draining()
         });
+        if checked < videos.len() && engine.is_draining() {
+            // Cut short by the daemon's shutdown: the client must not read the videos checked so far
+            // as the whole dataset (an OK end would make `vserve check --daemon` exit 0).
+            tracing::warn!(dataset = %ds.name, checked, total = videos.len(), "check cut short by shutdown");
+            let _ = tx.blocking_send(Err(Error::ShuttingDown));
+        }
     });
     Ok(rx)
 }
