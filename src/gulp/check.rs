@@ -47,6 +47,7 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
         }
     }
     let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut labels = std::collections::BTreeSet::new();
     let mut decoder = Decoder::new().map_err(|e| std::io::Error::other(e.to_string()))?;
     for k in metas {
         r.chunks += 1;
@@ -82,8 +83,9 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
         }
         let mut sum = 0u64;
         let mut end = 0u64;
-        for (id, frames, _) in &entries {
+        for (id, frames, meta) in &entries {
             r.videos += 1;
+            labels.extend(super::stored_label(meta));
             if let Some(prev) = seen.insert(id.clone(), k) {
                 r.problems
                     .push(format!("id {id:?} is in chunks {prev} and {k}"));
@@ -137,9 +139,13 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
         }
     }
     if let Ok(text) = std::fs::read_to_string(dir.join("label2idx.json")) {
-        if serde_json::from_str::<BTreeMap<String, i64>>(&text).is_err() {
-            r.problems
-                .push("label2idx.json: not a JSON object of label → integer".into());
+        // The daemon ignores a file it cannot number every label with (see GulpDataset::samples).
+        let problem = match super::reader::parse_label2idx(&text) {
+            Ok(map) => super::reader::label2idx_problem(&map, labels.iter().map(String::as_str)),
+            Err(why) => Some(why),
+        };
+        if let Some(why) = problem {
+            r.problems.push(format!("label2idx.json: {why}"));
         }
     }
     if r.chunks == 0 {

@@ -61,8 +61,8 @@ pub struct GulpDataset {
     videos: BTreeMap<String, Entry>,
     /// Meta files that could not be read or parsed, with the reason.
     pub broken: Vec<String>,
-    /// `label2idx.json`, when present and valid.
-    pub label2idx: Option<BTreeMap<String, i64>>,
+    /// `label2idx.json` when present: its map, or why it is not a JSON object of label → integer.
+    pub label2idx: Option<Result<BTreeMap<String, i64>, String>>,
 }
 
 impl std::fmt::Debug for GulpDataset {
@@ -229,12 +229,7 @@ impl GulpDataset {
         }
         let label2idx = std::fs::read_to_string(root.join("label2idx.json"))
             .ok()
-            .and_then(|t| serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&t).ok())
-            .map(|m| {
-                m.into_iter()
-                    .filter_map(|(k, v)| v.as_i64().map(|i| (k, i)))
-                    .collect()
-            });
+            .map(|t| parse_label2idx(&t));
         Ok(GulpDataset {
             root: root.to_path_buf(),
             chunks,
@@ -368,9 +363,54 @@ impl GulpDataset {
                 .map(|(id, e)| (id.clone(), super::stored_label(&e.meta)))
                 .collect(),
         );
-        match &self.label2idx {
-            Some(map) => samples.with_label_indices(|l| map.get(l).copied()),
-            None => samples,
+        let map = match &self.label2idx {
+            None => return samples,
+            Some(Ok(map)) => map,
+            Some(Err(why)) => {
+                tracing::warn!(root = %self.root.display(), problem = %why, "label2idx.json ignored: label indices follow the sorted labels");
+                return samples;
+            }
+        };
+        match label2idx_problem(map, samples.classes().iter().map(|(l, _)| l.as_str())) {
+            None => samples.with_label_indices(|l| map.get(l).copied()),
+            Some(why) => {
+                // Used in part, two labels could share an index (one named, one numbered by its place):
+                // a training job would silently merge two classes.
+                tracing::warn!(root = %self.root.display(), problem = %why, "label2idx.json ignored: label indices follow the sorted labels");
+                samples
+            }
         }
     }
+}
+
+/// `label2idx.json`'s map, or why it is not a JSON object of label → integer.
+pub(crate) fn parse_label2idx(text: &str) -> Result<BTreeMap<String, i64>, String> {
+    let m = serde_json::from_str::<BTreeMap<String, serde_json::Value>>(text)
+        .map_err(|e| format!("not a JSON object of label → integer ({e})"))?;
+    m.into_iter()
+        .map(|(k, v)| match v.as_i64() {
+            Some(i) => Ok((k, i)),
+            None => Err(format!("label {k:?} has {v}, not an integer index")),
+        })
+        .collect()
+}
+
+/// Why `map` cannot number `labels` (every label of the dataset's meta data): a label it does not name,
+/// or two labels it gives the same index.
+pub(crate) fn label2idx_problem<'a>(
+    map: &BTreeMap<String, i64>,
+    labels: impl IntoIterator<Item = &'a str>,
+) -> Option<String> {
+    let mut seen: BTreeMap<i64, &str> = BTreeMap::new();
+    for l in labels {
+        let Some(&i) = map.get(l) else {
+            return Some(format!("it does not name label {l:?}"));
+        };
+        if let Some(other) = seen.insert(i, l) {
+            return Some(format!(
+                "it gives labels {other:?} and {l:?} the same index {i}"
+            ));
+        }
+    }
+    None
 }

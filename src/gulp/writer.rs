@@ -174,4 +174,72 @@ mod tests {
         w.discard();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
+
+    /// label2idx.json numbers the labels only when it names every one with distinct indices; used in
+    /// part it gave two classes one index (a job would merge them), so such a file is ignored (with a
+    /// log line) and gulp-check reports it.
+    #[test]
+    fn a_label2idx_that_cannot_number_every_label_is_ignored_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
+        for (id, label) in [("a", "cat"), ("b", "dog"), ("c", "a,b")] {
+            w.append(
+                id,
+                &serde_json::json!({ "label": label }),
+                &[vec![1, 2, 3, 4]],
+            )
+            .unwrap();
+        }
+        w.finish().unwrap();
+        let classes = |json: &str| {
+            std::fs::write(dir.path().join("label2idx.json"), json).unwrap();
+            let mut c = GulpDataset::open(dir.path()).unwrap().samples().classes();
+            c.sort();
+            c
+        };
+        let own = classes("{}");
+        let indices: std::collections::BTreeSet<i64> = own.iter().map(|c| c.1).collect();
+        assert_eq!(
+            indices.len(),
+            3,
+            "without a usable file, three distinct indices: {own:?}"
+        );
+        let named = [
+            ("a,b".to_owned(), 7),
+            ("cat".to_owned(), 2),
+            ("dog".to_owned(), 5),
+        ];
+        assert_eq!(classes(r#"{"cat": 2, "dog": 5, "a,b": 7}"#), named);
+        for bad in [
+            r#"{"cat": 2, "a,b": 0}"#,               // dog not named
+            r#"{"cat": 2, "dog": 2, "a,b": 0}"#,     // one index twice
+            r#"{"cat": 2, "dog": "two", "a,b": 0}"#, // not an integer
+            "{not json",
+        ] {
+            assert_eq!(classes(bad), own, "{bad}");
+            let report = crate::gulp::check::check(dir.path()).unwrap();
+            assert!(
+                report
+                    .problems
+                    .iter()
+                    .any(|p| p.starts_with("label2idx.json: ")),
+                "{bad}: {:?}",
+                report.problems
+            );
+        }
+        std::fs::write(
+            dir.path().join("label2idx.json"),
+            r#"{"cat": 2, "dog": 5, "a,b": 7}"#,
+        )
+        .unwrap();
+        let report = crate::gulp::check::check(dir.path()).unwrap();
+        assert!(
+            !report
+                .problems
+                .iter()
+                .any(|p| p.starts_with("label2idx.json")),
+            "{:?}",
+            report.problems
+        );
+    }
 }
