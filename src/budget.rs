@@ -278,6 +278,19 @@ impl Inner {
         if who.key().is_some() && bytes > self.shares.per_client {
             return Err(self.refuse(bytes, who, Over::Client));
         }
+        let open = self.shares.capacity.saturating_sub(self.shares.reserved);
+        if who.key().is_some() && bytes > open {
+            // Past the open part a client may only reach its fair share of it, never more than all of
+            // it: no release can ever let this in, so it is refused now instead of after the wait.
+            return Err(self.refuse(
+                bytes,
+                who,
+                Over::Reserve {
+                    fair: open,
+                    holders: 1,
+                },
+            ));
+        }
         let deadline = tokio::time::Instant::now() + self.wait;
         loop {
             // Registered before the check, so a release between the check and the wait is not missed.
@@ -356,6 +369,15 @@ impl Inner {
                 format!(
                     "{asked}{whole}, {mine} of {} in use by this client (client-inflight-bytes)",
                     s.per_client
+                )
+            }
+            Over::Reserve { .. } if who.key().is_some() && bytes > s.capacity.saturating_sub(s.reserved) => {
+                format!(
+                    "{asked}, more than a client can ever hold: {} of the {} are kept for clients below their fair \
+                     share of the other {} (reserved-inflight-bytes)",
+                    s.reserved,
+                    s.capacity,
+                    s.capacity.saturating_sub(s.reserved)
                 )
             }
             Over::Reserve { fair, holders } => format!(
@@ -614,6 +636,44 @@ mod tests {
             .unwrap();
         assert_eq!(b.in_use(), 1000);
         assert_eq!(b.refusals(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_client_ask_past_the_open_part_is_refused_at_once() {
+        // 700 of 800 with 200 kept in reserve: no release could ever let a client hold 700 (its fair
+        // share of the open 600 is at most 600), so it does not wait out the 10 s.
+        let b = Budget::shared(
+            Shares {
+                capacity: 800,
+                per_client: 800,
+                reserved: 200,
+            },
+            Duration::from_secs(10),
+        );
+        let started = std::time::Instant::now();
+        let e = b
+            .try_reserve(700, Who::new("GetClips").client(&client(22)))
+            .await
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            e.to_string(),
+            "GetClips for pid 22 (uid 1000) needs 700 bytes (700 B), more than a client can ever hold: 200 of \
+             the 800 are kept for clients below their fair share of the other 600 (reserved-inflight-bytes)"
+        );
+        // Exactly the open part: admitted; in-process calls are not held to it.
+        let open = b
+            .try_reserve(600, Who::new("GetClips").client(&client(22)))
+            .await
+            .unwrap();
+        drop(open);
+        b.try_reserve(700, Who::new("x").client(&Peer::local()))
+            .await
+            .unwrap();
     }
 
     #[tokio::test]

@@ -607,6 +607,7 @@ impl pb::v_serve_server::VServe for Api {
         &self,
         request: Request<pb::CheckDatasetRequest>,
     ) -> Result<Response<Self::CheckDatasetStream>, Status> {
+        let peer = peer_of(&request);
         let req = request.into_inner();
         let shard = match req.shard_count {
             0 => crate::check::Shard::ALL,
@@ -615,8 +616,9 @@ impl pb::v_serve_server::VServe for Api {
                 count,
             },
             count => {
-                return Err(fail(
+                return Err(fail_for(
                     "CheckDataset",
+                    Some(&peer),
                     Error::InvalidArgument(format!(
                         "shard_index {} is not below shard_count {count}",
                         req.shard_index
@@ -633,9 +635,9 @@ impl pb::v_serve_server::VServe for Api {
             },
         )
         .await
-        .map_err(|e| fail("CheckDataset", e))?;
-        let messages = tokio_stream::wrappers::ReceiverStream::new(rx).map(|item| {
-            let p = item.map_err(|e| fail("CheckDataset", e))?;
+        .map_err(|e| fail_for("CheckDataset", Some(&peer), e))?;
+        let messages = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |item| {
+            let p = item.map_err(|e| fail_for("CheckDataset", Some(&peer), e))?;
             let r = p.report;
             Ok(pb::CheckDatasetResponse {
                 video: Some(pb::VideoHealth {

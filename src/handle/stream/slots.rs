@@ -276,8 +276,12 @@ fn facts_of(
         None => n,
     };
     if lo >= hi {
+        let bound =
+            |b: Option<f64>, none: &str| b.map_or_else(|| none.to_owned(), |s| format!("{s} s"));
         return Err(Failure::too_short(format!(
-            "no frame between the manifest's start {start:?} s and end {end:?} s"
+            "no frame between the manifest's start ({}) and end ({})",
+            bound(start, "the video's start"),
+            bound(end, "the video's end")
         )));
     }
     let view_end = if hi == n {
