@@ -951,3 +951,68 @@ async fn worker_split_partitions_the_batches() {
         assert_bytes_eq(&g.data, &b.data, None, &format!("batch {}", b.header.batch));
     }
 }
+
+/// A shard none of whose samples can fill a slot ends the stream saying why: DATA_LOSS naming the last
+/// sample tried and its failure, or OUT_OF_RANGE when every sample was only too short for its clips
+/// (was a bare DATA_LOSS "no sample ... can be read" either way).
+#[tokio::test]
+async fn a_shard_with_no_usable_sample_says_why() {
+    let garbage = tempfile::tempdir().unwrap();
+    for name in ["a.mp4", "b.mp4"] {
+        std::fs::write(garbage.path().join(name), b"not a video".repeat(50)).unwrap();
+    }
+    let short = dataset_dir(&["decord/video_0.mov"]); // 3 frames
+    let d = Daemon::start_with(&[
+        "--dataset",
+        &dataset_arg("garbage", garbage.path()),
+        "--dataset",
+        &dataset_arg("short", short.path()),
+    ])
+    .await;
+    let mut c = d.client().await;
+    let first_item = |req: proto::StreamBatchesRequest| {
+        let mut c = c.clone();
+        async move {
+            let mut s = c.stream_batches(req).await?;
+            s.next().await
+        }
+    };
+    let e = first_item(proto::StreamBatchesRequest {
+        sampler: Some(proto::ClipSampler {
+            num_clips: 1,
+            frames_per_clip: 2,
+            ..Default::default()
+        }),
+        batch_size: 1,
+        no_shuffle: true,
+        ..request("garbage")
+    })
+    .await
+    .expect_err("no readable sample");
+    assert_eq!(e.code_name(), "DATA_LOSS", "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("the last tried, \"b.mp4\"") && msg.contains("INVALID_ARGUMENT"),
+        "{msg}"
+    );
+
+    let e = first_item(proto::StreamBatchesRequest {
+        sampler: Some(proto::ClipSampler {
+            num_clips: 1,
+            frames_per_clip: 8,
+            short_video: proto::ShortVideoPolicy::ShortVideoSkip as i32,
+            ..Default::default()
+        }),
+        batch_size: 1,
+        ..request("short")
+    })
+    .await
+    .expect_err("no video long enough");
+    assert_eq!(e.code_name(), "OUT_OF_RANGE", "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("too short for its clips") && msg.contains("TOO_SHORT"),
+        "{msg}"
+    );
+    drop(c);
+}

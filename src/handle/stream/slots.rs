@@ -308,6 +308,30 @@ pub(super) struct Filled {
     pub(super) stats: RequestStats,
 }
 
+/// The error of a slot no sample of the shard can fill, saying why with the last failure met: OUT_OF_RANGE
+/// when every sample was too short for its clips (the sampler's request does not fit this shard's
+/// videos), else DATA_LOSS.
+fn none_readable(ctx: &Context, last: Option<&(usize, Failure)>, all_too_short: bool) -> Error {
+    let why = last.map_or_else(String::new, |(sample, f)| {
+        format!(
+            " (the last tried, {:?}: {}: {})",
+            ctx.samples.video(*sample),
+            f.code(),
+            f.error
+        )
+    });
+    let what = format!(
+        "no sample of this rank's shard of dataset {:?} ({} samples) can be read",
+        ctx.req.dataset,
+        ctx.shard.len()
+    );
+    if all_too_short && last.is_some() {
+        Error::OutOfRange(format!("{what}: every one is too short for its clips{why}"))
+    } else {
+        Error::DataLoss(format!("{what}{why}"))
+    }
+}
+
 /// Fills every slot of a batch with a readable sample and fetches the frames of its clips.
 pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Filled, Error> {
     // Bytes of the decoded frames this batch holds until it is assembled (all rounds).
@@ -324,16 +348,17 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
     // try after re-indexing by decoding).
     let mut retried: HashSet<(usize, usize)> = HashSet::new();
     let mut frames: HashMap<(usize, usize), HashMap<usize, Arc<Frame>>> = HashMap::new();
+    // The last failure met, and whether every one was a clip that does not fit (for the message when no
+    // sample of the shard can fill a slot).
+    let mut last: Option<(usize, Failure)> = None;
+    let mut all_too_short = true;
     loop {
         // Make every unfilled position ready, moving to the next candidate on failure.
         for &p in &positions {
             while !filled.contains_key(&p) {
                 let off = offset[&p];
                 if off >= shard_len {
-                    return Err(Error::DataLoss(format!(
-                        "no sample of this rank's shard of dataset {:?} can be read",
-                        ctx.req.dataset
-                    )));
+                    return Err(none_readable(ctx, last.as_ref(), all_too_short));
                 }
                 let slot_sample = ctx.shard[p];
                 let candidate = ctx.shard[(p + off) % shard_len];
@@ -352,6 +377,8 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
                             }
                             skipped.push(skip_record(ctx, slot_sample, &f));
                         }
+                        all_too_short &= f.too_short;
+                        last = Some((candidate, f));
                         *offset.get_mut(&p).unwrap_or(&mut 0) += 1;
                     }
                 }
