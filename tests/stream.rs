@@ -969,7 +969,7 @@ async fn a_shard_with_no_usable_sample_says_why() {
         &dataset_arg("short", short.path()),
     ])
     .await;
-    let mut c = d.client().await;
+    let c = d.client().await;
     let first_item = |req: proto::StreamBatchesRequest| {
         let mut c = c.clone();
         async move {
