@@ -977,41 +977,38 @@ async fn a_shard_with_no_usable_sample_says_why() {
             s.next().await
         }
     };
-    let e = first_item(proto::StreamBatchesRequest {
-        sampler: Some(proto::ClipSampler {
+    // A fixed clip count per video, and one that depends on each video (regular timestamps: it used to
+    // end OK with no batch and no skip report).
+    let samplers = [
+        proto::ClipSampler {
             num_clips: 1,
             frames_per_clip: 2,
             ..Default::default()
-        }),
-        batch_size: 1,
-        no_shuffle: true,
-        ..request("garbage")
-    })
-    .await
-    .expect_err("no readable sample");
-    assert_eq!(e.code_name(), "DATA_LOSS", "{e}");
-    let msg = e.to_string();
-    assert!(
-        msg.contains("the last tried, \"b.mp4\"") && msg.contains("INVALID_ARGUMENT"),
-        "{msg}"
-    );
-    // A sampler whose clip count depends on each video (regular timestamps) too: it used to end OK with
-    // no batch and no skip report.
-    let e = first_item(proto::StreamBatchesRequest {
-        sampler: Some(proto::ClipSampler {
+        },
+        proto::ClipSampler {
             kind: proto::SamplerKind::SamplerRegularTimestamps as i32,
             seconds_between_clip_starts: 1.0,
             frames_per_clip: 2,
             ..Default::default()
-        }),
-        batch_size: 1,
-        no_shuffle: true,
-        ..request("garbage")
-    })
-    .await
-    .expect_err("no readable sample, regular timestamps");
-    assert_eq!(e.code_name(), "DATA_LOSS", "{e}");
-    assert!(e.to_string().contains("the last tried, \"b.mp4\""), "{e}");
+        },
+    ];
+    for sampler in samplers {
+        let what = format!("{sampler:?}");
+        let e = first_item(proto::StreamBatchesRequest {
+            sampler: Some(sampler),
+            batch_size: 1,
+            no_shuffle: true,
+            ..request("garbage")
+        })
+        .await
+        .expect_err(&what);
+        assert_eq!(e.code_name(), "DATA_LOSS", "{what}: {e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("the last tried, \"b.mp4\"") && msg.contains("INVALID_ARGUMENT"),
+            "{what}: {msg}"
+        );
+    }
 
     let e = first_item(proto::StreamBatchesRequest {
         sampler: Some(proto::ClipSampler {
