@@ -493,6 +493,9 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
             Some((b'S', key)) => {
                 tracing::info!(path = %key.path.display(), "the previous daemon had a read of this file stuck past its deadline; not quarantined");
             }
+            None if !bytes.is_empty() => {
+                tracing::warn!(slot = %e.path().display(), "journal slot holds no record (a damaged state directory); ignored and removed");
+            }
             _ => {}
         }
     }
