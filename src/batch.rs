@@ -124,12 +124,7 @@ pub fn centre_augs(
                             h: f.height,
                         });
                     }
-                    Some(CropBox {
-                        x: (f.width - cw) / 2,
-                        y: (f.height - ch) / 2,
-                        width: cw,
-                        height: ch,
-                    })
+                    Some(CropBox::centred(f.width, f.height, cw, ch))
                 }
             };
             Ok(ClipAug {

