@@ -45,11 +45,13 @@ Resume (:meth:`~VideoClipDataset.state_dict` / :meth:`~VideoClipDataset.load_sta
 - A plain DataLoader: items carry ``"batch"``; ``ds.set_epoch(epoch, start_batch=last_batch + 1)``, or
   ``ds.load_state_dict(ds.state_for(epoch, last_batch + 1))`` when the world size may change.
 
-Arrays become tensors without a copy (``Batch.to_torch``). With the shared-memory transport (the default
-on a Unix socket) a tensor in the main process (``num_workers=0``) is a view of the daemon's arena slot and
-stays valid until the next batch is requested: clone what you keep across iterations. In DataLoader
-workers each batch is copied once into a torch shared-memory tensor (what sending it to the main process
-needs anyway) and the slot is released at once, so the tensors the loader yields are owned.
+The tensors the loader yields are the caller's, as a DataLoader's items are. With the shared-memory
+transport (the default on a Unix socket) each batch is copied once out of the daemon's arena slot and the
+slot is released at once: in DataLoader workers into a torch shared-memory tensor (what sending it to the
+main process needs anyway), in the main process (``num_workers=0``) into a plain tensor. With
+``zero_copy=True`` the main process gets the slot itself instead (``Batch.to_torch``, no copy), which the
+daemon overwrites a few batches later: only for loops that use each batch before asking for the next and
+keep nothing of it. Inline batches are always the caller's own memory.
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ class VideoClipDataset(IterableDataset):
         transport, token: as for :class:`~vserve_client.Client`.
         rank, world_size: override the detected ones (give both).
         epoch, start_batch, start_sample: where to start (see :meth:`set_epoch`).
+        zero_copy: with ``num_workers=0`` and shared memory, yield views of the daemon's slots instead of
+            copies (valid only until a few batches later; see the module's notes). Default False.
         **stream_kwargs: everything else :meth:`vserve_client.Client.stream` takes (batch_size is required;
             TorchCodec's sampler names, sizes as (height, width), layout "THWC" | "TCHW" | "CTHW", dtype
             "uint8" | "float16" | "float32" | "bfloat16").
@@ -150,6 +154,7 @@ class VideoClipDataset(IterableDataset):
         epoch: int = 0,
         start_batch: int = 0,
         start_sample: int = 0,
+        zero_copy: bool = False,
         **stream_kwargs: Any,
     ):
         super().__init__()
@@ -166,6 +171,7 @@ class VideoClipDataset(IterableDataset):
         self.output = output
         self.transport = transport
         self.token = token
+        self.zero_copy = bool(zero_copy)
         self.stream_kwargs = dict(stream_kwargs)
         self._explicit = (rank, world_size)
         self.rank, self.world_size = resolve_rank(rank, world_size, _distributed(), os.environ)
@@ -302,10 +308,15 @@ class VideoClipDataset(IterableDataset):
 
     def _item(self, batch: Batch) -> Any:
         tensor = batch.to_torch()
-        if batch.shared and get_worker_info() is not None:
-            # The worker's queue pickles the item later, on another thread, while this generator may
-            # already have released the slot: copy now, straight into shared memory, and release.
-            video = torch.empty(tensor.shape, dtype=tensor.dtype).share_memory_()
+        in_worker = get_worker_info() is not None
+        if batch.shared and (in_worker or not self.zero_copy):
+            # A worker's queue pickles the item later, on another thread, while this generator may already
+            # have released the slot; and in the main process the daemon rewrites the slot a few batches
+            # on, under a tensor the caller may have kept. Copy now (in a worker straight into shared
+            # memory) and release.
+            video = torch.empty(tensor.shape, dtype=tensor.dtype)
+            if in_worker:
+                video.share_memory_()
             video.copy_(tensor)
             batch.release()
         else:
