@@ -280,7 +280,7 @@ impl Inner {
         }
         let open = self.shares.capacity.saturating_sub(self.shares.reserved);
         if who.key().is_some() && bytes > open {
-            // Past the open part a client may only reach its fair share of it, never more than all of
+            // Past the open part a client may hold only its fair share of it, never more than all of
             // it: no release can ever let this in, so it is refused now instead of after the wait.
             return Err(self.refuse(
                 bytes,
@@ -371,15 +371,15 @@ impl Inner {
                     s.per_client
                 )
             }
-            Over::Reserve { .. } if who.key().is_some() && bytes > s.capacity.saturating_sub(s.reserved) => {
-                format!(
-                    "{asked}, more than a client can ever hold: {} of the {} are kept for clients below their fair \
-                     share of the other {} (reserved-inflight-bytes)",
-                    s.reserved,
-                    s.capacity,
-                    s.capacity.saturating_sub(s.reserved)
-                )
-            }
+            // As the other limits say when an ask exceeds the whole of what they allow: past the open
+            // part no client can go, whatever others release.
+            Over::Reserve { .. } if bytes > s.capacity.saturating_sub(s.reserved) => format!(
+                "{asked}, more than a client can ever hold: {} of the {} are kept for clients below their fair \
+                 share of the other {} (reserved-inflight-bytes)",
+                s.reserved,
+                s.capacity,
+                s.capacity.saturating_sub(s.reserved)
+            ),
             Over::Reserve { fair, holders } => format!(
                 "{asked}, {used} of {} in use; the last {} are kept for clients below their fair share \
                  ({fair} bytes with {holders} clients holding memory) and this one holds {mine} \

@@ -53,7 +53,7 @@ use crate::sample::{self, AugmentSpec, CropBox, Remainder, SamplerSpec};
 use crate::transport::shm::{Arena, ShmRef};
 use crate::transport::Transport;
 
-use slots::{count_clips, fail_error, skip_record, Failure, Window};
+use slots::{count_clips, fail_error, none_readable, skip_record, Failure, Window};
 
 mod ahead;
 mod fill;
@@ -636,25 +636,11 @@ impl Schedule {
                 self.count_at_pos = None;
             }
         }
-        if slots.is_empty() && batch == 0 {
-            if let Some(last) = skipped.last() {
-                // Not one sample of the shard gave a clip: say so (as the fixed-count samplers do when
-                // no sample can fill a slot) rather than end OK with nothing and no skip report.
-                let what = format!(
-                    "no sample of this rank's shard of dataset {:?} ({} samples) can be read",
-                    self.ctx.req.dataset,
-                    self.ctx.shard.len()
-                );
-                let why = format!(
-                    " (the last tried, {:?}: {}: {})",
-                    last.video, last.code, last.message
-                );
-                return Some(Err(if skipped.iter().all(|s| s.code == "TOO_SHORT") {
-                    Error::OutOfRange(format!("{what}: every one is too short for its clips{why}"))
-                } else {
-                    Error::DataLoss(format!("{what}{why}"))
-                }));
-            }
+        if slots.is_empty() && batch == 0 && !skipped.is_empty() {
+            // Not one sample of the shard gave a clip: say so, as the fixed-count samplers do when no
+            // sample can fill a slot, rather than end OK with nothing and no skip report.
+            let all_too_short = skipped.iter().all(|s| s.code == "TOO_SHORT");
+            return Some(Err(none_readable(&self.ctx, skipped.last(), all_too_short)));
         }
         if slots.is_empty() || (self.ctx.req.drop_last && slots.len() < b) {
             return None;

@@ -308,16 +308,14 @@ pub(super) struct Filled {
     pub(super) stats: RequestStats,
 }
 
-/// The error of a slot no sample of the shard can fill, saying why with the last failure met: OUT_OF_RANGE
-/// when every sample was too short for its clips (the sampler's request does not fit this shard's
-/// videos), else DATA_LOSS.
-fn none_readable(ctx: &Context, last: Option<&(usize, Failure)>, all_too_short: bool) -> Error {
-    let why = last.map_or_else(String::new, |(sample, f)| {
+/// The error of a shard none of whose samples can be used (a slot none can fill, or a counted plan
+/// with no clip at all), saying why with the last failure met: OUT_OF_RANGE when every sample was too
+/// short for its clips (the sampler's request does not fit this shard's videos), else DATA_LOSS.
+pub(super) fn none_readable(ctx: &Context, last: Option<&Skipped>, all_too_short: bool) -> Error {
+    let why = last.map_or_else(String::new, |s| {
         format!(
             " (the last tried, {:?}: {}: {})",
-            ctx.samples.video(*sample),
-            f.code(),
-            f.error
+            s.video, s.code, s.message
         )
     });
     let what = format!(
@@ -350,7 +348,7 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
     let mut frames: HashMap<(usize, usize), HashMap<usize, Arc<Frame>>> = HashMap::new();
     // The last failure met, and whether every one was a clip that does not fit (for the message when no
     // sample of the shard can fill a slot).
-    let mut last: Option<(usize, Failure)> = None;
+    let mut last: Option<Skipped> = None;
     let mut all_too_short = true;
     loop {
         // Make every unfilled position ready, moving to the next candidate on failure.
@@ -378,7 +376,7 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
                             skipped.push(skip_record(ctx, slot_sample, &f));
                         }
                         all_too_short &= f.too_short;
-                        last = Some((candidate, f));
+                        last = Some(skip_record(ctx, candidate, &f));
                         *offset.get_mut(&p).unwrap_or(&mut 0) += 1;
                     }
                 }
