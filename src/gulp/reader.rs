@@ -363,23 +363,20 @@ impl GulpDataset {
                 .map(|(id, e)| (id.clone(), super::stored_label(&e.meta)))
                 .collect(),
         );
-        let map = match &self.label2idx {
+        let why = match &self.label2idx {
             None => return samples,
-            Some(Ok(map)) => map,
-            Some(Err(why)) => {
-                tracing::warn!(root = %self.root.display(), problem = %why, "label2idx.json ignored: label indices follow the sorted labels");
-                return samples;
+            Some(Err(why)) => why.clone(),
+            Some(Ok(map)) => {
+                match label2idx_problem(map, samples.classes().iter().map(|(l, _)| l.as_str())) {
+                    None => return samples.with_label_indices(|l| map.get(l).copied()),
+                    // Used in part, two labels could share an index (one named, one numbered by its
+                    // place): a training job would silently merge two classes.
+                    Some(why) => why,
+                }
             }
         };
-        match label2idx_problem(map, samples.classes().iter().map(|(l, _)| l.as_str())) {
-            None => samples.with_label_indices(|l| map.get(l).copied()),
-            Some(why) => {
-                // Used in part, two labels could share an index (one named, one numbered by its place):
-                // a training job would silently merge two classes.
-                tracing::warn!(root = %self.root.display(), problem = %why, "label2idx.json ignored: label indices follow the sorted labels");
-                samples
-            }
-        }
+        tracing::warn!(root = %self.root.display(), problem = %why, "label2idx.json ignored: label indices follow the sorted labels");
+        samples
     }
 }
 
