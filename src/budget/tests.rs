@@ -99,6 +99,18 @@ async fn absorbed_and_client_charged_reservations_keep_the_count() {
     assert!(b.inner.used.lock().clients.is_empty());
 }
 
+/// 800 bytes, 200 of them kept in reserve, no per-client quota below the whole.
+fn reserving(wait: Duration) -> Budget {
+    Budget::shared(
+        Shares {
+            capacity: 800,
+            per_client: 800,
+            reserved: 200,
+        },
+        wait,
+    )
+}
+
 fn client(pid: i32) -> Peer {
     Peer {
         key: PeerKey::Process { pid, start: 1 },
@@ -202,14 +214,7 @@ async fn a_client_is_held_to_its_quota_while_another_is_served() {
 async fn a_client_ask_past_the_open_part_is_refused_at_once() {
     // 700 of 800 with 200 kept in reserve: no release could ever let a client hold 700 (its fair
     // share of the open 600 is at most 600), so it does not wait out the 10 s.
-    let b = Budget::shared(
-        Shares {
-            capacity: 800,
-            per_client: 800,
-            reserved: 200,
-        },
-        Duration::from_secs(10),
-    );
+    let b = reserving(Duration::from_secs(10));
     let started = std::time::Instant::now();
     let e = b
         .try_reserve(700, Who::new("GetClips").client(&client(22)))
@@ -238,14 +243,7 @@ async fn a_client_ask_past_the_open_part_is_refused_at_once() {
 
 #[tokio::test]
 async fn the_reserve_is_left_for_a_light_client() {
-    let b = Budget::shared(
-        Shares {
-            capacity: 800,
-            per_client: 800,
-            reserved: 200,
-        },
-        Duration::ZERO,
-    );
+    let b = reserving(Duration::ZERO);
     let (heavy, light) = (client(20), client(21));
     let _h = b
         .try_reserve(600, Who::new("stream").client(&heavy))
