@@ -1,6 +1,6 @@
 //! The decoded-frame cache: frames after decode, resize and rotation, before per-request augmentation.
 //!
-//! Keyed by video identity (path, size, mtime, stream), frame index and geometry, so a changed file never
+//! Keyed by video identity (path, size, mtime, stream, and within a run the file's inode), frame index and geometry, so a changed file never
 //! serves stale frames and different output sizes never collide. Weighted by bytes and bounded by
 //! `--cache-bytes` (moka evicts by TinyLFU admission and LRU). Values are shared `Arc<Frame>`s: a hit
 //! copies nothing until batch assembly.
@@ -25,9 +25,25 @@ pub struct VideoId {
     pub mtime_ns: i128,
     /// Requested stream (None = best stream); part of the identity because it selects the frames.
     pub stream: Option<u32>,
+    /// The file node (device, inode, change time) within this run: a file replaced by another of the
+    /// same size and mtime is another video. Zero for identities that have no node (GulpIO videos, and
+    /// the store's facts about a file, which outlive inodes: [`VideoId::plain`]).
+    pub node: crate::dataset::FileNode,
     /// Indexed by decoding because the file turned out damaged: frame numbers and pixels may differ from
     /// the packet-scan table's, so frames of the two tables never share cache entries.
     pub decode_table: bool,
+}
+
+impl VideoId {
+    /// The identity the store's facts (health, damage) are kept by: path, size, mtime and stream, with
+    /// no node and the packet-scan table.
+    pub fn plain(&self) -> VideoId {
+        VideoId {
+            node: Default::default(),
+            decode_table: false,
+            ..self.clone()
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -170,6 +186,7 @@ mod tests {
                 size: 1,
                 mtime_ns: 2,
                 stream: None,
+                node: Default::default(),
                 decode_table: false,
             }),
             frame,
@@ -239,5 +256,15 @@ mod tests {
             ..(*changed.video).clone()
         });
         assert!(cache.get(&changed).is_none());
+        let mut replaced = key(3);
+        replaced.video = Arc::new(VideoId {
+            node: crate::dataset::FileNode {
+                dev: 1,
+                ino: 2,
+                ctime_ns: 3,
+            },
+            ..(*replaced.video).clone()
+        });
+        assert!(cache.get(&replaced).is_none());
     }
 }

@@ -17,8 +17,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
-use crate::dataset::Dataset;
-use crate::decode::ffmpeg::{build_index, check_video};
+use crate::dataset::{CheckedFile, Dataset};
+use crate::decode::ffmpeg::{build_index_of, check_video};
 use crate::manifest::Samples;
 use crate::store::{Health, Key, Record, Store};
 
@@ -114,17 +114,18 @@ pub fn videos(ds: &Dataset, manifest: Option<&Path>) -> Result<Vec<String>, Stri
     Ok(v)
 }
 
-/// `video`'s path and store key, or the report of a video that cannot be opened beneath the root.
-fn resolve(ds: &Dataset, video: &str) -> Result<(std::path::PathBuf, Key), VideoReport> {
-    let (path, meta) = ds.resolve(video).map_err(|e| {
+/// `video` opened beneath the root (every later read goes through this descriptor, never the path
+/// again) and its store key, or the report of a video that cannot be opened there.
+fn open(ds: &Dataset, video: &str) -> Result<(CheckedFile, Key), VideoReport> {
+    let file = ds.open(video).map_err(|e| {
         let health = Health::Unreadable {
             reason: e.to_string(),
             corrupt: false,
         };
         VideoReport::of(video, &health, 0.0)
     })?;
-    let key = Key::new(&path, &meta, None);
-    Ok((path, key))
+    let key = Key::of_file(&file, None);
+    Ok((file, key))
 }
 
 /// Checks one video and records what was found. Blocking (decodes the whole video).
@@ -133,7 +134,7 @@ pub fn check_one(
     video: &str,
     store: Option<&Store>,
 ) -> (VideoReport, Option<Record>) {
-    let (path, key) = match resolve(ds, video) {
+    let (file, key) = match open(ds, video) {
         Ok(x) => x,
         Err(unreadable) => return (unreadable, None),
     };
@@ -143,7 +144,7 @@ pub fn check_one(
             return (VideoReport::of(video, &known.health, 0.0), Some(known));
         }
     }
-    let record = examine(&path, key);
+    let record = examine(&file, key);
     if let Some(store) = store {
         if let Err(e) = store.put(&record) {
             tracing::warn!(video, error = %e, "cannot record the check in the store");
@@ -156,9 +157,9 @@ pub fn check_one(
     )
 }
 
-/// Decodes `path`'s stream whole: its health.
-pub fn health_of(path: &Path, stream: Option<u32>) -> Health {
-    match check_video(path, stream.map(|s| s as usize)) {
+/// Decodes `file`'s stream whole: its health.
+pub fn health_of(file: &CheckedFile, stream: Option<u32>) -> Health {
+    match check_video(file, stream.map(|s| s as usize)) {
         Ok(c) if c.frames == 0 => Health::Unreadable {
             reason: "no decodable frames".into(),
             corrupt: true,
@@ -179,9 +180,9 @@ pub fn health_of(path: &Path, stream: Option<u32>) -> Health {
     }
 }
 
-/// Decodes `path` whole and builds the table the daemon would serve it with.
-pub fn examine(path: &Path, key: Key) -> Record {
-    let health = health_of(path, key.stream);
+/// Decodes `file` whole and builds the table the daemon would serve it with.
+pub fn examine(file: &CheckedFile, key: Key) -> Record {
+    let health = health_of(file, key.stream);
     let frames = match &health {
         Health::Ok { frames } | Health::Damaged { frames, .. } => *frames,
         _ => {
@@ -196,12 +197,14 @@ pub fn examine(path: &Path, key: Key) -> Record {
     };
     let stream = key.stream.map(|s| s as usize);
     let mut decode_table = matches!(health, Health::Damaged { .. });
-    let mut table = build_index(path, stream, decode_table).ok().map(Arc::new);
+    let mut table = build_index_of(file, stream, decode_table)
+        .ok()
+        .map(Arc::new);
     if !decode_table && table.as_ref().map(|t| t.frame_count() as u64) != Some(frames) {
         // The packet scan counted other frames than the decoder emits: serve the decode table.
-        tracing::warn!(path = %path.display(), frames, "packet scan disagrees with decoding; keeping a decode table");
+        tracing::warn!(path = %file.path.display(), frames, "packet scan disagrees with decoding; keeping a decode table");
         decode_table = true;
-        table = build_index(path, stream, true).ok().map(Arc::new);
+        table = build_index_of(file, stream, true).ok().map(Arc::new);
     }
     Record {
         key,
@@ -238,7 +241,7 @@ pub fn index_one(
     video: &str,
     store: Option<&Store>,
 ) -> (VideoReport, Option<Record>) {
-    let (path, key) = match resolve(ds, video) {
+    let (file, key) = match open(ds, video) {
         Ok(x) => x,
         Err(unreadable) => return (unreadable, None),
     };
@@ -260,8 +263,8 @@ pub fn index_one(
             return (report(&known, STORED), Some(known));
         }
     }
-    let (health, table) = match build_index(&path, None, false) {
-        Ok(ix) if ix.damaged => (health_of(&path, None), Some(ix)),
+    let (health, table) = match build_index_of(&file, None, false) {
+        Ok(ix) if ix.damaged => (health_of(&file, None), Some(ix)),
         Ok(ix) => (Health::Unchecked, Some(ix)),
         Err(crate::index::IndexError::Corrupt { reason, .. }) => (
             Health::Unreadable {
@@ -396,6 +399,46 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn media(rel: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/media")
+            .join(rel)
+    }
+
+    /// The check reads the file it was given, as opened: the daemon checks the descriptor a request
+    /// opened beneath the dataset root, whatever the path names by the time the check runs.
+    #[test]
+    fn a_check_reads_the_opened_file_not_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.mp4");
+        std::fs::copy(media("decord/corrupted.mp4"), &path).unwrap();
+        let file = CheckedFile::open_trusted(&path).unwrap();
+        // The path now names a clean video; then nothing.
+        let staged = dir.path().join("clean.mov");
+        std::fs::copy(media("decord/video_0.mov"), &staged).unwrap();
+        std::fs::rename(&staged, &path).unwrap();
+        let damaged = |h: &Health| {
+            matches!(
+                h,
+                Health::Damaged {
+                    frames: 49,
+                    first_bad_frame: 28,
+                    ..
+                }
+            )
+        };
+        assert!(
+            damaged(&health_of(&file, None)),
+            "{:?}",
+            health_of(&file, None)
+        );
+        std::fs::remove_file(&path).unwrap();
+        let record = examine(&file, Key::of_file(&file, None));
+        assert!(damaged(&record.health), "{:?}", record.health);
+        assert!(record.decode_table);
+        assert_eq!(record.table.map(|t| t.frame_count()), Some(49));
+    }
 
     #[test]
     fn shards_partition_and_parse() {

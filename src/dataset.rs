@@ -45,6 +45,31 @@ pub struct CheckedFile {
     pub size: u64,
     /// Modification time in nanoseconds since the epoch (0 when unknown).
     pub mtime_ns: i128,
+    /// Which file this is on its filesystem, and its last change: see [`FileNode`].
+    pub node: FileNode,
+}
+
+/// The file node a descriptor reads: device, inode and status-change time. Size and mtime can be the
+/// same for another file (renamed over the path, or rewritten in place with its mtime set back); the
+/// inode or the change time then differs, which no one but the kernel sets. Part of a video's identity
+/// within one run of the daemon, not across restarts (a copied dataset gets new inodes, and its stored
+/// frame tables stay valid).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileNode {
+    pub dev: u64,
+    pub ino: u64,
+    pub ctime_ns: i128,
+}
+
+impl FileNode {
+    fn of(meta: &std::fs::Metadata) -> FileNode {
+        use std::os::unix::fs::MetadataExt;
+        FileNode {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
+        }
+    }
 }
 
 impl CheckedFile {
@@ -85,6 +110,7 @@ impl CheckedFile {
             file,
             size: meta.len(),
             mtime_ns,
+            node: FileNode::of(&meta),
         })
     }
 }

@@ -853,3 +853,84 @@ async fn in_place_shm_replies_are_exact() {
         assert_eq!(metric(&d, "vserve_decode_frames_in_place_total"), after);
     }
 }
+
+/// `src` padded with a top-level `free` box (which demuxers skip) to `len` bytes.
+fn padded(src: &str, len: usize) -> Vec<u8> {
+    let mut bytes = std::fs::read(media_path(src)).expect("read media");
+    let pad = len - bytes.len();
+    if pad > 0 {
+        assert!(pad >= 8, "a box needs 8 bytes");
+        bytes.extend_from_slice(&(pad as u32).to_be_bytes());
+        bytes.extend_from_slice(b"free");
+        bytes.resize(len, 0);
+    }
+    bytes
+}
+
+/// A file replaced by another of the same size and mtime, renamed over its path or rewritten in place
+/// with its mtime set back, is another video: every frame asked for afterwards is the new file's, those
+/// cached before and those a decode thread could read from the old file's open descriptor included.
+#[tokio::test]
+async fn a_file_replaced_under_the_same_size_and_mtime_serves_the_new_frames() {
+    // One decode thread: the video stays open on the thread that decoded it.
+    let d = Daemon::start_with(&["--decode-threads", "1"]).await;
+    let mut c = d.client().await;
+    let (a, b) = ("decord/video_0.mov", "decord/video_180.mov");
+    let len = [a, b]
+        .iter()
+        .map(|v| std::fs::metadata(media_path(v)).unwrap().len() as usize)
+        .max()
+        .unwrap()
+        + 64;
+    let (a_bytes, b_bytes) = (padded(a, len), padded(b, len));
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+    let write = |path: &std::path::Path, bytes: &[u8]| {
+        std::fs::write(path, bytes).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+    };
+    let (w, h) = (568, 320);
+    let oracle = Ffmpeg {
+        noautorotate: true,
+        ..Default::default()
+    };
+    let all = [0, 1, 2];
+    let (a_ref, b_ref) = (
+        oracle.frames(&media_path(a), w, h, Some(&all)),
+        oracle.frames(&media_path(b), w, h, Some(&all)),
+    );
+    assert!(
+        all.iter().all(|k| a_ref[k] != b_ref[k]),
+        "the two videos differ in every frame"
+    );
+    let video = d.scratch.join("swapped.mov");
+    let req = |frames: &[u64]| {
+        clips_req(
+            SCRATCH,
+            vec![frames_clip("swapped.mov", frames, None)],
+            Some(no_rotate()),
+        )
+    };
+
+    write(&video, &a_bytes);
+    let first = get(&mut c, req(&[0, 1])).await;
+    assert_frames_eq(&first, &[0, 1], &a_ref, (w, h), "before the swap");
+
+    // Renamed over the path: same size and mtime, another inode.
+    let staged = d.scratch.join("swapped.tmp");
+    write(&staged, &b_bytes);
+    std::fs::rename(&staged, &video).unwrap();
+    let meta = std::fs::metadata(&video).unwrap();
+    assert_eq!((meta.len() as usize, meta.modified().unwrap()), (len, when));
+    let after = get(&mut c, req(&all)).await;
+    assert_frames_eq(&after, &all, &b_ref, (w, h), "after a rename over it");
+
+    // Rewritten in place: same inode, size and mtime; only the change time tells.
+    write(&video, &a_bytes);
+    let again = get(&mut c, req(&all)).await;
+    assert_frames_eq(&again, &all, &a_ref, (w, h), "after a rewrite in place");
+}

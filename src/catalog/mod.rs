@@ -85,7 +85,7 @@ pub struct Catalog {
     /// Files that failed to index, remembered briefly (by identity, so a replaced file is tried again at
     /// once): a client repeating a request for a broken file costs a lookup, not another scan.
     failed: moka::sync::Cache<Arc<VideoId>, IndexError>,
-    /// Files whose coded data turned out damaged (by identity without `decode_table`): they are indexed
+    /// Files whose coded data turned out damaged (by [`VideoId::plain`]): they are indexed
     /// by decoding from then on.
     damaged: Mutex<HashSet<VideoId>>,
     /// Every dataset's sample list (manifest, gulp set, or the last walk of its root) and video count:
@@ -111,8 +111,8 @@ pub struct Catalog {
     journal: Option<Arc<Journal>>,
     /// Frame tables and health remembered across restarts (the state directory's); None without one.
     store: Option<Arc<Store>>,
-    /// Videos known not to decode whole (damaged, unreadable, quarantined), by identity without
-    /// `decode_table`: what [`Catalog::resolve_for_sampling`] consults.
+    /// Videos known not to decode whole (damaged, unreadable, quarantined), by [`VideoId::plain`]: what
+    /// [`Catalog::resolve_for_sampling`] consults.
     health: Mutex<HashMap<VideoId, Health>>,
 }
 
@@ -377,9 +377,7 @@ impl Catalog {
 
     /// Records that a video's coded data is damaged, so its next index comes from a decode.
     pub fn mark_damaged(&self, id: &VideoId, detail: &str) {
-        let mut plain = id.clone();
-        plain.decode_table = false;
-        if self.damaged.lock().insert(plain) {
+        if self.damaged.lock().insert(id.plain()) {
             self.metrics.damaged_files.inc();
             tracing::warn!(path = %id.path.display(), %detail, "decode errors in a cleanly scanned file; indexing it by decoding");
         }
@@ -433,9 +431,10 @@ impl Catalog {
             size: file.size,
             mtime_ns: file.mtime_ns,
             stream,
+            node: file.node,
             decode_table: false,
         };
-        id.decode_table = self.damaged.lock().contains(&id);
+        id.decode_table = self.damaged.lock().contains(&id.plain());
         if let Some(e) = self.failed.get(&id) {
             return Err(e.into());
         }
@@ -479,7 +478,7 @@ impl Catalog {
                 }
                 // Held packed (the record's columns, read in place): a few hundred bytes a table.
                 let built = built.map(|ix| Arc::new(crate::store::format::pack(ix)));
-                self.remember(&id, &built);
+                self.remember(&id, &file, &built);
                 built
             })
             .map_err(|e| {
@@ -519,6 +518,7 @@ impl Catalog {
             size: k.size,
             mtime_ns: k.mtime_ns,
             stream: k.stream,
+            node: Default::default(),
             decode_table: false,
         };
         if record.decode_table {
@@ -532,13 +532,15 @@ impl Catalog {
 
     /// Stores a build's outcome; a table that met decoder errors is decoded whole once more to find where
     /// the damage starts.
-    fn remember(&self, id: &VideoId, built: &Result<Arc<VideoIndex>, IndexError>) {
+    fn remember(
+        &self,
+        id: &VideoId,
+        file: &crate::dataset::CheckedFile,
+        built: &Result<Arc<VideoIndex>, IndexError>,
+    ) {
         let Some(store) = &self.store else { return };
         let (health, table) = match built {
-            Ok(ix) if ix.damaged => (
-                crate::check::health_of(&id.path, id.stream),
-                Some(ix.clone()),
-            ),
+            Ok(ix) if ix.damaged => (crate::check::health_of(file, id.stream), Some(ix.clone())),
             Ok(ix) => (Health::Unchecked, Some(ix.clone())),
             Err(IndexError::Corrupt { reason, .. }) => (
                 Health::Unreadable {
@@ -572,8 +574,7 @@ impl Catalog {
 
     /// The error for a video the store knows not to open (unreadable, quarantined).
     fn refusal(&self, id: &VideoId) -> Option<Error> {
-        let mut plain = id.clone();
-        plain.decode_table = false;
+        let plain = id.plain();
         let health = self.health.lock();
         let msg = |what: &str, reason: &str| format!("{:?} is {what}: {reason}", id.path.display());
         match health.get(&plain)? {
@@ -600,9 +601,7 @@ impl Catalog {
         stream: Option<u32>,
     ) -> Result<Resolved, Error> {
         let (id, index, source) = self.resolve(dataset, video, stream).await?;
-        let mut plain = (*id).clone();
-        plain.decode_table = false;
-        let usable = match self.health.lock().get(&plain) {
+        let usable = match self.health.lock().get(&id.plain()) {
             Some(h) => h.decodable_frames(index.frame_count() as u64) as usize,
             None => return Ok((id, index, source)),
         };
@@ -630,6 +629,7 @@ impl Catalog {
             size,
             mtime_ns,
             stream: None,
+            node: Default::default(),
             decode_table: false,
         });
         let index = self

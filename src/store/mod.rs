@@ -60,6 +60,16 @@ impl Key {
             stream,
         }
     }
+
+    /// The identity of a file opened and checked (what its descriptor's `fstat` said).
+    pub fn of_file(file: &crate::dataset::CheckedFile, stream: Option<u32>) -> Key {
+        Key {
+            path: file.path.clone(),
+            size: file.size,
+            mtime_ns: file.mtime_ns,
+            stream,
+        }
+    }
 }
 
 /// A file's mtime in nanoseconds since the epoch (0 when the platform has none).

@@ -1,7 +1,7 @@
 //! The whole-video check behind `vserve check`: decode every frame of one stream, as
 //! `ffmpeg -threads 1 -i F -fps_mode passthrough -f null -` does, and say where damage starts.
 //!
-//! Input: a path and an optional stream index. Output: a [`VideoCheck`]: the frames the decoder output,
+//! Input: a checked file (read through its descriptor) and an optional stream index. Output: a [`VideoCheck`]: the frames the decoder output,
 //! the first bad frame and the damaged ranges. Damage is anything the demuxer or decoder reports: a read
 //! error (truncated file), a packet flagged corrupt, a packet the decoder rejects, a frame it flags
 //! (concealment, `AV_FRAME_FLAG_CORRUPT`), or a stream that ends well before the duration its container
@@ -9,13 +9,14 @@
 //! frame to be output (frames already out are clean), which is where `ffmpeg -xerror` stops; so the first
 //! bad frame is conservative: frames before it decoded without any error reported.
 
-use std::path::Path;
-
 use ffmpeg_next as ff;
 
 use super::info::{init, pick_stream};
+use super::open::open_input;
 use super::open_decoder;
 use super::scan::{frame_damaged, read_packet};
+use crate::dataset::CheckedFile;
+use crate::decode::faults::Stage;
 use crate::decode::DecodeError;
 
 /// What decoding a whole stream found.
@@ -56,12 +57,13 @@ impl VideoCheck {
     }
 }
 
-/// Decodes `path`'s stream (`stream` = container index, else FFmpeg's best video stream) from start to
-/// end with one decoder thread. Fails only when the file cannot be opened or has no decodable video
-/// stream; damage inside is reported in the result.
-pub fn check_video(path: &Path, stream: Option<usize>) -> Result<VideoCheck, DecodeError> {
+/// Decodes `file`'s stream (`stream` = container index, else FFmpeg's best video stream) from start to
+/// end with one decoder thread, reading the checked descriptor ([`open_input`]). Fails only when the
+/// file cannot be opened or has no decodable video stream; damage inside is reported in the result.
+pub fn check_video(file: &CheckedFile, stream: Option<usize>) -> Result<VideoCheck, DecodeError> {
     init();
-    let mut input = ff::format::input(&path).map_err(|e| DecodeError::Open {
+    let path = file.path.as_path();
+    let mut input = open_input(file, true, Stage::Index).map_err(|e| DecodeError::Open {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;

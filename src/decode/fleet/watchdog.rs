@@ -363,6 +363,7 @@ mod tests {
                     path,
                     size: 5,
                     mtime_ns: 1,
+                    node: Default::default(),
                 })
             })
             .collect();
