@@ -159,6 +159,12 @@ pub struct Store {
 /// of address space and a kernel mapping however small the file, more than a short record's bytes.
 pub const MAP_AT: u64 = 16 << 10;
 
+/// What `--store-bytes` counts a record file as: its length in whole 4 KiB blocks, what a small file
+/// takes on disk (a 350-byte record takes a block), not its length.
+pub fn on_disk(len: u64) -> u64 {
+    len.div_ceil(4096) * 4096
+}
+
 /// A record file's bytes: mapped read-only when long, else read. None when there is no such file.
 fn read_record(path: &Path) -> io::Result<Option<TableBytes>> {
     let file = match std::fs::File::open(path) {
@@ -273,20 +279,21 @@ impl Store {
         let mut record = record.clone();
         record.written_ms = now_ms();
         let bytes = format::encode(&record);
-        if bytes.len() as u64 > self.max_bytes {
+        let size = on_disk(bytes.len() as u64);
+        if size > self.max_bytes {
             return Err(io::Error::other(format!(
-                "a record of {} bytes does not fit the store's {} bytes",
+                "a record of {} bytes ({size} on disk) does not fit the store's {} bytes",
                 bytes.len(),
                 self.max_bytes
             )));
         }
         let name = Store::file_name(&record.key);
-        let old = std::fs::metadata(self.state.path(&name)).map_or(0, |m| m.len());
+        let old = std::fs::metadata(self.state.path(&name)).map_or(0, |m| on_disk(m.len()));
         self.state.write_atomic(&name, &bytes)?;
         let over = {
             let mut used = self.used.lock();
             let total = match *used {
-                Some(u) => u.saturating_sub(old) + bytes.len() as u64,
+                Some(u) => u.saturating_sub(old) + size,
                 None => self.walk().iter().map(|f| f.1).sum(),
             };
             *used = Some(total);
@@ -311,12 +318,12 @@ impl Store {
         self.put(&record)
     }
 
-    /// Bytes the store's files take now.
+    /// Bytes the store's files take now, in whole blocks ([`on_disk`]).
     pub fn bytes_used(&self) -> u64 {
         self.walk().iter().map(|f| f.1).sum()
     }
 
-    /// Every record file: (mtime, bytes, path).
+    /// Every record file: (mtime, bytes on disk, path).
     fn walk(&self) -> Vec<(SystemTime, u64, PathBuf)> {
         let mut out = Vec::new();
         let Ok(dirs) = std::fs::read_dir(self.state.path(DIR)) else {
@@ -331,7 +338,7 @@ impl Store {
                 let Ok(m) = f.metadata() else { continue };
                 let modified = m.modified().unwrap_or(UNIX_EPOCH);
                 if p.extension().is_some_and(|e| e == "vidx") {
-                    out.push((modified, m.len(), p));
+                    out.push((modified, on_disk(m.len()), p));
                 } else if f.file_name().to_string_lossy().contains(".tmp-")
                     && modified.elapsed().is_ok_and(|age| age.as_secs() > 3600)
                 {
@@ -597,8 +604,12 @@ mod tests {
     fn the_bound_evicts_the_least_recently_used() {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
-        let one =
+        // A few hundred bytes, counted as the block they take.
+        let len =
             format::encode(&record("/v/0000.mp4", Health::Ok { frames: 3 }, None)).len() as u64;
+        assert!(len < 1000, "{len}");
+        let one = on_disk(len);
+        assert_eq!(one, 4096);
         let store = Store::open(&state, one * 10);
         let keys: Vec<Key> = (0..30)
             .map(|i| record(&format!("/v/{i:04}.mp4"), Health::Ok { frames: 3 }, None).key)
