@@ -5,8 +5,9 @@
 //! start/end seconds that trim the video.
 //!
 //! Formats:
-//! - CSV (`.csv`, read by the `csv` crate, streaming): a header naming the columns `path` (or `video`),
-//!   `label`, `start`, `end` in any order (other columns ignored); without a header the columns are
+//! - CSV (`.csv`, read by the `csv` crate, streaming): a header naming the columns `path` (or `video`,
+//!   `filename`, `file`, `video_path`), `label` (or `class`), `start`, `end` in any order (other columns
+//!   ignored); without a header the columns are
 //!   `path[,label[,start,end]]`. Fields may be double-quoted (`""` is a quote inside one; a quoted field
 //!   may hold commas and line breaks, though a path may not hold a line break); every field is trimmed
 //!   of surrounding whitespace; blank lines are skipped. Errors name the line the row starts on.
@@ -21,8 +22,9 @@
 //! Invariants: rows keep the file's order; a scan lists files sorted by path, so the list (and every
 //! epoch's order derived from it) is the same on every host. Paths are not resolved here: the dataset
 //! confines them when a stream reads them. Label indices: when every label is an integer, the integer;
-//! otherwise the label's position in the sorted set of distinct labels; -1 without a label. Computing
-//! them costs O(n + k log k) for n rows and k distinct labels.
+//! otherwise the label's position in the sorted set of distinct labels; -1 without a label (mostly
+//! integers with a few names is warned about: [`Samples::label_warning`]). Computing them costs
+//! O(n + k log k) for n rows and k distinct labels.
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -216,6 +218,31 @@ impl Samples {
         Ok(b.finish())
     }
 
+    /// A warning when the labels are mostly integers but not all: the rule then numbers every label by
+    /// its rank among the names, so one stray label (a header line not recognised as one, a typo)
+    /// renumbers every sample. None when all or none are integers.
+    pub fn label_warning(&self) -> Option<String> {
+        let names: Vec<&str> = self
+            .classes
+            .iter()
+            .filter(|(l, _)| l.parse::<i64>().is_err())
+            .map(|(l, _)| &**l)
+            .collect();
+        let integers = self.classes.len() - names.len();
+        if names.is_empty() || integers < names.len() {
+            return None;
+        }
+        let shown: Vec<String> = names.iter().take(3).map(|l| format!("{l:?}")).collect();
+        Some(format!(
+            "{integers} of {} distinct labels are integers, but {} {} not ({}{}): every label is numbered by its rank among the sorted names instead of its integer; fix or remove those rows (a header names its columns path/video/filename and label/class)",
+            self.classes.len(),
+            names.len(),
+            if names.len() == 1 { "is" } else { "are" },
+            shown.join(", "),
+            if names.len() > 3 { ", ..." } else { "" }
+        ))
+    }
+
     /// Lists the video files under `root` (by extension, symlinks not followed), sorted.
     pub fn scan(root: &Path) -> Samples {
         let mut b = SamplesBuilder::new();
@@ -332,6 +359,11 @@ fn check_row(video: &str, start: Option<f64>, end: Option<f64>) -> Result<(), St
     Ok(())
 }
 
+/// Header names of the path column (the first found is used), lower case.
+const PATH_COLUMNS: &[&str] = &["path", "video", "filename", "file", "video_path"];
+/// ... and of the label column.
+const LABEL_COLUMNS: &[&str] = &["label", "class"];
+
 fn parse_csv(
     reader: impl std::io::Read,
     path: &str,
@@ -375,10 +407,10 @@ fn parse_csv(
             None => {
                 let names: Vec<String> = record.iter().map(|f| f.to_ascii_lowercase()).collect();
                 let find = |alts: &[&str]| names.iter().position(|n| alts.contains(&n.as_str()));
-                if let Some(p) = find(&["path", "video"]) {
+                if let Some(p) = find(PATH_COLUMNS) {
                     columns = Some([
                         Some(p),
-                        find(&["label"]),
+                        find(LABEL_COLUMNS),
                         find(&["start", "time_start"]),
                         find(&["end", "time_end"]),
                     ]);
@@ -504,6 +536,33 @@ mod tests {
         assert_eq!(idx, vec![7, 3, -1]);
         // Integer labels are their own indices; a row without a label adds no class.
         assert_eq!(s.classes(), vec![("3".to_owned(), 3), ("7".to_owned(), 7)]);
+        assert_eq!(s.label_warning(), None);
+    }
+
+    #[test]
+    fn common_header_names_and_a_stray_label_are_recognised() {
+        let dir = tempfile::tempdir().unwrap();
+        // `filename,class` is a header: its row is no sample, and the labels stay their integers.
+        let p = write(dir.path(), "h.csv", "filename,class\nx.mp4,7\ny.mp4,3\n");
+        let s = Samples::from_manifest(&p).unwrap();
+        assert_eq!(s.len(), 2);
+        let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+        assert_eq!(idx, vec![7, 3]);
+        assert_eq!(s.label_warning(), None);
+        // A header that names no known column is a sample; its label turns every index into a rank,
+        // which is warned about, naming the stray label.
+        let p = write(dir.path(), "s.csv", "clip,target\nx.mp4,7\ny.mp4,3\n");
+        let s = Samples::from_manifest(&p).unwrap();
+        let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+        assert_eq!(idx, vec![2, 1, 0]);
+        let w = s.label_warning().expect("a warning");
+        assert!(
+            w.starts_with("2 of 3 distinct labels are integers, but 1 is not (\"target\")"),
+            "{w}"
+        );
+        // Names throughout: the rule, no warning.
+        let p = write(dir.path(), "n.csv", "x.mp4,cat\ny.mp4,dog\nz.mp4,7\n");
+        assert_eq!(Samples::from_manifest(&p).unwrap().label_warning(), None);
     }
 
     #[test]

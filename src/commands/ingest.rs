@@ -357,6 +357,9 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
         Some(m) => Samples::from_manifest(m).map_err(|e| IngestError::Usage(e.to_string()))?,
         None => Samples::scan(&dataset_dir),
     };
+    if let Some(w) = samples.label_warning() {
+        tracing::warn!("{w}");
+    }
     let ids = sample_ids(&samples.iter().collect::<Vec<_>>());
     let (done, last_chunk) = prepare_out(&opts.out)?;
 
