@@ -1,0 +1,262 @@
+use super::*;
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn csv_with_header_quotes_and_trims() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "m.csv",
+        "label,path,start,end\n\"playing guitar, loudly\",a/x.mp4,1.5,4\nswimming,b.mp4,,\r\n\n",
+    );
+    let s = Samples::from_manifest(&p).unwrap();
+    assert_eq!(s.len(), 2);
+    assert_eq!(s.get(0).video, "a/x.mp4");
+    assert_eq!(s.get(0).label, Some("playing guitar, loudly"));
+    assert_eq!((s.get(0).start, s.get(0).end), (Some(1.5), Some(4.0)));
+    assert_eq!((s.get(1).start, s.get(1).end), (None, None));
+    // Sorted distinct labels: "playing guitar, loudly" < "swimming".
+    assert_eq!(s.get(0).label_index, 0);
+    assert_eq!(s.get(1).label_index, 1);
+    assert_eq!(
+        s.classes(),
+        vec![
+            ("playing guitar, loudly".to_owned(), 0),
+            ("swimming".to_owned(), 1)
+        ]
+    );
+}
+
+#[test]
+fn headerless_csv_and_integer_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "m.csv", "x.mp4,7\ny.mp4,3\nz.mp4\n");
+    let s = Samples::from_manifest(&p).unwrap();
+    let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+    assert_eq!(idx, vec![7, 3, -1]);
+    // Integer labels are their own indices; a row without a label adds no class.
+    assert_eq!(s.classes(), vec![("3".to_owned(), 3), ("7".to_owned(), 7)]);
+    assert_eq!(s.label_warning(), None);
+}
+
+#[test]
+fn common_header_names_and_a_stray_label_are_recognised() {
+    let dir = tempfile::tempdir().unwrap();
+    // `filename,class` is a header: its row is no sample, and the labels stay their integers.
+    let p = write(dir.path(), "h.csv", "filename,class\nx.mp4,7\ny.mp4,3\n");
+    let s = Samples::from_manifest(&p).unwrap();
+    assert_eq!(s.len(), 2);
+    let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+    assert_eq!(idx, vec![7, 3]);
+    assert_eq!(s.label_warning(), None);
+    // A header that names no known column is a sample; its label turns every index into a rank,
+    // which is warned about, naming the stray label.
+    let p = write(dir.path(), "s.csv", "clip,target\nx.mp4,7\ny.mp4,3\n");
+    let s = Samples::from_manifest(&p).unwrap();
+    let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+    assert_eq!(idx, vec![2, 1, 0]);
+    let w = s.label_warning().expect("a warning");
+    assert!(
+        w.starts_with("2 of 3 distinct labels are integers, but 1 is not (\"target\")"),
+        "{w}"
+    );
+    // Names throughout: the rule, no warning.
+    let p = write(dir.path(), "n.csv", "x.mp4,cat\ny.mp4,dog\nz.mp4,7\n");
+    assert_eq!(Samples::from_manifest(&p).unwrap().label_warning(), None);
+}
+
+#[test]
+fn jsonl_rows_and_errors_name_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "m.jsonl",
+        "{\"path\": \"a.mp4\", \"label\": \"cat\", \"start\": 0.5}\n\n{\"video\": \"b.mp4\", \"label\": 2}\n",
+    );
+    let s = Samples::from_manifest(&p).unwrap();
+    assert_eq!(s.get(0).start, Some(0.5));
+    assert_eq!(s.get(1).label, Some("2"));
+    let bad = write(
+        dir.path(),
+        "bad.jsonl",
+        "{\"path\": \"a.mp4\"}\n{\"label\": 1}\n",
+    );
+    match Samples::from_manifest(&bad) {
+        Err(ManifestError::Parse { line, .. }) => assert_eq!(line, 2),
+        other => panic!("{other:?}"),
+    }
+    let bad = write(dir.path(), "bad.csv", "path,start,end\na.mp4,3,2\n");
+    assert!(matches!(
+        Samples::from_manifest(&bad),
+        Err(ManifestError::Parse { line: 2, .. })
+    ));
+}
+
+#[test]
+fn scan_is_sorted_and_relative() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    for f in ["b/z.mp4", "a.mkv", "b/a.webm", "notes.txt"] {
+        std::fs::write(dir.path().join(f), b"x").unwrap();
+    }
+    let s = Samples::scan(dir.path());
+    let v: Vec<&str> = s.iter().map(|s| s.video).collect();
+    assert_eq!(v, vec!["a.mkv", "b/a.webm", "b/z.mp4"]);
+}
+
+#[test]
+fn csv_quoted_fields_hold_commas_quotes_and_line_breaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "m.csv",
+        "id,path,label,end\r\n7,\"dir, with comma/a.mp4\",\"say \"\"hi\"\"\",2.5\n\n8,b.mp4,\"two\nlines\",\n   \n9,  c.mp4  ,plain,\n",
+    );
+    let s = Samples::from_manifest(&p).unwrap();
+    let rows: Vec<_> = s.iter().map(|s| (s.video, s.label, s.end)).collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("dir, with comma/a.mp4", Some("say \"hi\""), Some(2.5)),
+            ("b.mp4", Some("two\nlines"), None),
+            ("c.mp4", Some("plain"), None),
+        ]
+    );
+    // Sorted distinct labels: "plain" < "say \"hi\"" < "two\nlines".
+    let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+    assert_eq!(idx, vec![1, 2, 0]);
+    assert_eq!(s.get(2).start, None);
+}
+
+#[test]
+fn csv_bad_rows_name_their_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        // After a quoted field spanning lines 2 and 3, the bad row is on line 5.
+        (
+            "path,label,start\na.mp4,\"x\ny\",1\nb.mp4,z,2\nc.mp4,z,soon\n",
+            5,
+            "start \"soon\"",
+        ),
+        ("a.mp4,cat\n,dog\n", 2, "empty path"),
+        ("a.mp4\n\"b.mp4,cat\nc.mp4\n", 2, "line break"),
+        (
+            "path,start,end\na.mp4,0,1\nb.mp4,3,2\n",
+            3,
+            "not after start",
+        ),
+    ];
+    for (i, (text, line, why)) in cases.iter().enumerate() {
+        let p = write(dir.path(), &format!("bad{i}.csv"), text);
+        match Samples::from_manifest(&p) {
+            Err(ManifestError::Parse {
+                line: l, reason, ..
+            }) => {
+                assert_eq!(l, *line, "{text:?}: {reason}");
+                assert!(reason.contains(why), "{text:?}: {reason}");
+            }
+            other => panic!("{text:?}: {other:?}"),
+        }
+    }
+    let p = write(dir.path(), "latin1.csv", "");
+    std::fs::write(&p, b"a.mp4,ok\nb.mp4,caf\xe9\n").unwrap();
+    assert!(matches!(
+        Samples::from_manifest(&p),
+        Err(ManifestError::Parse { line: 2, .. })
+    ));
+    assert!(matches!(
+        Samples::from_manifest(&dir.path().join("missing.csv")),
+        Err(ManifestError::Io { .. })
+    ));
+}
+
+#[test]
+fn a_large_manifest_ranks_many_labels_exactly() {
+    // 200,000 rows over 5,003 labels whose text order differs from their numbering ("L10" < "L2"),
+    // in a scattered order, some rows unlabelled, some trimmed.
+    const ROWS: usize = 200_000;
+    const LABELS: usize = 5_003;
+    let label_of = |i: usize| (i * 7_919) % LABELS;
+    let mut text = String::from("path,label,start,end\n");
+    for i in 0..ROWS {
+        let label = if i % 101 == 0 {
+            String::new()
+        } else {
+            format!("L{}", label_of(i))
+        };
+        let trim = if i % 3 == 0 { "1.5,2.5" } else { "," };
+        text.push_str(&format!("d{}/v{i}.mp4,{label},{trim}\n", i / 1000));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "big.csv", &text);
+    let s = Samples::from_manifest(&p).unwrap();
+    assert_eq!(s.len(), ROWS);
+    // The expected ranks, from an independent sort of the distinct labels used.
+    let mut used: Vec<String> = (0..ROWS)
+        .filter(|i| i % 101 != 0)
+        .map(|i| format!("L{}", label_of(i)))
+        .collect();
+    used.sort();
+    used.dedup();
+    assert_eq!(used.len(), LABELS);
+    let rank: HashMap<&str, i64> = used
+        .iter()
+        .enumerate()
+        .map(|(r, l)| (l.as_str(), r as i64))
+        .collect();
+    assert_eq!(rank["L0"], 0);
+    assert_eq!(rank["L1"], 1);
+    assert_eq!(rank["L10"], 2);
+    for i in 0..ROWS {
+        let got = s.get(i);
+        assert_eq!(got.video, format!("d{}/v{i}.mp4", i / 1000));
+        if i % 101 == 0 {
+            assert_eq!((got.label, got.label_index), (None, -1), "row {i}");
+        } else {
+            let want = format!("L{}", label_of(i));
+            assert_eq!(got.label, Some(want.as_str()), "row {i}");
+            assert_eq!(got.label_index, rank[want.as_str()], "row {i}");
+        }
+        let want_trim = if i % 3 == 0 {
+            (Some(1.5), Some(2.5))
+        } else {
+            (None, None)
+        };
+        assert_eq!((got.start, got.end), want_trim, "row {i}");
+    }
+    let classes = s.classes();
+    assert_eq!(classes.len(), LABELS);
+    for (l, i) in &classes {
+        assert_eq!(rank[l.as_str()], *i, "{l}");
+    }
+    assert!(classes.windows(2).all(|w| w[0].0 < w[1].0));
+    // Compact: the arena of paths plus 12 bytes a row, 16 more for the trims, a little per label.
+    let paths: usize = (0..ROWS).map(|i| s.video(i).len()).sum();
+    assert!(
+        s.approx_bytes() <= paths + ROWS * 28 + LABELS * 40,
+        "{} bytes",
+        s.approx_bytes()
+    );
+}
+
+#[test]
+fn gulp_label_indices_replace_the_ranks_they_name() {
+    let s = Samples::from_labeled(vec![
+        ("a".into(), Some("dog".into())),
+        ("b".into(), Some("cat".into())),
+        ("c".into(), None),
+        ("d".into(), Some("dog".into())),
+    ])
+    .with_label_indices(|l| (l == "dog").then_some(40));
+    let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+    assert_eq!(idx, vec![40, 0, -1, 40]);
+    assert_eq!(
+        s.classes(),
+        vec![("cat".to_owned(), 0), ("dog".to_owned(), 40)]
+    );
+}
