@@ -452,9 +452,13 @@ async fn a_poison_file_crashes_the_daemon_once_then_is_quarantined_until_it_chan
     let journal: Vec<String> = std::fs::read_dir(state.join("journal"))
         .unwrap()
         .map(|e| String::from_utf8_lossy(&std::fs::read(e.unwrap().path()).unwrap()).into_owned())
-        .filter(|r| r.starts_with('B'))
+        .filter(|r| r.starts_with('C'))
         .collect();
-    assert_eq!(journal.len(), 1, "the crash left one busy journal record");
+    assert_eq!(
+        journal.len(),
+        1,
+        "the crash handler marked the crashing thread's journal record"
+    );
 
     // 2: restarted on the same state: poison.mov is refused without being opened (the hook would
     // abort); poison2.mov kills it in turn (in an index build).
@@ -561,5 +565,88 @@ async fn a_poison_file_crashes_the_daemon_once_then_is_quarantined_until_it_chan
     assert!(
         q.contains("poison2.mov") && !q.contains("poison.mov\""),
         "{q}"
+    );
+}
+
+/// The suspects and quarantined files of a state directory's quarantine.json.
+fn quarantine_json(state: &Path) -> (Vec<String>, Vec<String>) {
+    let text = std::fs::read_to_string(state.join("quarantine.json")).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let names = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| {
+                        e["path"]
+                            .as_str()
+                            .unwrap_or("")
+                            .rsplit('/')
+                            .next()
+                            .unwrap()
+                            .to_owned()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    (names("files"), names("suspects"))
+}
+
+/// Starts a daemon whose decode of `stuck.mov` blocks, asks for it, waits until a thread is inside it,
+/// and kills the daemon with SIGKILL (the OOM killer's signal): no crash is recorded.
+async fn kill_inside(root: &Path, state: &Path) {
+    let mut d = start_poison(root, state, &[("VSERVE_TEST_STALL_ON", "decode:stuck.mov")]).await;
+    let mut c = d.client().await;
+    let req = tokio::spawn(async move {
+        let _ = c.get_clips(control_clip("poison", "stuck.mov")).await;
+    });
+    let t0 = std::time::Instant::now();
+    while !d.log_text().contains("VSERVE_TEST_STALL_ON: blocking") {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", d.log_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    d.signal("KILL");
+    assert_eq!(d.wait_exit(Duration::from_secs(10)).await, Some(None));
+    req.abort();
+}
+
+/// A daemon killed (SIGKILL) while decoding a file makes it a suspect, not a quarantined file: it is
+/// served after the restart, and a finished run clears the suspicion. Killed inside it twice without
+/// a finished run in between, it is quarantined.
+#[tokio::test]
+async fn a_kill_makes_a_suspect_and_only_a_second_one_quarantines() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, state) = (dir.path().join("videos"), dir.path().join("state"));
+    std::fs::create_dir(&root).unwrap();
+    std::fs::copy(media_path(CONTROL_VIDEO), root.join("stuck.mov")).unwrap();
+
+    kill_inside(&root, &state).await;
+    let d = start_poison(&root, &state, &[]).await;
+    assert_eq!(quarantine_json(&state), (vec![], vec!["stuck.mov".into()]));
+    assert!(d.log_text().contains("a suspect"), "{}", d.log_text());
+    let mut c = d.client().await;
+    let b = c
+        .get_clips(control_clip("poison", "stuck.mov"))
+        .await
+        .expect("a suspect is served");
+    assert_control_frames(&b, "stuck.mov, a suspect");
+    assert_eq!(
+        quarantine_json(&state),
+        (vec![], vec![]),
+        "a finished run clears it"
+    );
+    drop(d);
+
+    kill_inside(&root, &state).await;
+    kill_inside(&root, &state).await;
+    let d = start_poison(&root, &state, &[]).await;
+    assert_eq!(quarantine_json(&state), (vec!["stuck.mov".into()], vec![]));
+    let mut c = d.client().await;
+    let res = c.get_clips(control_clip("poison", "stuck.mov")).await;
+    let msg = status_message(&res);
+    expect_code(res, &["DATA_LOSS"], "twice killed inside");
+    assert!(
+        msg.contains("twice") && msg.contains("quarantined"),
+        "{msg}"
     );
 }

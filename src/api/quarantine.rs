@@ -55,7 +55,7 @@ pub(super) async fn answer(
         size: e.key.size,
         mtime_ns: i64::try_from(e.key.mtime_ns).unwrap_or(i64::MAX),
         since: e.since,
-        reason: crate::journal::Quarantine::REASON.to_owned(),
+        reason: e.why,
     };
     Ok(pb::QuarantineResponse {
         files: q.list().into_iter().map(entry).collect(),

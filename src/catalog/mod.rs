@@ -413,7 +413,8 @@ impl Catalog {
         let _ = probe.key.set(key.clone());
         if let Some(q) = self.quarantine.check(&key) {
             return Err(Error::DataLoss(format!(
-                "video {video:?} in dataset {dataset:?} is quarantined: a daemon crashed while decoding it ({} s ago); it is served again once the file changes (new size or mtime), or after its entry is removed from {} (or the state directory deleted)",
+                "video {video:?} in dataset {dataset:?} is quarantined: {} ({} s ago); it is served again once the file changes (new size or mtime), or after its entry is removed from {} (or the state directory deleted)",
+                q.why,
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs())

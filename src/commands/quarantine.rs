@@ -64,7 +64,7 @@ fn offline(dir: &std::path::Path) -> Result<proto::QuarantineResponse, ClientErr
                 size: e.key.size,
                 mtime_ns: i64::try_from(e.key.mtime_ns).unwrap_or(i64::MAX),
                 since: e.since,
-                reason: Quarantine::REASON.to_owned(),
+                reason: e.why,
             })
             .collect(),
         cleared: Vec::new(),

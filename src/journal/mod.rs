@@ -8,9 +8,20 @@
 //!
 //! Journal: `journal/slot-N` in the state directory, one small file per thread that opens videos (decode
 //! threads hold theirs; index builds borrow one from a pool). While a thread is inside a file its slot
-//! reads `B <size> <mtime_ns> <path as hex>`; on a clean finish the first byte becomes `I`; a thread
-//! abandoned past its deadline marks `S` (a stall, not a crash: not quarantined). Cost: one `pwrite` per
-//! enter and per leave. A process crash keeps every write (the page cache outlives the process), and a
+//! reads `B <size> <mtime_ns> <path as hex>` (`D` for a run on a device); on a clean finish the first
+//! byte becomes `I`; a thread abandoned past its deadline marks `S` (a stall, not a crash: not
+//! quarantined); the thread that crashes the process marks `C` from the signal handler ([`crash`]).
+//!
+//! What a death means ([`recover`]):
+//! - a `C` record: the process crashed inside that file. It is quarantined; the files other threads were
+//!   inside (`B`, `D`) were bystanders and are not.
+//! - no `C`: the process was killed (SIGKILL, the OOM killer), or the host went down. A `D` file (a GPU
+//!   run, which can take the host down) is quarantined. A `B` file becomes a *suspect*: served as
+//!   before, and quarantined only if a process dies inside it again before a run of it finishes (a
+//!   finished run clears it). A kill costs no good file, and a file that takes the daemon down without
+//!   a trace (an allocation the OOM killer ends) does so at most twice.
+//!
+//! Cost: one `pwrite` per enter and per leave. A process crash keeps every write (the page cache outlives the process), and a
 //! decoder in user space (FFmpeg on the CPU, index builds) can crash nothing else. A run that can take the
 //! host down (NVDEC: a GPU driver in the kernel) also makes its record durable: one `fdatasync` when the
 //! slot enters a file other than the last it made durable. Syncing for every CPU run too cost a training
@@ -38,6 +49,8 @@ use parking_lot::Mutex;
 
 use crate::dataset::CheckedFile;
 use crate::state::StateDir;
+
+mod crash;
 
 /// The journal's directory inside the state directory.
 pub const JOURNAL_DIR: &str = "journal";
@@ -120,6 +133,8 @@ struct Pool {
     next: AtomicUsize,
     /// Records made durable (`fdatasync`) so far, by every slot.
     syncs: AtomicU64,
+    /// Told when a run finishes, to clear a suspect.
+    quarantine: Arc<Quarantine>,
 }
 
 impl Journal {
@@ -171,6 +186,15 @@ impl Journal {
     }
 }
 
+/// A busy record's state byte: `D` for a run that can take the host down (a device), else `B`.
+fn busy_byte(durable: bool) -> u8 {
+    if durable {
+        b'D'
+    } else {
+        b'B'
+    }
+}
+
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -199,14 +223,17 @@ impl JournalSlot {
         let Some(file) = inner.file.as_ref() else {
             return Ok(());
         };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
         match &inner.named {
             // The record names this file already (durably, when that is asked): flipping the state
             // byte back to busy is enough.
             Some((named, synced)) if named == key && (*synced || !durable) => {
-                file.write_all_at(b"B", 0)?;
+                file.write_all_at(&[busy_byte(durable)], 0)?;
             }
             _ => {
-                file.write_all_at(&key.record(), 0)?;
+                let mut record = key.record();
+                record[0] = busy_byte(durable);
+                file.write_all_at(&record, 0)?;
                 if durable {
                     file.sync_data()?;
                     self.pool.syncs.fetch_add(1, Ordering::Relaxed);
@@ -215,6 +242,7 @@ impl JournalSlot {
             }
         }
         inner.busy = true;
+        crash::set_inside(fd);
         Ok(())
     }
 
@@ -223,11 +251,15 @@ impl JournalSlot {
         let mut inner = self.inner.lock();
         if inner.busy {
             if let Some(f) = inner.file.as_ref() {
+                crash::set_left(std::os::fd::AsRawFd::as_raw_fd(f));
                 if let Err(e) = f.write_all_at(b"I", 0) {
                     tracing::warn!(slot = self.n, error = %e, "cannot update the crash journal");
                 }
             }
             inner.busy = false;
+            if let Some((key, _)) = &inner.named {
+                self.pool.quarantine.finished(key);
+            }
         }
     }
 
@@ -257,6 +289,9 @@ pub struct Quarantined {
     pub key: FileKey,
     /// When it was quarantined (seconds since the epoch).
     pub since: u64,
+    /// How the process died inside it ([`Quarantine::REASON`] for entries written before there were
+    /// several).
+    pub why: String,
 }
 
 /// The files that crashed a daemon, by path.
@@ -264,12 +299,19 @@ pub struct Quarantine {
     /// Where the set is persisted (None: kept in memory only).
     state: Option<StateDir>,
     files: Mutex<HashMap<PathBuf, Quarantined>>,
+    /// Files a process was inside when it was killed (no crash recorded): served, and quarantined if a
+    /// process dies inside one again before a run of it finishes (module comment).
+    suspects: Mutex<HashMap<PathBuf, Quarantined>>,
+    /// Whether `suspects` may be non-empty: a finished run checks it without a lock.
+    any_suspects: std::sync::atomic::AtomicBool,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct QuarantineFile {
     version: u32,
     files: Vec<QuarantineEntry>,
+    #[serde(default)]
+    suspects: Vec<QuarantineEntry>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -281,15 +323,46 @@ struct QuarantineEntry {
     size: u64,
     mtime_ns: i64,
     since: u64,
+    #[serde(default)]
+    why: String,
 }
 
 impl Quarantine {
     /// An empty quarantine kept in memory (no state directory).
     pub fn in_memory() -> Quarantine {
+        Quarantine::kept_in(None)
+    }
+
+    fn kept_in(state: Option<StateDir>) -> Quarantine {
         Quarantine {
-            state: None,
+            state,
             files: Mutex::new(HashMap::new()),
+            suspects: Mutex::new(HashMap::new()),
+            any_suspects: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// A run of `key`'s file finished: it is no longer a suspect.
+    fn finished(&self, key: &FileKey) {
+        if !self.any_suspects.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut suspects = self.suspects.lock();
+        if suspects.get(&key.path).is_some_and(|q| q.key == *key) {
+            suspects.remove(&key.path);
+            self.any_suspects
+                .store(!suspects.is_empty(), Ordering::Relaxed);
+            tracing::info!(path = %key.path.display(), "a run of a suspect file finished; no longer a suspect");
+            let files = self.files.lock();
+            self.persist(self.serialise(&files, &suspects));
+        }
+    }
+
+    /// The files suspected (a process was killed inside them once), by path.
+    pub fn suspects(&self) -> Vec<Quarantined> {
+        let mut out: Vec<Quarantined> = self.suspects.lock().values().cloned().collect();
+        out.sort_by(|a, b| a.key.path.cmp(&b.key.path));
+        out
     }
 
     /// The quarantine record of `key`'s file, if it is that file (same identity). A quarantined path
@@ -303,7 +376,7 @@ impl Quarantine {
         tracing::info!(path = %key.path.display(), "quarantined file has changed; trying it again");
         files.remove(&key.path);
         // Written under the lock: a snapshot never overwrites a later one (a concurrent clear).
-        self.persist(self.serialise(&files));
+        self.persist(self.serialise(&files, &self.suspects.lock()));
         None
     }
 
@@ -353,7 +426,10 @@ impl Quarantine {
         };
         if let Some(state) = &self.state {
             state
-                .write_atomic(QUARANTINE_FILE, &self.serialise(&kept))
+                .write_atomic(
+                    QUARANTINE_FILE,
+                    &self.serialise(&kept, &self.suspects.lock()),
+                )
                 .map_err(Err)?;
         }
         *files = kept;
@@ -370,27 +446,49 @@ impl Quarantine {
         Ok(Some(Quarantine::load(&StateDir::open(root)?)))
     }
 
-    fn add(&self, key: FileKey, since: u64) {
-        self.files
-            .lock()
-            .insert(key.path.clone(), Quarantined { key, since });
+    fn add(&self, q: Quarantined) {
+        self.files.lock().insert(q.key.path.clone(), q);
     }
 
-    fn serialise(&self, files: &HashMap<PathBuf, Quarantined>) -> Vec<u8> {
-        let mut list: Vec<QuarantineEntry> = files
-            .values()
-            .map(|q| QuarantineEntry {
-                path: q.key.path.display().to_string(),
-                path_hex: hex(q.key.path.as_os_str().as_bytes()),
-                size: q.key.size,
-                mtime_ns: i64::try_from(q.key.mtime_ns).unwrap_or(i64::MAX),
-                since: q.since,
-            })
-            .collect();
-        list.sort_by(|a, b| a.path_hex.cmp(&b.path_hex));
+    fn suspect(&self, q: Quarantined) {
+        self.suspects.lock().insert(q.key.path.clone(), q);
+        self.any_suspects.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `key`'s file is a suspect (and, if so, no longer: it is quarantined or forgiven next).
+    fn take_suspect(&self, key: &FileKey) -> bool {
+        let mut suspects = self.suspects.lock();
+        let was = suspects.get(&key.path).is_some_and(|q| q.key == *key);
+        if was {
+            suspects.remove(&key.path);
+        }
+        was
+    }
+
+    fn serialise(
+        &self,
+        files: &HashMap<PathBuf, Quarantined>,
+        suspects: &HashMap<PathBuf, Quarantined>,
+    ) -> Vec<u8> {
+        let entries = |set: &HashMap<PathBuf, Quarantined>| {
+            let mut list: Vec<QuarantineEntry> = set
+                .values()
+                .map(|q| QuarantineEntry {
+                    path: q.key.path.display().to_string(),
+                    path_hex: hex(q.key.path.as_os_str().as_bytes()),
+                    size: q.key.size,
+                    mtime_ns: i64::try_from(q.key.mtime_ns).unwrap_or(i64::MAX),
+                    since: q.since,
+                    why: q.why.clone(),
+                })
+                .collect();
+            list.sort_by(|a, b| a.path_hex.cmp(&b.path_hex));
+            list
+        };
         let mut out = serde_json::to_vec_pretty(&QuarantineFile {
             version: 1,
-            files: list,
+            files: entries(files),
+            suspects: entries(suspects),
         })
         .unwrap_or_default();
         out.push(b'\n');
@@ -406,10 +504,7 @@ impl Quarantine {
     }
 
     fn load(state: &StateDir) -> Quarantine {
-        let q = Quarantine {
-            state: Some(state.clone()),
-            files: Mutex::new(HashMap::new()),
-        };
+        let q = Quarantine::kept_in(Some(state.clone()));
         let bytes = match state.read(QUARANTINE_FILE) {
             Ok(Some(b)) => b,
             Ok(None) => return q,
@@ -420,19 +515,27 @@ impl Quarantine {
         };
         match serde_json::from_slice::<QuarantineFile>(&bytes) {
             Ok(f) if f.version == 1 => {
-                for e in f.files {
-                    let Some(path) = unhex(&e.path_hex) else {
-                        continue;
-                    };
-                    q.add(
-                        FileKey {
+                let read = |e: QuarantineEntry| {
+                    let path = unhex(&e.path_hex)?;
+                    Some(Quarantined {
+                        key: FileKey {
                             path: PathBuf::from(std::ffi::OsString::from_vec(path)),
                             size: e.size,
                             mtime_ns: e.mtime_ns as i128,
                         },
-                        e.since,
-                    );
-                }
+                        since: e.since,
+                        why: if e.why.is_empty() {
+                            Quarantine::REASON.to_owned()
+                        } else {
+                            e.why
+                        },
+                    })
+                };
+                f.files.into_iter().filter_map(read).for_each(|e| q.add(e));
+                f.suspects
+                    .into_iter()
+                    .filter_map(read)
+                    .for_each(|e| q.suspect(e));
             }
             Ok(f) => {
                 tracing::warn!(
@@ -472,7 +575,8 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let mut slots = Vec::new();
-    let mut added = 0;
+    // (state byte, file) of every busy or crashed record.
+    let mut inside = Vec::new();
     for e in std::fs::read_dir(&dir)?.flatten() {
         if !e.file_name().to_string_lossy().starts_with("slot-") {
             continue;
@@ -482,14 +586,7 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
             continue;
         };
         match FileKey::parse_record(&bytes) {
-            Some((b'B', key)) => {
-                tracing::warn!(
-                    path = %key.path.display(),
-                    "quarantined: the previous daemon died while decoding this file; it is refused (DATA_LOSS) until it changes"
-                );
-                quarantine.add(key, now);
-                added += 1;
-            }
+            Some((state @ (b'B' | b'D' | b'C'), key)) => inside.push((state, key)),
             Some((b'S', key)) => {
                 tracing::info!(path = %key.path.display(), "the previous daemon had a read of this file stuck past its deadline; not quarantined");
             }
@@ -499,8 +596,9 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
             _ => {}
         }
     }
-    if added > 0 {
-        let bytes = quarantine.serialise(&quarantine.files.lock());
+    let changed = judge(&quarantine, inside, now);
+    if changed {
+        let bytes = quarantine.serialise(&quarantine.files.lock(), &quarantine.suspects.lock());
         state.write_atomic(QUARANTINE_FILE, &bytes)?;
     }
     for p in slots {
@@ -510,6 +608,8 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
     if !quarantine.is_empty() {
         tracing::info!(files = quarantine.len(), file = %quarantine.location(), "files in quarantine");
     }
+    let quarantine = Arc::new(quarantine);
+    crash::install();
     let journal = Arc::new(Journal {
         _lock: lock,
         pool: Arc::new(Pool {
@@ -517,9 +617,50 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
             free: Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
             syncs: AtomicU64::new(0),
+            quarantine: quarantine.clone(),
         }),
     });
-    Ok((Some(journal), Arc::new(quarantine)))
+    Ok((Some(journal), quarantine))
+}
+
+/// Applies the module comment's rules to the records a dead process left (`inside`): who is
+/// quarantined, who becomes a suspect. Whether anything changed.
+fn judge(quarantine: &Quarantine, inside: Vec<(u8, FileKey)>, now: u64) -> bool {
+    let crashed = inside.iter().any(|(state, _)| *state == b'C');
+    let mut changed = false;
+    for (state, key) in inside {
+        let path = key.path.display().to_string();
+        let why = match state {
+            b'C' => "the daemon crashed (a fault or an abort) inside this file",
+            _ if crashed => {
+                tracing::info!(%path, "another thread crashed the previous daemon while this file was open; not quarantined");
+                continue;
+            }
+            b'D' => "the daemon, or the host, died while a GPU decoded this file",
+            _ if quarantine.take_suspect(&key) => {
+                "the daemon died inside this file twice (killed each time without a crash recorded: the OOM killer?)"
+            }
+            _ => {
+                tracing::warn!(%path, "the previous daemon was killed while inside this file (no crash recorded): a suspect, quarantined if a daemon dies inside it again before a run of it finishes");
+                quarantine.suspect(Quarantined {
+                    key,
+                    since: now,
+                    why: String::new(),
+                });
+                changed = true;
+                continue;
+            }
+        };
+        tracing::warn!(%path, why, "quarantined: refused (DATA_LOSS) until it changes");
+        quarantine.take_suspect(&key);
+        quarantine.add(Quarantined {
+            key,
+            since: now,
+            why: why.to_owned(),
+        });
+        changed = true;
+    }
+    changed
 }
 
 #[cfg(test)]

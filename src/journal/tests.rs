@@ -85,7 +85,11 @@ fn clearing_removes_entries_from_memory_and_the_file_together() {
     let (_, q) = recover(&state).unwrap();
     let (a, b, c) = (key("/d/a.mp4", 1), key("/d/b.mp4", 2), key("/d/c.mp4", 3));
     for k in [&a, &b, &c] {
-        q.add(k.clone(), 7);
+        q.add(Quarantined {
+            key: k.clone(),
+            since: 7,
+            why: "test".into(),
+        });
     }
     // An unknown path clears nothing.
     let missing = PathBuf::from("/d/none.mp4");
@@ -133,6 +137,11 @@ fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
     let (_dir, state, journal, slot) = fresh_slot();
     let record = || std::fs::read(state.path("journal/slot-0")).unwrap();
     let (cpu, gpu) = (key("/data/cpu.mp4", 1), key("/data/gpu.mp4", 2));
+    let device = || {
+        let mut r = gpu.record();
+        r[0] = b'D';
+        r
+    };
     // CPU runs: written, never synced.
     for _ in 0..3 {
         slot.enter(&cpu, false).unwrap();
@@ -145,7 +154,7 @@ fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
     slot.leave();
     slot.enter(&gpu, true).unwrap();
     assert_eq!(journal.syncs(), 1);
-    assert_eq!(record(), gpu.record());
+    assert_eq!(record(), device());
     slot.leave();
     // A CPU run in between rewrites the record: the device run after it writes and syncs its own
     // again instead of flipping the state byte of the CPU run's record.
@@ -153,7 +162,7 @@ fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
     slot.leave();
     slot.enter(&gpu, true).unwrap();
     assert_eq!(journal.syncs(), 2);
-    assert_eq!(record(), gpu.record());
+    assert_eq!(record(), device());
     // The process dies inside the device run: the file is quarantined at the next start.
     std::mem::forget(slot);
     drop(journal);
@@ -162,17 +171,77 @@ fn only_runs_that_can_take_the_host_down_wait_for_the_disk() {
     assert_eq!(q.check(&cpu), None);
 }
 
+/// A process killed inside a CPU run (no crash recorded) makes the file a suspect, served as before; a
+/// second death inside it quarantines it, unless a run of it finished in between.
 #[test]
-fn a_process_that_dies_inside_a_cpu_run_quarantines_its_file() {
-    let (_dir, state, journal, slot) = fresh_slot();
-    let (done, poison) = (key("/data/done.mp4", 1), key("/data/poison.mp4", 2));
+fn a_kill_inside_a_cpu_run_makes_a_suspect_and_a_second_one_quarantines_it() {
+    let (dir, state, journal, slot) = fresh_slot();
+    let (done, poison, innocent) = (
+        key("/data/done.mp4", 1),
+        key("/data/poison.mp4", 2),
+        key("/data/innocent.mp4", 3),
+    );
     slot.enter(&done, false).unwrap();
     slot.leave();
     slot.enter(&poison, false).unwrap();
+    let other = journal.slot().unwrap();
+    other.enter(&innocent, false).unwrap();
     assert_eq!(journal.syncs(), 0);
-    std::mem::forget(slot);
+    std::mem::forget((slot, other));
+    drop(journal);
+
+    let (journal, q) = recover(&state).unwrap();
+    assert!(q.is_empty());
+    let keys = |v: Vec<Quarantined>| v.into_iter().map(|x| x.key).collect::<Vec<_>>();
+    assert_eq!(keys(q.suspects()), [innocent.clone(), poison.clone()]);
+    assert_eq!(q.check(&poison), None);
+    // A run of the innocent file finishes: no longer a suspect, on disk too.
+    let journal = journal.unwrap();
+    let slot = journal.slot().unwrap();
+    slot.enter(&innocent, false).unwrap();
+    slot.leave();
+    assert_eq!(keys(q.suspects()), std::slice::from_ref(&poison));
+    let on_disk = Quarantine::read_persisted(dir.path()).unwrap().unwrap();
+    assert_eq!(keys(on_disk.suspects()), std::slice::from_ref(&poison));
+    // Killed inside both again: the suspect is quarantined, the other becomes a suspect.
+    slot.enter(&poison, false).unwrap();
+    let other = journal.slot().unwrap();
+    other.enter(&innocent, false).unwrap();
+    std::mem::forget((slot, other));
     drop(journal);
     let (_, q) = recover(&state).unwrap();
-    assert_eq!(q.len(), 1);
-    assert_eq!(q.check(&poison).map(|x| x.key), Some(poison.clone()));
+    assert_eq!(keys(q.list()), std::slice::from_ref(&poison));
+    assert!(q.list()[0].why.contains("twice"), "{:?}", q.list());
+    assert_eq!(keys(q.suspects()), std::slice::from_ref(&innocent));
+}
+
+/// The record the crash handler marks (`C`) quarantines its file at once; the files other threads were
+/// inside were bystanders: neither quarantined nor suspects.
+#[test]
+fn a_crash_quarantines_the_crashing_file_only() {
+    let (_dir, state, journal, slot) = fresh_slot();
+    let (poison, bystander, device) = (
+        key("/data/poison.mp4", 1),
+        key("/data/bystander.mp4", 2),
+        key("/data/gpu.mp4", 3),
+    );
+    slot.enter(&poison, false).unwrap();
+    let (b, c) = (journal.slot().unwrap(), journal.slot().unwrap());
+    b.enter(&bystander, false).unwrap();
+    c.enter(&device, true).unwrap();
+    // What the handler writes on the crashing thread.
+    std::fs::File::options()
+        .write(true)
+        .open(state.path("journal/slot-0"))
+        .unwrap()
+        .write_all_at(b"C", 0)
+        .unwrap();
+    std::mem::forget((slot, b, c));
+    drop(journal);
+    let (_, q) = recover(&state).unwrap();
+    let list = q.list();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0].key, poison);
+    assert!(list[0].why.contains("crashed"), "{list:?}");
+    assert!(q.suspects().is_empty());
 }
