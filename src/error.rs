@@ -150,6 +150,7 @@ impl From<crate::transport::shm::ShmError> for Error {
             S::UnknownArena(_) => Error::NotFound(msg),
             S::BadSlot { .. } => Error::InvalidArgument(msg),
             S::NotOwner { .. } => Error::PermissionDenied(msg),
+            S::Truncated { .. } => Error::DataLoss(msg),
             S::NoSpace { .. } | S::Budget { .. } => Error::Overloaded(msg),
             S::Create { .. } | S::TooLarge { .. } => Error::Internal(msg),
         }

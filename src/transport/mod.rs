@@ -96,10 +96,10 @@ pub fn publish_reply(
     reply: &shm::PendingReply,
     reusable: bool,
     metrics: &EngineMetrics,
-) -> Delivered {
-    let r = shm.publish(reply, reusable);
+) -> Result<Delivered, ShmError> {
+    let r = shm.publish(reply, reusable)?;
     metrics.sent(TransportLabel::SHM, reply.nbytes() as u64);
-    Delivered::Shm(r)
+    Ok(Delivered::Shm(r))
 }
 
 #[cfg(test)]

@@ -327,6 +327,14 @@ pub fn summarize(req: &proto::GetClipsRequest) -> String {
 }
 
 /// Asserts that `res` failed with one of `codes` (gRPC status names).
+/// The message of a call that must have failed with a status.
+pub fn status_message<T: std::fmt::Debug>(r: &Result<T, ClientError>) -> String {
+    match r {
+        Err(ClientError::Status(s)) => s.message().to_owned(),
+        other => panic!("expected a status, got {other:?}"),
+    }
+}
+
 pub fn expect_code<T: std::fmt::Debug>(res: Result<T, ClientError>, codes: &[&str], what: &str) {
     match res {
         Ok(v) => {

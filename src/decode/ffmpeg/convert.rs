@@ -34,22 +34,65 @@ pub(super) struct Converter {
     out: ff::frame::Video,
 }
 
-/// Gives `ctx` the source's colour matrix and range, as FFmpeg's scale filter does; `dst`: the
-/// destination's colour space and full-range flag (RGB: the default matrix, full range).
-fn colour_details(ctx: &mut ff::software::scaling::Context, cs: i32, range: i32, dst: (i32, i32)) {
-    let src_full = (range == ff::ffi::AVColorRange::AVCOL_RANGE_JPEG as i32) as i32;
-    // SAFETY: `ctx` is a valid initialised SwsContext; sws_getCoefficients returns a static table for
-    // any integer (unknown colour spaces map to the default, BT.601).
+/// The colour matrix FFmpeg's scale filter gives swscale for a frame tagged `cs` (its default
+/// `in_color_matrix=auto`): the tag, unless it names no YUV matrix swscale has (RGB, YCgCo, unknown),
+/// which reads as BT.601. (`sws_getCoefficients` alone would map RGB, value 0, to BT.709's row: every
+/// frame of planar RGB above 8 bits, which swscale converts through YUV, came out 40 levels off.)
+fn scale_filter_matrix(cs: i32) -> i32 {
+    if (1..=10).contains(&cs) && cs != 8 {
+        cs
+    } else {
+        ff::ffi::AVColorSpace::AVCOL_SPC_BT470BG as i32
+    }
+}
+
+/// Gives `ctx` the source's colour matrix and range as FFmpeg's scale filter does: the matrix of
+/// [`scale_filter_matrix`] for both sides (the filter's output matrix follows its input's), the
+/// source's range where the frame states one, and otherwise swscale's own defaults for the formats
+/// (full range for gray above 8 bits and gray+alpha, which forcing limited would shift by up to 20
+/// levels). `dst_full`: the destination's range, or None for swscale's default.
+fn colour_details(
+    ctx: &mut ff::software::scaling::Context,
+    cs: i32,
+    range: i32,
+    dst_full: Option<i32>,
+) {
+    // SAFETY: `ctx` is a valid initialised SwsContext; sws_getColorspaceDetails writes through the
+    // out-pointers given, all valid locals; sws_getCoefficients returns a static table for the values
+    // scale_filter_matrix returns.
     unsafe {
+        let (mut inv, mut table) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let (mut src_full, mut out_full, mut brightness, mut contrast, mut saturation) =
+            (0, 0, 0, 0, 0);
+        let ret = ff::ffi::sws_getColorspaceDetails(
+            ctx.as_mut_ptr(),
+            &mut inv,
+            &mut src_full,
+            &mut table,
+            &mut out_full,
+            &mut brightness,
+            &mut contrast,
+            &mut saturation,
+        );
+        if ret < 0 {
+            // Not a YUV/RGB conversion swscale keeps details for (it has none to change).
+            return;
+        }
+        if range == ff::ffi::AVColorRange::AVCOL_RANGE_JPEG as i32 {
+            src_full = 1;
+        } else if range == ff::ffi::AVColorRange::AVCOL_RANGE_MPEG as i32 {
+            src_full = 0;
+        }
+        let matrix = ff::ffi::sws_getCoefficients(scale_filter_matrix(cs));
         let ret = ff::ffi::sws_setColorspaceDetails(
             ctx.as_mut_ptr(),
-            ff::ffi::sws_getCoefficients(cs),
+            matrix,
             src_full,
-            ff::ffi::sws_getCoefficients(dst.0),
-            dst.1,
-            0,
-            1 << 16,
-            1 << 16,
+            matrix,
+            dst_full.unwrap_or(out_full),
+            brightness,
+            contrast,
+            saturation,
         );
         if ret < 0 {
             tracing::debug!(
@@ -109,8 +152,8 @@ impl Converter {
                     Flags::BILINEAR,
                 )
                 .map_err(cannot)?;
-                // The scale filter's YUV → YUV: the source's range in, the format's default (limited) out.
-                colour_details(&mut pre, cs, range, (cs, 0));
+                // The scale filter's YUV → YUV: the source's range in, the format's default out.
+                colour_details(&mut pre, cs, range, None);
                 Some((pre, ff::frame::Video::new(frame.format(), width, height)))
             } else {
                 None
@@ -135,7 +178,7 @@ impl Converter {
                 flags,
             )
             .map_err(cannot)?;
-            colour_details(&mut ctx, cs, range, (ff::ffi::SWS_CS_DEFAULT, 1));
+            colour_details(&mut ctx, cs, range, Some(1));
             *slot = Some(Converter {
                 key,
                 pre,

@@ -452,7 +452,7 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
         }
         if let (Some(j), Some(file)) = (&journal, &source.file) {
             if let Err(e) = j.enter(&FileKey::of(file), backend.drives_a_device()) {
-                tracing::warn!(path = %source.path.display(), error = %e, "cannot record the file in the crash journal");
+                crate::journal::warn_unrecorded(&source.path, &e);
             }
         }
         let started = Instant::now();

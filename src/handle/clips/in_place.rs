@@ -130,7 +130,7 @@ impl InPlace {
         }
         timer.observe(&engine.metrics().batch_assembly);
         drop(per_video); // frames only this reply held: their buffers go back to the pool
-        let delivered = publish_reply(engine.shm(), &self.reply, self.reusable, engine.metrics());
+        let delivered = publish_reply(engine.shm(), &self.reply, self.reusable, engine.metrics())?;
         match delivered.into_parts() {
             (_, Some(shm)) => Ok(shm),
             (_, None) => Err(Error::Internal("a published reply has no slot".into())),

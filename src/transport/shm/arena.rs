@@ -47,6 +47,8 @@ pub(crate) fn index(token: u32) -> usize {
 pub struct Arena {
     pub(super) name: String,
     pub(super) path: PathBuf,
+    /// The mapping's SIGBUS guard (declared before `map`: unregistered before the unmap).
+    pub(super) guard: super::sigbus::Watched,
     pub(super) map: memmap2::MmapRaw,
     pub(super) slot_bytes: usize,
     /// Per slot: taken or free, and its lease count.
@@ -132,9 +134,11 @@ impl Arena {
             }
         };
         live.fetch_add(total, Ordering::Relaxed);
+        let guard = super::sigbus::watch(map.as_mut_ptr(), map.len());
         Ok(Arena {
             name,
             path,
+            guard,
             map,
             slot_bytes: slot_bytes.max(1),
             slots: Mutex::new(vec![SlotState::default(); slots.max(1)]),
@@ -147,6 +151,17 @@ impl Arena {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the file still has the pages the daemon wrote: Err when its client truncated it under
+    /// a write ([`super::sigbus`]; the bytes are gone, and the arena is never used again).
+    pub fn intact(&self) -> Result<(), ShmError> {
+        if super::sigbus::broken(&self.guard) {
+            return Err(ShmError::Truncated {
+                arena: self.name.clone(),
+            });
+        }
+        Ok(())
     }
 
     pub fn slot_bytes(&self) -> usize {
@@ -210,6 +225,7 @@ impl Arena {
                 data.len(),
             );
         }
+        self.intact()?;
         Ok(ShmRef {
             path: self.path.clone(),
             arena: self.name.clone(),
@@ -244,7 +260,7 @@ impl Arena {
         // reads it only after the reply announcing it.
         let buf =
             unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset), nbytes) };
-        match f(buf) {
+        match f(buf).and_then(|v| self.intact().map(|()| v).map_err(E::from)) {
             Ok(v) => Ok((
                 v,
                 ShmRef {

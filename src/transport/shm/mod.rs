@@ -20,7 +20,8 @@
 //!   needed.
 //! - **Budget.** Arena bytes count against a global limit and a per-client one; before a file is made the
 //!   shm directory's free space is checked and the file's pages are allocated (`posix_fallocate`), so a
-//!   full tmpfs is RESOURCE_EXHAUSTED for that request, never a SIGBUS for the daemon.
+//!   full tmpfs is RESOURCE_EXHAUSTED for that request, never a SIGBUS for the daemon; nor is a file its
+//!   client truncated under a write ([`sigbus`]: that call alone fails).
 //! - **Instances.** Each daemon holds an exclusive `flock` on its directory's `.lock` for its whole life.
 //!   At start-up, directories whose lock nobody holds (their daemon is gone, whatever its pid was) are
 //!   removed; a running instance's are never touched. Files of the older layout (`vserve-<pid>-<hex>` at
@@ -42,6 +43,7 @@ mod arena;
 #[cfg(test)]
 mod lease_tests;
 mod pending;
+mod sigbus;
 mod streams;
 mod sweep;
 #[cfg(test)]
@@ -84,6 +86,8 @@ pub enum ShmError {
     TooLarge { nbytes: usize, slot_bytes: usize },
     #[error("no shared-memory arena {0:?} (released, expired, or not this daemon's)")]
     UnknownArena(String),
+    #[error("arena {arena:?} was truncated by its client while the daemon wrote a batch into it: that batch is lost, and the arena is not used again (a client must never write to, truncate or open for writing its arena files)")]
+    Truncated { arena: String },
     #[error("arena {arena:?} has no slot {slot}")]
     BadSlot { arena: String, slot: u32 },
     #[error("arena {arena:?} belongs to another client ({caller} may release only its own)")]
@@ -356,7 +360,7 @@ impl ShmRegistry {
         let reply = self.reserve_reply(nbytes, reusable, owner)?;
         // SAFETY: the reply was just taken and is shared with nobody.
         match unsafe { reply.with_bytes(f) } {
-            Ok(v) => Ok((v, self.publish(&reply, reusable))),
+            Ok(v) => Ok((v, self.publish(&reply, reusable)?)),
             Err(e) => {
                 self.abandon(reply, reusable);
                 Err(e)
@@ -600,7 +604,7 @@ fn keep_newest(
     most: usize,
     most_bytes: usize,
 ) {
-    if arena.bytes() > most_bytes {
+    if arena.bytes() > most_bytes || arena.intact().is_err() {
         return;
     }
     let mut pool = pool.lock();

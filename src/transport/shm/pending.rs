@@ -135,7 +135,10 @@ impl ShmRegistry {
     }
 
     /// Hands a filled reply to its client: kept until released or expired. `reusable` as when reserved.
-    pub fn publish(&self, reply: &PendingReply, reusable: bool) -> ShmRef {
+    pub fn publish(&self, reply: &PendingReply, reusable: bool) -> Result<ShmRef, super::ShmError> {
+        // A client that truncated the file lost these bytes: not announced (the slot is released when
+        // the reply drops, and the arena never lent again).
+        reply.arena.intact()?;
         reply.published.store(true, Ordering::Release);
         self.pending.lock().remove(&reply.arena.name);
         let mut one_shot = self.one_shot.lock();
@@ -149,7 +152,7 @@ impl ShmRegistry {
             let mut peak = self.reusable_peak.lock();
             *peak = (peak.0.max(now.0), peak.1.max(now.1));
         }
-        reply.slot_ref()
+        Ok(reply.slot_ref())
     }
 
     /// Gives up a reply nothing writes into any more: its slot is freed and a reusable arena goes back

@@ -445,7 +445,7 @@ fn replies_taken_before_decoding_count_in_their_owners_budget_until_published_or
     sink.take(4).unwrap().fill(4);
     sink.take(9).unwrap().fill(9);
     drop(sink);
-    let r = reg.publish(&pending, false);
+    let r = reg.publish(&pending, false).unwrap();
     let bytes = std::fs::read(&r.path).unwrap();
     assert_eq!(&bytes[..250], &[9; 250]);
     assert_eq!(&bytes[250..500], &[4; 250]);
