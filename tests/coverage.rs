@@ -11,6 +11,8 @@
 //!   one whose container declares yet another size;
 //! - MP4s that lost the second half of their bytes: cut off (with audio whose last packets lie at the
 //!   end), or read back as zeros.
+//! - planar RGB above 8 bits, gray above 8 bits and gray+alpha (swscale's colour details as the CLI's
+//!   scale filter sets them).
 //!
 //! Each file is checked whole against the CLI ([`served_exactly`]): Probe's count, size and pts, every
 //! frame in one request, and each keyframe and the frame before it in requests of their own, latest first,
@@ -365,6 +367,42 @@ fn make_truncated_mp4(dir: &Path) -> Vec<String> {
     vec!["cut.mp4".into(), "zeroed.mp4".into()]
 }
 
+/// Pixel formats whose colour details the scale filter leaves to swscale or reads as BT.601: planar RGB
+/// above 8 bits, tagged RGB (swscale converts it through YUV: `sws_getCoefficients` alone would take
+/// BT.709 for the RGB tag, 40 levels off), and gray above 8 bits and gray+alpha with no range stated
+/// (swscale's default for them is full range; forcing limited was 20 levels off). Lossless FFV1 in
+/// Matroska and raw video in NUT, from bikes.mp4.
+fn make_pixel_formats(dir: &Path) -> Vec<String> {
+    let mut names = Vec::new();
+    for (name, codec, pix_fmt) in [
+        ("gbrp10.mkv", "ffv1", "gbrp10le"),
+        ("gbrap16.mkv", "ffv1", "gbrap16le"),
+        ("gray10.nut", "rawvideo", "gray10le"),
+        ("gray16.nut", "rawvideo", "gray16le"),
+        ("ya8.nut", "rawvideo", "ya8"),
+    ] {
+        ffmpeg(
+            dir,
+            &[
+                "-i",
+                media_path(BIKES).to_str().unwrap(),
+                "-frames:v",
+                "4",
+                "-an",
+                "-vf",
+                "scale=96:64",
+                "-c:v",
+                codec,
+                "-pix_fmt",
+                pix_fmt,
+                name,
+            ],
+        );
+        names.push(name.to_owned());
+    }
+    names
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The oracle and the check
 
@@ -499,6 +537,17 @@ async fn served_exactly(c: &mut Client, dir: &Path, name: &str) -> usize {
 
 // ---------------------------------------------------------------------------------------------------------
 // The classes
+
+#[tokio::test]
+async fn planar_rgb_and_deep_gray_convert_as_the_cli_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = make_pixel_formats(dir.path());
+    let d = serving(dir.path()).await;
+    let mut c = d.client().await;
+    for name in &names {
+        served_exactly(&mut c, dir.path(), name).await;
+    }
+}
 
 #[tokio::test]
 async fn mpeg2_program_streams_are_served_exactly() {
