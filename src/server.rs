@@ -329,13 +329,20 @@ fn tcp_nodelay(
 }
 
 /// HTTP/2 settings for large replies: receive windows big enough that a multi-megabyte chunk is not
-/// throttled by flow control (the defaults are 64 KiB).
+/// throttled by flow control (the defaults are 64 KiB); and a bound on the streams of one connection.
 fn transport() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(64 << 20)
         .max_frame_size(Some(1 << 20))
+        // Calls one connection may hold open at once (advertised in SETTINGS; a client queues the rest):
+        // without it one connection could open health watches until the daemon's memory ran out.
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
 }
+
+/// HTTP/2 streams one connection may have open at once: well above what a client process uses (its
+/// streaming calls are bounded by `--client-streams`, 32 by default).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
 /// Binds a Unix socket, creating its directory and replacing a stale socket file (one nobody answers
 /// on), then gives it `--socket-mode` and `--socket-group`. A live socket is never taken over.

@@ -46,8 +46,33 @@ impl From<Error> for Status {
             Code::DataLoss => tonic::Code::DataLoss,
             Code::Internal => tonic::Code::Internal,
         };
-        Status::new(code, e.to_string())
+        Status::new(code, bounded_message(e.to_string()))
     }
+}
+
+/// Most bytes of a status message once percent-encoded for its `grpc-message` header: gRPC clients
+/// refuse a reply whose headers pass 8-16 KiB (RESOURCE_EXHAUSTED "metadata size exceeds hard limit"),
+/// which an error echoing a 10,000-character path would, hiding the real status.
+const STATUS_MESSAGE_BYTES: usize = 4096;
+
+/// `msg`, cut (at a character boundary, marked) to [`STATUS_MESSAGE_BYTES`] once percent-encoded
+/// (printable ASCII but `%` is one byte, everything else three).
+fn bounded_message(msg: String) -> String {
+    let encoded = |c: char| {
+        if c.is_ascii_graphic() && c != '%' || c == ' ' {
+            1
+        } else {
+            3 * c.len_utf8()
+        }
+    };
+    let mut used = 0;
+    for (i, c) in msg.char_indices() {
+        used += encoded(c);
+        if used > STATUS_MESSAGE_BYTES - 64 {
+            return format!("{} [... {} more bytes cut]", &msg[..i], msg.len() - i);
+        }
+    }
+    msg
 }
 
 /// Converts and logs a failure of `method` from no known client.
