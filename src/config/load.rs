@@ -130,8 +130,9 @@ pub struct ServeArgs {
     /// The last bytes of --max-inflight-bytes, kept the same way (default: an eighth of it).
     #[arg(long, env = "VSERVE_RESERVED_INFLIGHT_BYTES", value_name = "SIZE")]
     pub reserved_inflight_bytes: Option<String>,
-    /// Seconds a stream may go without its client taking a batch or releasing a slot before it is
-    /// ended with DEADLINE_EXCEEDED (default 600; 0: never).
+    /// Seconds a stream may go without its client taking a batch or releasing a slot, or a GetClips
+    /// reply without its client reading a message, before it is ended with DEADLINE_EXCEEDED and its
+    /// memory released (default 600; 0: never).
     #[arg(long, env = "VSERVE_STREAM_IDLE_TIMEOUT", value_name = "SECONDS")]
     pub stream_idle_timeout: Option<f64>,
     /// Serve a TCP listener on a non-loopback address without --auth-token-file (otherwise refused).

@@ -1,0 +1,139 @@
+//! What a GetClips call hands the transport: its reply messages, which a client that stops reading
+//! cannot hold forever, and status messages that fit a gRPC header.
+//!
+//! A GetClips reply is complete before its first message goes out, and holds its bytes and its
+//! in-flight budget until the transport has taken the last message. The transport takes a message only
+//! when the client's HTTP/2 window has room, so a client that stops reading (a frozen process, a
+//! client with a one-byte window) used to hold both until its connection closed, and other tenants got
+//! RESOURCE_EXHAUSTED meanwhile. [`Reply`] gives them up after `--stream-idle-timeout` without a message
+//! taken (the StreamBatches rule): the bytes and the reservation are dropped at once, with a log line,
+//! and the call ends DEADLINE_EXCEEDED if its client ever reads on.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio_stream::Stream;
+use tonic::Status;
+
+use super::pb;
+use crate::budget::Reservation;
+use crate::peer::Peer;
+
+type Message = Result<pb::GetClipsResponse, Status>;
+
+/// A GetClips reply being sent (see the module comment).
+pub struct Reply {
+    held: Arc<Mutex<Held>>,
+}
+
+struct Held {
+    messages: VecDeque<Message>,
+    reservation: Option<Reservation>,
+    /// Messages taken so far: the watchdog's measure of progress.
+    taken: u64,
+    /// Given up for want of a reader: the next poll ends the call.
+    expired: Option<Duration>,
+}
+
+impl Reply {
+    /// The reply `messages`, holding `reservation` until the last is taken; given up after `idle`
+    /// without one taken (never with a zero `idle`). Spawns its watchdog: call within the runtime.
+    pub fn new(
+        messages: Vec<Message>,
+        reservation: Option<Reservation>,
+        idle: Duration,
+        peer: &Peer,
+    ) -> Reply {
+        let held = Arc::new(Mutex::new(Held {
+            messages: messages.into(),
+            reservation,
+            taken: 0,
+            expired: None,
+        }));
+        if !idle.is_zero() {
+            tokio::spawn(watch(Arc::downgrade(&held), idle, peer.describe()));
+        }
+        Reply { held }
+    }
+}
+
+/// Gives the reply up once `idle` passes with no message taken and some left.
+async fn watch(held: Weak<Mutex<Held>>, idle: Duration, client: String) {
+    let mut seen = 0;
+    loop {
+        tokio::time::sleep(idle).await;
+        let Some(held) = held.upgrade() else { return };
+        let mut h = held.lock();
+        if h.messages.is_empty() {
+            return;
+        }
+        if h.taken == seen {
+            let bytes: usize = h
+                .messages
+                .iter()
+                .filter_map(|m| m.as_ref().ok())
+                .map(|m| m.data.len())
+                .sum();
+            h.messages.clear();
+            h.reservation = None;
+            h.expired = Some(idle);
+            tracing::warn!(
+                %client,
+                seconds = idle.as_secs_f64(),
+                bytes,
+                "GetClips reply not read: its bytes and budget are released (--stream-idle-timeout)"
+            );
+            return;
+        }
+        seen = h.taken;
+    }
+}
+
+impl Stream for Reply {
+    type Item = Message;
+
+    fn poll_next(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Message>> {
+        let mut h = self.held.lock();
+        if let Some(idle) = h.expired.take() {
+            return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
+                "the reply was not read for {} s (--stream-idle-timeout); its bytes were released",
+                idle.as_secs_f64()
+            )))));
+        }
+        let next = h.messages.pop_front();
+        h.taken += 1;
+        if h.messages.is_empty() {
+            h.reservation = None;
+        }
+        Poll::Ready(next)
+    }
+}
+
+/// Most bytes of a status message once percent-encoded for its `grpc-message` header: gRPC clients
+/// refuse a reply whose headers pass 8-16 KiB (RESOURCE_EXHAUSTED "metadata size exceeds hard limit"),
+/// which an error echoing a 10,000-character path would, hiding the real status.
+const STATUS_MESSAGE_BYTES: usize = 4096;
+
+/// `msg`, cut (at a character boundary, marked) to [`STATUS_MESSAGE_BYTES`] once percent-encoded
+/// (printable ASCII but `%` is one byte, everything else three).
+pub fn bounded_message(msg: String) -> String {
+    let encoded = |c: char| {
+        if c.is_ascii_graphic() && c != '%' || c == ' ' {
+            1
+        } else {
+            3 * c.len_utf8()
+        }
+    };
+    let mut used = 0;
+    for (i, c) in msg.char_indices() {
+        used += encoded(c);
+        if used > STATUS_MESSAGE_BYTES - 64 {
+            return format!("{} [... {} more bytes cut]", &msg[..i], msg.len() - i);
+        }
+    }
+    msg
+}
