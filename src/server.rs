@@ -25,6 +25,8 @@ use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::rpc::RpcLayer;
 
+mod conns;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("{0}")]
@@ -168,6 +170,8 @@ pub async fn serve_engine(
 
     let mut tasks = tokio::task::JoinSet::new();
     let mut sockets: Vec<PathBuf> = Vec::new();
+    // Every listener's connections count against one bound per client and one in all.
+    let gate = conns::Gate::new();
     for addr in listen {
         let svc = VServeServer::new(Api::new(engine.clone()))
             .max_decoding_message_size(16 << 20)
@@ -185,7 +189,11 @@ pub async fn serve_engine(
                         reason,
                     })?;
                 sockets.push(path.clone());
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                let incoming = conns::gated(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    gate.clone(),
+                    conns::unix_holder,
+                );
                 tracing::info!(addr = %name, "listening");
                 let router = transport()
                     .layer(layer.clone())
@@ -214,8 +222,11 @@ pub async fn serve_engine(
                     .local_addr()
                     .map(|a| a.to_string())
                     .unwrap_or(name.clone());
-                let incoming =
-                    tcp_nodelay(tokio_stream::wrappers::TcpListenerStream::new(listener));
+                let incoming = conns::gated(
+                    tcp_nodelay(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+                    gate.clone(),
+                    conns::tcp_holder,
+                );
                 let mut builder = transport();
                 if let Some(tls) = &access.tls {
                     builder = builder

