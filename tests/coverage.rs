@@ -538,6 +538,63 @@ async fn served_exactly(c: &mut Client, dir: &Path, name: &str) -> usize {
 // ---------------------------------------------------------------------------------------------------------
 // The classes
 
+/// Frames 20 and 22 of an I/P-only H.264 stream in Matroska with their pts swapped: the decoder
+/// reorders nothing, so it outputs them in packet order with those pts, and the CLI's frame 22 is the
+/// packet that says 20's pts. Asked first and alone, frame 22 used to be the table's (sorted by pts)
+/// other frame.
+#[tokio::test]
+async fn pts_out_of_order_without_reordering_are_numbered_as_the_cli_outputs_them() {
+    let dir = tempfile::tempdir().unwrap();
+    ffmpeg(
+        dir.path(),
+        &[
+            "-i",
+            media_path(BIKES).to_str().unwrap(),
+            "-frames:v",
+            "40",
+            "-an",
+            "-vf",
+            "scale=96:64",
+            "-c:v",
+            "libx264",
+            "-bf",
+            "0",
+            "-g",
+            "15",
+            "src.mkv",
+        ],
+    );
+    ffmpeg(
+        dir.path(),
+        &[
+            "-i",
+            "src.mkv",
+            "-c",
+            "copy",
+            "-bsf:v",
+            "setts=pts=if(eq(N\\,20)\\,PTS+80\\,if(eq(N\\,22)\\,PTS-80\\,PTS))",
+            "swap.mkv",
+        ],
+    );
+    std::fs::remove_file(dir.path().join("src.mkv")).unwrap();
+    let want = cli(&dir.path().join("swap.mkv"), None);
+    assert_ne!(want.frames[&22], want.frames[&20]);
+    let d = serving(dir.path()).await;
+    let mut c = d.client().await;
+    let b = get(
+        &mut c,
+        clips_req(MADE, vec![frames_clip("swap.mkv", &[22], None)], None),
+    )
+    .await;
+    assert_bytes_eq(
+        &b.data,
+        &want.frames[&22],
+        Some((96, 64)),
+        "frame 22 asked first",
+    );
+    served_exactly(&mut c, dir.path(), "swap.mkv").await;
+}
+
 #[tokio::test]
 async fn planar_rgb_and_deep_gray_convert_as_the_cli_does() {
     let dir = tempfile::tempdir().unwrap();

@@ -271,6 +271,11 @@ pub fn build_index_of(
         reason,
     })?;
     read_only_stream(&mut input, st_index);
+    // Frames the decoder may hold back to reorder (0: it outputs each frame as decoded, in packet order).
+    let reorder_delay = input.stream(st_index).map_or(0, |st| {
+        // SAFETY: codecpar of a stream of an open input: a plain struct FFmpeg filled in.
+        unsafe { (*st.parameters().as_ptr()).video_delay }
+    });
     // The size of the open file (fstat when it was opened), not of whatever the path names now.
     let file_len = Some(file.size);
 
@@ -330,6 +335,16 @@ pub fn build_index_of(
         }
         if packet.pts().is_none() {
             irregular.get_or_insert_with(|| "packet without pts".into());
+        }
+        // A decoder that reorders nothing outputs frames in packet order: pts going back in packet order
+        // then reach the output as they are, where a table sorted by pts would number them otherwise.
+        if reorder_delay == 0
+            && packet.pts().is_some()
+            && packets.last().and_then(|p| p.0) > packet.pts()
+        {
+            irregular.get_or_insert_with(|| {
+                "pts out of packet order in a stream whose decoder does not reorder".into()
+            });
         }
         if irregular.is_none() {
             start.feed(&packet);
