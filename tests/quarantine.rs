@@ -25,7 +25,7 @@ fn listed(args: &[&str]) -> Vec<String> {
         .map(|f| {
             assert!(f["size"].as_u64().unwrap() > 0, "{f}");
             assert!(f["since"].as_u64().unwrap() > 1_700_000_000, "{f}");
-            assert!(f["reason"].as_str().unwrap().contains("died"), "{f}");
+            assert!(f["reason"].as_str().unwrap().contains("crashed"), "{f}");
             f["path"].as_str().unwrap().to_owned()
         })
         .collect()
