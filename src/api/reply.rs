@@ -68,7 +68,7 @@ async fn watch(held: Weak<Mutex<Held>>, idle: Duration, client: String) {
         tokio::time::sleep(idle).await;
         let Some(held) = held.upgrade() else { return };
         let mut h = held.lock();
-        if h.messages.is_empty() {
+        if h.messages.is_empty() && h.reservation.is_none() {
             return;
         }
         if h.taken == seen {
@@ -106,7 +106,8 @@ impl Stream for Reply {
         }
         let next = h.messages.pop_front();
         h.taken += 1;
-        if h.messages.is_empty() {
+        if next.is_none() {
+            // The transport asks past the last message once it has sent the last: the bytes are out.
             h.reservation = None;
         }
         Poll::Ready(next)

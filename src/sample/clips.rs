@@ -59,6 +59,14 @@ impl SamplerSpec {
                         }
                     }
                 }
+                // Both counted from the same end (negative: from the last frame): comparable here.
+                if let (Some(a), Some(b)) = (self.range_start, self.range_end) {
+                    if (a < 0.0) == (b < 0.0) && a >= b {
+                        return invalid(format!(
+                            "range_start {a} must be before range_end {b} (an empty range)"
+                        ));
+                    }
+                }
             }
             SamplerKind::RandomTimestamps | SamplerKind::RegularTimestamps => {
                 if let Some(s) = self.seconds_between_frames {
@@ -74,6 +82,13 @@ impl SamplerSpec {
                         if !v.is_finite() {
                             return invalid(format!("{name} {v} must be finite"));
                         }
+                    }
+                }
+                if let (Some(a), Some(b)) = (self.range_start, self.range_end) {
+                    if a >= b {
+                        return invalid(format!(
+                            "range_start {a} s must be before range_end {b} s (an empty range)"
+                        ));
                     }
                 }
             }

@@ -275,6 +275,41 @@ fn counts_are_computed_without_making_the_clips() {
         .is_err());
 }
 
+/// An empty range is a bad argument, known before any video is read; ranges counted from different
+/// ends are checked against each video.
+#[test]
+fn an_empty_range_is_invalid_up_front() {
+    let ranged = |kind, a: f64, b: f64| {
+        let mut s = spec(kind, 1, 2, 1);
+        if kind == SamplerKind::RegularTimestamps {
+            s.seconds_between_clip_starts = Some(1.0);
+        }
+        (s.range_start, s.range_end) = (Some(a), Some(b));
+        s.validate()
+    };
+    for (kind, a, b) in [
+        (SamplerKind::RegularIndices, 100.0, 10.0),
+        (SamplerKind::RandomIndices, 5.0, 5.0),
+        (SamplerKind::RegularIndices, -2.0, -10.0),
+        (SamplerKind::RandomTimestamps, 3.0, 1.5),
+        (SamplerKind::RegularTimestamps, 2.0, 2.0),
+    ] {
+        let r = ranged(kind, a, b);
+        assert!(
+            matches!(&r, Err(SampleError::Invalid(m)) if m.contains("empty range")),
+            "{kind:?} [{a}, {b}): {r:?}"
+        );
+    }
+    for (kind, a, b) in [
+        (SamplerKind::RegularIndices, 10.0, 100.0),
+        (SamplerKind::RegularIndices, 10.0, -1.0),
+        (SamplerKind::RandomIndices, -10.0, -2.0),
+        (SamplerKind::RandomTimestamps, -1.0, 2.0),
+    ] {
+        assert!(ranged(kind, a, b).is_ok(), "{kind:?} [{a}, {b})");
+    }
+}
+
 /// Centre crops sit where TorchCodec 0.17's `transforms.CenterCrop` (and torchvision's) put them:
 /// offsets measured by decoding ../shared/media with TorchCodec and finding its crop in the full frame
 /// (2026-11-27). Odd differences round half to even: floor would be one pixel off in three of these.
