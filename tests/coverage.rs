@@ -595,6 +595,62 @@ async fn pts_out_of_order_without_reordering_are_numbered_as_the_cli_outputs_the
     served_exactly(&mut c, dir.path(), "swap.mkv").await;
 }
 
+/// An HEVC transport stream (open GOPs; FFmpeg's noisy test pattern, where the leading pictures'
+/// references matter) cut mid-GOP: its leading pictures decode as the CLI's fresh
+/// decoder decodes them on every pass from the start, not only the first (a flushed decoder keeps the
+/// parameter sets, so it decoded pictures a fresh one drops: frames 0 and 2-10 differed on later passes).
+#[tokio::test]
+async fn an_hevc_stream_cut_mid_gop_decodes_from_its_start_as_the_cli_does_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    ffmpeg(
+        dir.path(),
+        &[
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=96x64:rate=25,noise=alls=25:allf=t",
+            "-frames:v",
+            "120",
+            "-c:v",
+            "libx265",
+            "-x265-params",
+            "log-level=none:keyint=40:bframes=3",
+            "full.ts",
+        ],
+    );
+    let full = std::fs::read(dir.path().join("full.ts")).unwrap();
+    let cut = full.len() * 23 / 100 / 188 * 188;
+    std::fs::write(dir.path().join("cut.ts"), &full[cut..]).unwrap();
+    std::fs::remove_file(dir.path().join("full.ts")).unwrap();
+    let want = cli(&dir.path().join("cut.ts"), None);
+    let n = want.frames.len() as u64;
+    let d = serving(dir.path()).await;
+    let mut c = d.client().await;
+    let all: Vec<u64> = (0..n).collect();
+    for (pass, frames) in [
+        (1, &all[..]),
+        (2, &all[..]),
+        (3, &[5][..]),
+        (4, &[5][..]),
+        (5, &[6][..]),
+    ] {
+        let b = get(
+            &mut c,
+            clips_req(MADE, vec![frames_clip("cut.ts", frames, None)], None),
+        )
+        .await;
+        for (i, k) in frames.iter().enumerate() {
+            let size = 96 * 64 * 3;
+            assert_bytes_eq(
+                &b.data[i * size..(i + 1) * size],
+                &want.frames[k],
+                Some((96, 64)),
+                &format!("pass {pass}, frame {k}"),
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn planar_rgb_and_deep_gray_convert_as_the_cli_does() {
     let dir = tempfile::tempdir().unwrap();

@@ -140,6 +140,10 @@ struct OpenVideo {
     key: Option<DecoderKey>,
     /// The decoder was another video's: the first packet sent carries this video's parameter sets.
     announce: bool,
+    /// How this backend opens a decoder (threads, device): a read from the start of the file gets a
+    /// fresh one, as the CLI's.
+    threads: usize,
+    hw: Option<HwDevice>,
 }
 
 /// Where a run's decoder came from.
@@ -261,6 +265,14 @@ impl FfmpegBackend {
             converter: None,
             key,
             announce,
+            threads: self.threads_per_decoder,
+            hw: match &self.hw {
+                Some(h) => Some(h.new_ref().map_err(|reason| DecodeError::Backend {
+                    path: path.to_owned(),
+                    reason,
+                })?),
+                None => None,
+            },
         };
         Ok((video, opened))
     }
@@ -613,9 +625,14 @@ fn reposition(
     Ok(())
 }
 
+/// Reads the file from its start again, with a fresh decoder: a flushed one keeps state a fresh one has
+/// not (an HEVC decoder its parameter sets, and so decodes the leading pictures of a stream cut mid-GOP
+/// that a fresh one, as the CLI's, drops), and what comes before the first keyframe must decode as the
+/// CLI decodes it.
 fn reopen(video: &mut OpenVideo, index: &VideoIndex) -> Result<(), String> {
     video.input = open_for_decoding(&video.file, index).map_err(|e| e.to_string())?;
     read_only_stream(&mut video.input, video.stream);
-    video.decoder.flush();
+    video.decoder = open_decoder(&video.input, video.stream, video.threads, video.hw.as_ref())?;
+    video.announce = false;
     Ok(())
 }
