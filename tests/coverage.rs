@@ -371,10 +371,12 @@ fn make_truncated_mp4(dir: &Path) -> Vec<String> {
 /// above 8 bits, tagged RGB (swscale converts it through YUV: `sws_getCoefficients` alone would take
 /// BT.709 for the RGB tag, 40 levels off), and gray above 8 bits and gray+alpha with no range stated
 /// (swscale's default for them is full range; forcing limited was 20 levels off). Lossless FFV1 in
-/// Matroska and raw video in NUT, from bikes.mp4.
+/// Matroska and raw video in NUT, from bikes.mp4; and an animated GIF (palette frames), a container
+/// the daemon refused before.
 fn make_pixel_formats(dir: &Path) -> Vec<String> {
     let mut names = Vec::new();
     for (name, codec, pix_fmt) in [
+        ("anim.gif", "gif", "pal8"),
         ("gbrp10.mkv", "ffv1", "gbrp10le"),
         ("gbrap16.mkv", "ffv1", "gbrap16le"),
         ("gray10.nut", "rawvideo", "gray10le"),

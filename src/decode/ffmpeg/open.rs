@@ -20,11 +20,12 @@ use crate::decode::faults::{self, Stage};
 
 /// The demuxers FFmpeg may pick (its names; a match on any name of a multi-name demuxer such as
 /// `mov,mp4,m4a,3gp,3g2,mj2` counts): MP4/MOV/3GP, Matroska/WebM, AVI, MPEG program and transport
-/// streams, FLV, Ogg, ASF/WMV, NUT, IVF, Y4M, DV, MXF, and raw H.264/HEVC/MPEG-4/MPEG-1/2/VC-1/AV1/MJPEG
-/// elementary streams.
+/// streams, FLV, Ogg, ASF/WMV, NUT, IVF, Y4M, DV, MXF, raw H.264/HEVC/MPEG-4/MPEG-1/2/VC-1/AV1/MJPEG
+/// elementary streams, and animated GIF (datasets such as TGIF). None of them opens another file. (A
+/// raw MJPEG file FFmpeg probes as `jpeg_pipe`, whose frames did not all come back exact: refused.)
 pub const DEMUXERS: &str =
     "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,mpeg,mpegts,mpegvideo,flv,ogg,\
-asf,nut,ivf,yuv4mpegpipe,dv,mxf,h264,hevc,m4v,vc1,obu,mjpeg";
+asf,nut,ivf,yuv4mpegpipe,dv,mxf,h264,hevc,m4v,vc1,obu,mjpeg,gif";
 
 /// The only protocol FFmpeg may use.
 pub const PROTOCOLS: &str = "file";
