@@ -28,6 +28,16 @@ type Message = Result<pb::GetClipsResponse, Status>;
 /// A GetClips reply being sent (see the module comment).
 pub struct Reply {
     held: Arc<Mutex<Held>>,
+    /// The watchdog, stopped with the reply (or it would sleep out its timeout, one task per call).
+    watchdog: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(w) = &self.watchdog {
+            w.abort();
+        }
+    }
 }
 
 struct Held {
@@ -54,10 +64,10 @@ impl Reply {
             taken: 0,
             expired: None,
         }));
-        if !idle.is_zero() {
-            tokio::spawn(watch(Arc::downgrade(&held), idle, peer.describe()));
-        }
-        Reply { held }
+        let watchdog = (!idle.is_zero()).then(|| {
+            tokio::spawn(watch(Arc::downgrade(&held), idle, peer.describe())).abort_handle()
+        });
+        Reply { held, watchdog }
     }
 }
 
@@ -137,4 +147,26 @@ pub fn bounded_message(msg: String) -> String {
         }
     }
     msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply's watchdog ends with the reply, not an idle timeout later: a daemon serving thousands
+    /// of GetClips a minute keeps no sleeping task per call.
+    #[tokio::test]
+    async fn the_watchdog_ends_with_its_reply() {
+        let reply = Reply::new(Vec::new(), None, Duration::from_secs(3600), &Peer::local());
+        let watchdog = reply.watchdog.clone().expect("a watchdog");
+        assert!(!watchdog.is_finished());
+        drop(reply);
+        for _ in 0..100 {
+            if watchdog.is_finished() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the watchdog outlived its reply");
+    }
 }
