@@ -371,12 +371,14 @@ fn make_truncated_mp4(dir: &Path) -> Vec<String> {
 /// above 8 bits, tagged RGB (swscale converts it through YUV: `sws_getCoefficients` alone would take
 /// BT.709 for the RGB tag, 40 levels off), and gray above 8 bits and gray+alpha with no range stated
 /// (swscale's default for them is full range; forcing limited was 20 levels off). Lossless FFV1 in
-/// Matroska and raw video in NUT, from bikes.mp4; and an animated GIF (palette frames), a container
-/// the daemon refused before.
+/// Matroska and raw video in NUT, from bikes.mp4; an animated GIF (palette frames), a container the
+/// daemon refused before; and raw 8-bit paletted video in AVI, whose palette only the first packet
+/// carries (every frame came back black).
 fn make_pixel_formats(dir: &Path) -> Vec<String> {
     let mut names = Vec::new();
     for (name, codec, pix_fmt) in [
         ("anim.gif", "gif", "pal8"),
+        ("pal8.avi", "rawvideo", "pal8"),
         ("gbrp10.mkv", "ffv1", "gbrp10le"),
         ("gbrap16.mkv", "ffv1", "gbrap16le"),
         ("gray10.nut", "rawvideo", "gray10le"),
@@ -654,7 +656,7 @@ async fn an_hevc_stream_cut_mid_gop_decodes_from_its_start_as_the_cli_does_every
 }
 
 #[tokio::test]
-async fn planar_rgb_and_deep_gray_convert_as_the_cli_does() {
+async fn pixel_formats_and_palettes_convert_as_the_cli_does() {
     let dir = tempfile::tempdir().unwrap();
     let names = make_pixel_formats(dir.path());
     let d = serving(dir.path()).await;

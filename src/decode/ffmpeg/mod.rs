@@ -26,6 +26,7 @@ pub mod h264;
 mod hw;
 pub mod info;
 pub mod open;
+mod palette;
 mod reuse;
 pub mod scan;
 
@@ -144,6 +145,9 @@ struct OpenVideo {
     /// fresh one, as the CLI's.
     threads: usize,
     hw: Option<HwDevice>,
+    /// A paletted stream's first palette, and whether the next packet sent must carry it ([`palette`]).
+    palette: Option<Vec<u8>>,
+    palette_due: bool,
 }
 
 /// Where a run's decoder came from.
@@ -253,6 +257,9 @@ impl FfmpegBackend {
         } else {
             Opened::New
         };
+        let palette = (index.pixel_format == "pal8")
+            .then(|| palette::first_palette(&file, stream))
+            .flatten();
         let video = OpenVideo {
             path: path.to_owned(),
             file,
@@ -265,6 +272,8 @@ impl FfmpegBackend {
             converter: None,
             key,
             announce,
+            palette,
+            palette_due: true,
             threads: self.threads_per_decoder,
             hw: match &self.hw {
                 Some(h) => Some(h.new_ref().map_err(|reason| DecodeError::Backend {
@@ -490,6 +499,14 @@ fn decode_in(
                         }
                     }
                 }
+                if video.palette_due {
+                    video.palette_due = false;
+                    if let Some(p) = &video.palette {
+                        if !palette::attach(&mut packet, p) {
+                            return Err(backend_err("cannot attach the palette".into()));
+                        }
+                    }
+                }
                 if watch_order {
                     if let Some(k) = packet.pts().and_then(|p| index.frame_of_pts(p)) {
                         sent.insert(k);
@@ -591,6 +608,7 @@ fn reposition(
     video.decoder.flush();
     video.next_frame = None;
     video.sync = None;
+    video.palette_due = true;
     let first_from_start = keyframe == 0
         && (index.method == IndexMethod::DecodeScan
             || index.frames.first().is_some_and(|f| !f.key));
