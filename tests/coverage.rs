@@ -600,9 +600,11 @@ async fn pts_out_of_order_without_reordering_are_numbered_as_the_cli_outputs_the
 }
 
 /// An HEVC transport stream (open GOPs; FFmpeg's noisy test pattern, where the leading pictures'
-/// references matter) cut mid-GOP: its leading pictures decode as the CLI's fresh
-/// decoder decodes them on every pass from the start, not only the first (a flushed decoder keeps the
-/// parameter sets, so it decoded pictures a fresh one drops: frames 0 and 2-10 differed on later passes).
+/// references matter) cut mid-GOP: counted and numbered as the CLI outputs it from the first request
+/// (a stream that starts before its first keyframe gets a decode table), and its leading pictures decode
+/// as the CLI's fresh decoder decodes them on every pass from the start, not only the first (a flushed
+/// decoder keeps the parameter sets, so it decoded pictures a fresh one drops: frames 0 and 2-10 differed
+/// on later passes).
 #[tokio::test]
 async fn an_hevc_stream_cut_mid_gop_decodes_from_its_start_as_the_cli_does_every_time() {
     let dir = tempfile::tempdir().unwrap();
@@ -630,8 +632,13 @@ async fn an_hevc_stream_cut_mid_gop_decodes_from_its_start_as_the_cli_does_every
     let n = want.frames.len() as u64;
     let d = serving(dir.path()).await;
     let mut c = d.client().await;
+    // On a fresh daemon, before any decode has met the start: the CLI's count and numbering (the packet
+    // table counted 3 packets the decoder drops, so frame k was the CLI's k - 3).
+    let p = probe(&mut c, probe_req(MADE, "cut.ts", None, false)).await;
+    assert_eq!(p.frame_count, n, "frame count, first Probe");
     let all: Vec<u64> = (0..n).collect();
     for (pass, frames) in [
+        (0, &[60][..]),
         (1, &all[..]),
         (2, &all[..]),
         (3, &[5][..]),

@@ -336,6 +336,12 @@ pub fn build_index_of(
         if packet.pts().is_none() {
             irregular.get_or_insert_with(|| "packet without pts".into());
         }
+        // A stream cut mid-GOP (a recording, a segment): what comes before its first keyframe decodes
+        // only in part, or not at all, and the decoder may drop packets without a word (HEVC slices
+        // whose parameter sets came earlier), which a packet table would count as frames.
+        if packets.is_empty() && !packet.is_key() {
+            irregular.get_or_insert_with(|| "the stream starts before its first keyframe".into());
+        }
         // A decoder that reorders nothing outputs frames in packet order: pts going back in packet order
         // then reach the output as they are, where a table sorted by pts would number them otherwise.
         if reorder_delay == 0
