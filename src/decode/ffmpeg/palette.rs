@@ -44,21 +44,33 @@ fn side_palette(packet: &ff::Packet) -> Option<Vec<u8>> {
 
 /// Attaches `palette` to `packet` unless it has one; false if FFmpeg could not allocate it.
 pub(super) fn attach(packet: &mut ff::Packet, palette: &[u8]) -> bool {
-    if side_palette(packet).is_some() {
-        return true;
-    }
+    side_palette(packet).is_some()
+        || attach_side_data(
+            packet,
+            ff::ffi::AVPacketSideDataType::AV_PKT_DATA_PALETTE,
+            palette,
+        )
+}
+
+/// Adds side data of `kind` holding `bytes` to `packet` (a palette here, a decoder's new parameter
+/// sets in [`super::reuse`]); false if FFmpeg could not allocate it.
+pub(super) fn attach_side_data(
+    packet: &mut ff::Packet,
+    kind: ff::ffi::AVPacketSideDataType,
+    bytes: &[u8],
+) -> bool {
     // SAFETY: `packet` wraps a valid AVPacket; av_packet_new_side_data returns null or a buffer of
-    // exactly `palette.len()` writable bytes owned by the packet.
+    // exactly `bytes.len()` writable bytes owned by the packet (freed with it).
     unsafe {
         let dst = ff::ffi::av_packet_new_side_data(
             ff::packet::Mut::as_mut_ptr(packet),
-            ff::ffi::AVPacketSideDataType::AV_PKT_DATA_PALETTE,
-            palette.len() as _,
+            kind,
+            bytes.len() as _,
         );
         if dst.is_null() {
             return false;
         }
-        std::ptr::copy_nonoverlapping(palette.as_ptr(), dst, palette.len());
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
     }
     true
 }

@@ -200,20 +200,11 @@ impl Drop for Spares {
 /// Attaches `extradata` to `packet` as `AV_PKT_DATA_NEW_EXTRADATA`: the H.264 and HEVC decoders parse those
 /// parameter sets before the packet's own NAL units. Returns false when FFmpeg could not allocate it.
 pub fn announce_extradata(packet: &mut ff::Packet, extradata: &[u8]) -> bool {
-    // SAFETY: `packet` wraps a valid AVPacket; av_packet_new_side_data returns null or a buffer of
-    // exactly `extradata.len()` writable bytes owned by the packet (freed with it).
-    unsafe {
-        let dst = ff::ffi::av_packet_new_side_data(
-            ff::packet::Mut::as_mut_ptr(packet),
-            ff::ffi::AVPacketSideDataType::AV_PKT_DATA_NEW_EXTRADATA,
-            extradata.len() as _,
-        );
-        if dst.is_null() {
-            return false;
-        }
-        std::ptr::copy_nonoverlapping(extradata.as_ptr(), dst, extradata.len());
-    }
-    true
+    super::palette::attach_side_data(
+        packet,
+        ff::ffi::AVPacketSideDataType::AV_PKT_DATA_NEW_EXTRADATA,
+        extradata,
+    )
 }
 
 #[cfg(test)]
