@@ -50,6 +50,8 @@ pub(super) async fn answer(
         Vec::new()
     };
     let q = engine.catalog().quarantine();
+    // What is listed is what is refused: files changed since leave first.
+    q.forget_changed();
     let entry = |e: crate::journal::Quarantined| pb::QuarantinedFile {
         path: e.key.path.display().to_string(),
         size: e.key.size,

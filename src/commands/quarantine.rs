@@ -59,6 +59,8 @@ fn offline(dir: &std::path::Path) -> Result<proto::QuarantineResponse, ClientErr
         files: q
             .list()
             .into_iter()
+            // Without the daemon nothing is written: changed files are only left out of the listing.
+            .filter(crate::journal::unchanged)
             .map(|e| proto::QuarantinedFile {
                 path: e.key.path.display().to_string(),
                 size: e.key.size,

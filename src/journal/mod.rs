@@ -51,6 +51,7 @@ use crate::dataset::CheckedFile;
 use crate::state::StateDir;
 
 mod crash;
+mod judge;
 
 /// The journal's directory inside the state directory.
 pub const JOURNAL_DIR: &str = "journal";
@@ -199,6 +200,20 @@ pub fn warn_unrecorded(path: &Path, error: &std::io::Error) {
             *last = Some((std::time::Instant::now(), 0));
         }
     }
+}
+
+/// Whether the file at an entry's path still has the entry's size and mtime (true when it cannot be
+/// read now).
+pub fn unchanged(q: &Quarantined) -> bool {
+    let Ok(meta) = std::fs::metadata(&q.key.path) else {
+        return true;
+    };
+    let mtime_ns = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i128);
+    meta.len() == q.key.size && mtime_ns == q.key.mtime_ns
 }
 
 /// A busy record's state byte: `D` for a run that can take the host down (a device), else `B`.
@@ -414,6 +429,24 @@ impl Quarantine {
     /// Why every entry is there (the journal records no more than that a thread was inside the file).
     pub const REASON: &'static str = "a daemon died while opening, indexing or decoding this file";
 
+    /// Drops the entries whose file now has another size or mtime, as a request for the file would:
+    /// what an operator lists is what is refused. A file that cannot be read now keeps its entry (it
+    /// may come back as it was).
+    pub fn forget_changed(&self) {
+        let mut files = self.files.lock();
+        let before = files.len();
+        files.retain(|path, q| {
+            let keep = unchanged(q);
+            if !keep {
+                tracing::info!(path = %path.display(), "quarantined file has changed; trying it again");
+            }
+            keep
+        });
+        if files.len() != before {
+            self.persist(self.serialise(&files, &self.suspects.lock()));
+        }
+    }
+
     /// The entries, by path.
     pub fn list(&self) -> Vec<Quarantined> {
         let mut out: Vec<Quarantined> = self.files.lock().values().cloned().collect();
@@ -611,7 +644,7 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
             _ => {}
         }
     }
-    let changed = judge(&quarantine, inside, now);
+    let changed = judge::judge(&quarantine, inside, now);
     if changed {
         let bytes = quarantine.serialise(&quarantine.files.lock(), &quarantine.suspects.lock());
         state.write_atomic(QUARANTINE_FILE, &bytes)?;
@@ -636,46 +669,6 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
         }),
     });
     Ok((Some(journal), quarantine))
-}
-
-/// Applies the module comment's rules to the records a dead process left (`inside`): who is
-/// quarantined, who becomes a suspect. Whether anything changed.
-fn judge(quarantine: &Quarantine, inside: Vec<(u8, FileKey)>, now: u64) -> bool {
-    let crashed = inside.iter().any(|(state, _)| *state == b'C');
-    let mut changed = false;
-    for (state, key) in inside {
-        let path = key.path.display().to_string();
-        let why = match state {
-            b'C' => "the daemon crashed (a fault or an abort) inside this file",
-            _ if crashed => {
-                tracing::info!(%path, "another thread crashed the previous daemon while this file was open; not quarantined");
-                continue;
-            }
-            b'D' => "the daemon, or the host, died while a GPU decoded this file",
-            _ if quarantine.take_suspect(&key) => {
-                "the daemon died inside this file twice (killed each time without a crash recorded: the OOM killer?)"
-            }
-            _ => {
-                tracing::warn!(%path, "the previous daemon was killed while inside this file (no crash recorded): a suspect, quarantined if a daemon dies inside it again before a run of it finishes");
-                quarantine.suspect(Quarantined {
-                    key,
-                    since: now,
-                    why: String::new(),
-                });
-                changed = true;
-                continue;
-            }
-        };
-        tracing::warn!(%path, why, "quarantined: refused (DATA_LOSS) until it changes");
-        quarantine.take_suspect(&key);
-        quarantine.add(Quarantined {
-            key,
-            since: now,
-            why: why.to_owned(),
-        });
-        changed = true;
-    }
-    changed
 }
 
 #[cfg(test)]

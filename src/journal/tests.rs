@@ -245,3 +245,47 @@ fn a_crash_quarantines_the_crashing_file_only() {
     assert!(list[0].why.contains("crashed"), "{list:?}");
     assert!(q.suspects().is_empty());
 }
+
+/// What an operator lists is what is refused: an entry whose file has changed since (as a request for it
+/// would find) leaves the quarantine when it is listed, on disk too; one whose file cannot be read now
+/// stays.
+#[test]
+fn a_changed_file_leaves_the_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let (_journal, q) = recover(&state).unwrap();
+    let video = dir.path().join("v.mp4");
+    std::fs::write(&video, b"0123456789").unwrap();
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+    let set_mtime = |t| {
+        std::fs::File::options()
+            .write(true)
+            .open(&video)
+            .unwrap()
+            .set_modified(t)
+            .unwrap()
+    };
+    set_mtime(when);
+    let here = FileKey {
+        path: video.clone(),
+        size: 10,
+        mtime_ns: 1_700_000_000 * 1_000_000_000,
+    };
+    let gone = key("/nonexistent/x.mp4", 3);
+    for k in [&here, &gone] {
+        q.add(Quarantined {
+            key: k.clone(),
+            since: 1,
+            why: "test".into(),
+        });
+    }
+    q.forget_changed();
+    assert_eq!(q.len(), 2, "unchanged and unreadable files stay");
+    set_mtime(when + std::time::Duration::from_secs(5));
+    assert!(!unchanged(&q.list()[1]));
+    q.forget_changed();
+    let paths = |q: &Quarantine| q.list().into_iter().map(|x| x.key).collect::<Vec<_>>();
+    assert_eq!(paths(&q), [gone.clone()]);
+    let on_disk = Quarantine::read_persisted(dir.path()).unwrap().unwrap();
+    assert_eq!(paths(&on_disk), [gone]);
+}
