@@ -285,7 +285,7 @@ fn a_changed_file_leaves_the_listing() {
     assert!(!unchanged(&q.list()[1]));
     q.forget_changed();
     let paths = |q: &Quarantine| q.list().into_iter().map(|x| x.key).collect::<Vec<_>>();
-    assert_eq!(paths(&q), [gone.clone()]);
+    assert_eq!(paths(&q), std::slice::from_ref(&gone));
     let on_disk = Quarantine::read_persisted(dir.path()).unwrap().unwrap();
     assert_eq!(paths(&on_disk), [gone]);
 }
