@@ -100,19 +100,23 @@ impl CheckedFile {
         if !meta.is_file() {
             return Err(kind_of(&meta).to_owned());
         }
-        let mtime_ns = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos() as i128);
         Ok(CheckedFile {
             path: path.to_path_buf(),
             file,
             size: meta.len(),
-            mtime_ns,
+            mtime_ns: mtime_ns(&meta),
             node: FileNode::of(&meta),
         })
     }
+}
+
+/// A file's modification time in nanoseconds since the epoch (0 when unknown): the mtime of every file
+/// identity (checked files, store keys, quarantine entries).
+pub fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i128)
 }
 
 /// What a non-regular file is, for messages.

@@ -77,6 +77,14 @@ impl RefusalLog {
         LOG.get_or_init(|| RefusalLog::new(DEFAULT_INTERVAL))
     }
 
+    /// A log of conditions that are no call's refusal but could repeat thousands of times a minute
+    /// (connections closed for a client over its bound, failed accepts, files the crash journal cannot
+    /// record): a line a minute per key, with the count left out.
+    pub fn minutely() -> &'static RefusalLog {
+        static LOG: OnceLock<RefusalLog> = OnceLock::new();
+        LOG.get_or_init(|| RefusalLog::new(Duration::from_secs(60)))
+    }
+
     /// One refusal of `client` for `reason` at `now`: `Some(suppressed)` when a line is due (with the
     /// refusals of the key left out since its last line), `None` when this one is left out.
     pub fn note_at(&self, client: &str, reason: &'static str, now: Instant) -> Option<u64> {

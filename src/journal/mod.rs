@@ -48,6 +48,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::dataset::CheckedFile;
+use crate::refusal::RefusalLog;
 use crate::state::StateDir;
 
 mod crash;
@@ -188,17 +189,12 @@ impl Journal {
 }
 
 /// Logs that `path` could not be recorded in the journal (a full or read-only state directory): the
-/// first failure, then at most one line a minute with the count left out, not one line per decode.
+/// first failure, then a line a minute with the count left out ([`RefusalLog::minutely`]), not one line
+/// per decode.
 pub fn warn_unrecorded(path: &Path, error: &std::io::Error) {
-    static LAST: Mutex<Option<(std::time::Instant, u64)>> = Mutex::new(None);
-    let mut last = LAST.lock();
-    match &mut *last {
-        Some((at, quiet)) if at.elapsed() < std::time::Duration::from_secs(60) => *quiet += 1,
-        _ => {
-            let quiet = last.map_or(0, |(_, q)| q);
-            tracing::warn!(path = %path.display(), %error, not_logged = quiet, "cannot record the file in the crash journal: a crash while decoding it cannot be traced to it");
-            *last = Some((std::time::Instant::now(), 0));
-        }
+    let due = RefusalLog::minutely().note_at("journal", "unrecorded", std::time::Instant::now());
+    if let Some(suppressed) = due {
+        tracing::warn!(path = %path.display(), %error, suppressed, "cannot record the file in the crash journal: a crash while decoding it cannot be traced to it");
     }
 }
 
@@ -208,12 +204,7 @@ pub fn unchanged(q: &Quarantined) -> bool {
     let Ok(meta) = std::fs::metadata(&q.key.path) else {
         return true;
     };
-    let mtime_ns = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as i128);
-    meta.len() == q.key.size && mtime_ns == q.key.mtime_ns
+    meta.len() == q.key.size && crate::dataset::mtime_ns(&meta) == q.key.mtime_ns
 }
 
 /// A busy record's state byte: `D` for a run that can take the host down (a device), else `B`.

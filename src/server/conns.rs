@@ -7,7 +7,7 @@
 //! through a [`Gate`]:
 //! - one client (a process on a Unix socket, an address on TCP) holds at most [`PER_PROCESS`] /
 //!   [`PER_ADDRESS`] connections; beyond that a new one is closed at once, with a log line (at most one
-//!   a minute per client);
+//!   a minute per client, [`RefusalLog::minutely`]);
 //! - all clients together hold at most the descriptor limit less [`RESERVED_FDS`] (kept for video files,
 //!   arenas and the state directory);
 //! - an accept that fails for want of descriptors is logged (once a minute) and the listener pauses
@@ -24,6 +24,8 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
+
+use crate::refusal::RefusalLog;
 
 /// Connections one process may hold on a Unix socket (a client process uses one or two).
 pub const PER_PROCESS: usize = 64;
@@ -54,9 +56,6 @@ pub struct Gate {
 struct Counts {
     by_holder: HashMap<Holder, usize>,
     total: usize,
-    /// When each holder's refusal was last logged, and how many went unlogged since.
-    logged: HashMap<Holder, (Instant, u64)>,
-    accept_failure: Option<(Instant, u64)>,
 }
 
 impl Gate {
@@ -92,13 +91,11 @@ impl Gate {
             None
         };
         if let Some(why) = over {
-            let now = Instant::now();
-            let entry = c.logged.entry(holder.clone()).or_insert((now, 0));
-            if entry.1 == 0 || entry.0.elapsed() >= Duration::from_secs(60) {
-                tracing::warn!(client = ?holder, not_logged = entry.1.saturating_sub(1), "connection closed at once: {why}");
-                *entry = (now, 1);
-            } else {
-                entry.1 += 1;
+            let client = format!("{holder:?}");
+            if let Some(suppressed) =
+                RefusalLog::minutely().note_at(&client, "connections", Instant::now())
+            {
+                tracing::warn!(%client, suppressed, "connection closed at once: {why}");
             }
             return None;
         }
@@ -110,15 +107,11 @@ impl Gate {
         })
     }
 
-    fn accept_failed(&self, e: &std::io::Error) {
-        let mut c = self.inner.lock();
-        match &mut c.accept_failure {
-            Some((at, quiet)) if at.elapsed() < Duration::from_secs(60) => *quiet += 1,
-            slot => {
-                let quiet = slot.map_or(0, |(_, q)| q);
-                tracing::warn!(error = %e, not_logged = quiet, "cannot accept a connection");
-                *slot = Some((Instant::now(), 0));
-            }
+    fn accept_failed(e: &std::io::Error) {
+        if let Some(suppressed) =
+            RefusalLog::minutely().note_at("listener", "accept", Instant::now())
+        {
+            tracing::warn!(error = %e, suppressed, "cannot accept a connection");
         }
     }
 
@@ -194,7 +187,7 @@ where
                         .admit(holder(&io))
                         .map(|t| Ok(Counted { io, _ticket: t })),
                     Err(e) => {
-                        gate.accept_failed(&e);
+                        Gate::accept_failed(&e);
                         if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
                             tokio::time::sleep(EMFILE_PAUSE).await;
                         }

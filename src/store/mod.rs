@@ -56,7 +56,7 @@ impl Key {
         Key {
             path: path.to_owned(),
             size: meta.len(),
-            mtime_ns: mtime_ns(meta),
+            mtime_ns: crate::dataset::mtime_ns(meta),
             stream,
         }
     }
@@ -70,14 +70,6 @@ impl Key {
             stream,
         }
     }
-}
-
-/// A file's mtime in nanoseconds since the epoch (0 when the platform has none).
-pub fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
-    meta.modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as i128)
 }
 
 /// What is known about a video's decodability.
