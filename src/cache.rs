@@ -194,6 +194,7 @@ mod tests {
                 scaled_width: 10,
                 scaled_height: 10,
                 rotation: 0,
+                mirror: false,
             },
         }
     }

@@ -70,6 +70,8 @@ pub struct VideoIndex {
     pub height: u32,
     /// Display rotation, degrees clockwise: 0, 90, 180 or 270.
     pub rotation: u32,
+    /// After the rotation the picture is flipped left-right: the display matrix mirrors.
+    pub mirror: bool,
     pub time_base: (i32, i32),
     pub avg_fps: f64,
     /// Frames in presentation order (vectors, or a store record's columns read in place).
@@ -238,6 +240,7 @@ mod tests {
             width: 4,
             height: 2,
             rotation: 0,
+            mirror: false,
             time_base: (1, 100),
             avg_fps: 10.0,
             frames: frames.into(),

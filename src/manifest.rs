@@ -23,7 +23,7 @@
 //! epoch's order derived from it) is the same on every host. Paths are not resolved here: the dataset
 //! confines them when a stream reads them. Label indices: when every label is an integer, the integer;
 //! otherwise the label's position in the sorted set of distinct labels; -1 without a label (mostly
-//! integers with a few names is warned about: [`Samples::label_warning`]). Computing them costs
+//! integers with a few names is warned about: [`Samples::warning`]). Computing them costs
 //! O(n + k log k) for n rows and k distinct labels.
 
 use std::collections::HashMap;
@@ -44,7 +44,7 @@ pub struct Sample<'a> {
 const NO_CLASS: u32 = u32::MAX;
 
 /// An ordered sample list (see the module comment for its layout).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct Samples {
     /// Every sample's path, one after another.
     paths: String,
@@ -56,6 +56,24 @@ pub struct Samples {
     classes: Vec<(Box<str>, i64)>,
     /// Each sample's [start, end] seconds, NaN where absent; empty when no sample is trimmed.
     trims: Vec<[f64; 2]>,
+}
+
+/// Equal lists: the same samples in the same order. Trims compare by their bits, so that two lists whose
+/// untrimmed samples hold NaN are equal (a derived `==` made every reload of such a manifest a change).
+impl PartialEq for Samples {
+    fn eq(&self, other: &Samples) -> bool {
+        let bits = |t: &[f64; 2]| [t[0].to_bits(), t[1].to_bits()];
+        self.paths == other.paths
+            && self.ends == other.ends
+            && self.class_of == other.class_of
+            && self.classes == other.classes
+            && self.trims.len() == other.trims.len()
+            && self
+                .trims
+                .iter()
+                .zip(&other.trims)
+                .all(|(a, b)| bits(a) == bits(b))
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -218,10 +236,19 @@ impl Samples {
         Ok(b.finish())
     }
 
-    /// A warning when the labels are mostly integers but not all: the rule then numbers every label by
-    /// its rank among the names, so one stray label (a header line not recognised as one, a typo)
-    /// renumbers every sample. None when all or none are integers.
-    pub fn label_warning(&self) -> Option<String> {
+    /// A warning about a manifest that reads but is probably not what its author meant, None when there
+    /// is nothing to say:
+    /// - it lists no samples;
+    /// - its labels are mostly integers but not all: the rule then numbers every label by its rank among
+    ///   the names, so one stray label (a header line not recognised as one, a typo) renumbers every
+    ///   sample;
+    /// - its labels are all integers, and two spellings of one integer ("3", "03") share an index.
+    pub fn warning(&self) -> Option<String> {
+        if self.is_empty() {
+            return Some(
+                "the manifest lists no samples: its streams end at once, with no batch".into(),
+            );
+        }
         let names: Vec<&str> = self
             .classes
             .iter()
@@ -229,7 +256,28 @@ impl Samples {
             .map(|(l, _)| &**l)
             .collect();
         let integers = self.classes.len() - names.len();
-        if names.is_empty() || integers < names.len() {
+        if names.is_empty() {
+            // Every label is an integer, numbered as itself: two spellings of one ("3", "03", "+3") are
+            // two classes sharing one label index.
+            let mut seen: HashMap<i64, &str> = HashMap::new();
+            let mut clashes = Vec::new();
+            for (l, _) in &self.classes {
+                let v = l.parse::<i64>().expect("an integer label");
+                if let Some(first) = seen.insert(v, l) {
+                    clashes.push(format!("{first:?} and {l:?}"));
+                }
+            }
+            if clashes.is_empty() {
+                return None;
+            }
+            let more = if clashes.len() > 3 { ", ..." } else { "" };
+            clashes.truncate(3);
+            return Some(format!(
+                "labels {}{more} are different strings of one integer: they share its label index but are listed as separate classes; write each label one way",
+                clashes.join(", ")
+            ));
+        }
+        if integers < names.len() {
             return None;
         }
         let shown: Vec<String> = names.iter().take(3).map(|l| format!("{l:?}")).collect();

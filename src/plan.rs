@@ -171,6 +171,7 @@ mod tests {
             width: 2,
             height: 2,
             rotation: 0,
+            mirror: false,
             time_base: (1, 25),
             avg_fps: 25.0,
             frames: (0..n)

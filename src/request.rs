@@ -230,6 +230,7 @@ impl Transform {
     ) -> Result<Geometry, Error> {
         let transform = self;
         let rotation = if transform.rotate { index.rotation } else { 0 };
+        let mirror = transform.rotate && index.mirror;
         let (dw, dh) = if rotation % 180 == 90 {
             (index.height, index.width)
         } else {
@@ -266,6 +267,7 @@ impl Transform {
             scaled_width: sw,
             scaled_height: sh,
             rotation,
+            mirror,
         })
     }
 }

@@ -160,6 +160,7 @@ fn video() -> impl Strategy<Value = VideoIndex> {
             width,
             height,
             rotation,
+            mirror: false,
             time_base: (1, 25),
             avg_fps: 25.0,
             frames: (0..4)

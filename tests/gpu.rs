@@ -420,6 +420,7 @@ mod on_gpu {
                     scaled_width: sw,
                     scaled_height: sh,
                     rotation: 0,
+                    mirror: false,
                 };
                 let mut cpu = FfmpegBackend::new(1);
                 let mut gpu_backend = pool.backend(0);
@@ -466,6 +467,7 @@ mod on_gpu {
                 scaled_width: src.index.width,
                 scaled_height: src.index.height,
                 rotation: 0,
+                mirror: false,
             };
             let want = decode_all(&mut FfmpegBackend::new(1), &src, &runs, g);
             let mut b = pool.backend(0);

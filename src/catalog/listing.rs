@@ -226,7 +226,7 @@ impl Catalog {
                         .insert(name.clone(), fresh.clone());
                     if old.as_deref() != Some(&*fresh) {
                         tracing::info!(dataset = %name, samples = fresh.len(), "manifest read again");
-                        if let Some(w) = fresh.label_warning() {
+                        if let Some(w) = fresh.warning() {
                             tracing::warn!(dataset = %name, manifest = %file.display(), "{w}");
                         }
                         out.changed.push(name.clone());

@@ -139,7 +139,7 @@ impl Catalog {
                 let samples =
                     Samples::from_manifest(m).map_err(|e| format!("dataset {:?}: {e}", d.name))?;
                 tracing::info!(dataset = %d.name, manifest = %m.display(), samples = samples.len(), "manifest loaded");
-                if let Some(w) = samples.label_warning() {
+                if let Some(w) = samples.warning() {
                     tracing::warn!(dataset = %d.name, manifest = %m.display(), "{w}");
                 }
                 manifests.insert(d.name.clone(), Arc::new(samples));

@@ -357,7 +357,7 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
         Some(m) => Samples::from_manifest(m).map_err(|e| IngestError::Usage(e.to_string()))?,
         None => Samples::scan(&dataset_dir),
     };
-    if let Some(w) = samples.label_warning() {
+    if let Some(w) = samples.warning() {
         tracing::warn!("{w}");
     }
     let ids = sample_ids(&samples.iter().collect::<Vec<_>>());
@@ -602,6 +602,7 @@ mod tests {
             width: 4,
             height: 4,
             rotation: 0,
+            mirror: false,
             time_base: (1, fps),
             avg_fps: fps as f64,
             frames: (0..n as i64)

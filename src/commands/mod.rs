@@ -113,6 +113,7 @@ pub async fn probe(args: &ProbeArgs) -> Result<(), ClientError> {
         "display_width": r.display_width,
         "display_height": r.display_height,
         "rotation": r.rotation,
+        "mirrored": r.mirrored,
         "pixel_format": r.pixel_format,
         "avg_fps": r.avg_fps,
         "time_base": {"num": tb.num, "den": tb.den},

@@ -81,9 +81,16 @@ pub struct Geometry {
     pub scaled_height: u32,
     /// Clockwise rotation applied after scaling: 0, 90, 180 or 270.
     pub rotation: u32,
+    /// After the rotation, flipped left-right (a mirrored display matrix).
+    pub mirror: bool,
 }
 
 impl Geometry {
+    /// Whether frames leave the decoder as stored (no rotation, no flip).
+    pub fn upright(self) -> bool {
+        self.rotation == 0 && !self.mirror
+    }
+
     /// Output size in display orientation (after the rotation).
     pub fn display_dims(self) -> (u32, u32) {
         if self.rotation % 180 == 90 {
@@ -195,53 +202,55 @@ pub trait Backend {
     }
 }
 
-/// Rotates a packed RGB24 image clockwise by 90, 180 or 270 degrees. Lossless, so it equals FFmpeg's
-/// `transpose`/`hflip,vflip` autorotation filters exactly.
-pub fn rotate_rgb(frame: Frame, rotation: u32) -> Frame {
+/// Where the sample at (x, y) of a `w`x`h` image goes when the image is rotated clockwise by `rotation`
+/// (0, 90, 180 or 270) and then, with `mirror`, flipped left-right: as FFmpeg's `transpose`, `hflip` and
+/// `vflip` autorotation filters move it.
+#[inline]
+pub fn oriented(
+    x: usize,
+    y: usize,
+    w: usize,
+    h: usize,
+    rotation: u32,
+    mirror: bool,
+) -> (usize, usize) {
+    let (ox, oy, ow) = match rotation {
+        90 => (h - 1 - y, x, h),
+        180 => (w - 1 - x, h - 1 - y, w),
+        270 => (y, w - 1 - x, h),
+        _ => (x, y, w),
+    };
+    if mirror {
+        (ow - 1 - ox, oy)
+    } else {
+        (ox, oy)
+    }
+}
+
+/// Rotates a packed RGB24 image clockwise by 0, 90, 180 or 270 degrees and, with `mirror`, flips it
+/// left-right ([`oriented`]). Lossless, so it equals FFmpeg's autorotation filters exactly.
+pub fn rotate_rgb(frame: Frame, rotation: u32, mirror: bool) -> Frame {
+    if !rotation.is_multiple_of(90) || (rotation.is_multiple_of(360) && !mirror) {
+        return frame;
+    }
     let (w, h) = (frame.width as usize, frame.height as usize);
+    let (ow, oh) = if rotation % 180 == 90 { (h, w) } else { (w, h) };
     let src = &frame.data;
-    match rotation {
-        90 | 270 => {
-            // Output is h wide and w high.
-            let mut out = pool::take(src.len());
-            out.resize(src.len(), 0);
-            for y in 0..h {
-                for x in 0..w {
-                    // Clockwise: source (x, y) goes to column h-1-y, row x.
-                    // Counter-clockwise: source (x, y) goes to column y, row w-1-x.
-                    let (ox, oy) = if rotation == 90 {
-                        (h - 1 - y, x)
-                    } else {
-                        (y, w - 1 - x)
-                    };
-                    let s = (y * w + x) * 3;
-                    let d = (oy * h + ox) * 3;
-                    out[d..d + 3].copy_from_slice(&src[s..s + 3]);
-                }
-            }
-            drop(frame); // its buffer back to the pool
-            Frame {
-                width: h as u32,
-                height: w as u32,
-                data: out,
-            }
+    let mut out = pool::take(src.len());
+    out.resize(src.len(), 0);
+    for y in 0..h {
+        for x in 0..w {
+            let (ox, oy) = oriented(x, y, w, h, rotation, mirror);
+            let s = (y * w + x) * 3;
+            let d = (oy * ow + ox) * 3;
+            out[d..d + 3].copy_from_slice(&src[s..s + 3]);
         }
-        180 => {
-            let mut out = pool::take(src.len());
-            out.resize(src.len(), 0);
-            let n = w * h;
-            for i in 0..n {
-                let d = (n - 1 - i) * 3;
-                out[d..d + 3].copy_from_slice(&src[i * 3..i * 3 + 3]);
-            }
-            drop(frame); // its buffer back to the pool
-            Frame {
-                width: w as u32,
-                height: h as u32,
-                data: out,
-            }
-        }
-        _ => frame,
+    }
+    drop(frame); // its buffer back to the pool
+    Frame {
+        width: ow as u32,
+        height: oh as u32,
+        data: out,
     }
 }
 
@@ -265,7 +274,7 @@ mod tests {
     #[test]
     fn rotations_move_corners_where_ffmpeg_transpose_does() {
         // 3x2 image, values 0..6 row-major: [0 1 2; 3 4 5].
-        let cw = rotate_rgb(numbered(3, 2), 90);
+        let cw = rotate_rgb(numbered(3, 2), 90, false);
         assert_eq!((cw.width, cw.height), (2, 3));
         // transpose=clock: [3 0; 4 1; 5 2].
         let got: Vec<u8> = (0..3)
@@ -273,14 +282,46 @@ mod tests {
             .map(|(x, y)| px(&cw, x, y))
             .collect();
         assert_eq!(got, vec![3, 0, 4, 1, 5, 2]);
-        let ccw = rotate_rgb(numbered(3, 2), 270);
+        let ccw = rotate_rgb(numbered(3, 2), 270, false);
         let got: Vec<u8> = (0..3)
             .flat_map(|y| (0..2).map(move |x| (x, y)))
             .map(|(x, y)| px(&ccw, x, y))
             .collect();
         assert_eq!(got, vec![2, 5, 1, 4, 0, 3]);
-        let r180 = rotate_rgb(numbered(3, 2), 180);
+        let r180 = rotate_rgb(numbered(3, 2), 180, false);
         let got: Vec<u8> = (0..6).map(|i| r180.data[i * 3]).collect();
         assert_eq!(got, vec![5, 4, 3, 2, 1, 0]);
+    }
+
+    fn pixels(f: &Frame) -> Vec<u8> {
+        (0..f.height)
+            .flat_map(|y| (0..f.width).map(move |x| (x, y)))
+            .map(|(x, y)| px(f, x, y))
+            .collect()
+    }
+
+    #[test]
+    fn mirrored_orientations_move_corners_where_ffmpeg_flips_do() {
+        // 3x2 image [0 1 2; 3 4 5]. hflip: [2 1 0; 5 4 3]; vflip (a half turn flipped): [3 4 5; 0 1 2].
+        let hflip = rotate_rgb(numbered(3, 2), 0, true);
+        assert_eq!((hflip.width, hflip.height), (3, 2));
+        assert_eq!(pixels(&hflip), vec![2, 1, 0, 5, 4, 3]);
+        assert_eq!(
+            pixels(&rotate_rgb(numbered(3, 2), 180, true)),
+            vec![3, 4, 5, 0, 1, 2]
+        );
+        // transpose=cclock_flip (the transpose): [0 3; 1 4; 2 5]; clock_flip: [5 2; 4 1; 3 0].
+        let t = rotate_rgb(numbered(3, 2), 90, true);
+        assert_eq!((t.width, t.height), (2, 3));
+        assert_eq!(pixels(&t), vec![0, 3, 1, 4, 2, 5]);
+        assert_eq!(
+            pixels(&rotate_rgb(numbered(3, 2), 270, true)),
+            vec![5, 2, 4, 1, 3, 0]
+        );
+        // Upright is left alone.
+        assert_eq!(
+            pixels(&rotate_rgb(numbered(3, 2), 0, false)),
+            vec![0, 1, 2, 3, 4, 5]
+        );
     }
 }

@@ -335,6 +335,7 @@ impl GulpDataset {
             width,
             height,
             rotation: 0,
+            mirror: false,
             time_base,
             avg_fps: fps,
             frames: (0..n as i64)

@@ -41,7 +41,7 @@ fn headerless_csv_and_integer_labels() {
     assert_eq!(idx, vec![7, 3, -1]);
     // Integer labels are their own indices; a row without a label adds no class.
     assert_eq!(s.classes(), vec![("3".to_owned(), 3), ("7".to_owned(), 7)]);
-    assert_eq!(s.label_warning(), None);
+    assert_eq!(s.warning(), None);
 }
 
 #[test]
@@ -53,21 +53,62 @@ fn common_header_names_and_a_stray_label_are_recognised() {
     assert_eq!(s.len(), 2);
     let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
     assert_eq!(idx, vec![7, 3]);
-    assert_eq!(s.label_warning(), None);
+    assert_eq!(s.warning(), None);
     // A header that names no known column is a sample; its label turns every index into a rank,
     // which is warned about, naming the stray label.
     let p = write(dir.path(), "s.csv", "clip,target\nx.mp4,7\ny.mp4,3\n");
     let s = Samples::from_manifest(&p).unwrap();
     let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
     assert_eq!(idx, vec![2, 1, 0]);
-    let w = s.label_warning().expect("a warning");
+    let w = s.warning().expect("a warning");
     assert!(
         w.starts_with("2 of 3 distinct labels are integers, but 1 is not (\"target\")"),
         "{w}"
     );
     // Names throughout: the rule, no warning.
     let p = write(dir.path(), "n.csv", "x.mp4,cat\ny.mp4,dog\nz.mp4,7\n");
-    assert_eq!(Samples::from_manifest(&p).unwrap().label_warning(), None);
+    assert_eq!(Samples::from_manifest(&p).unwrap().warning(), None);
+    // Two spellings of one integer share its index as two classes: warned about, naming them.
+    let p = write(
+        dir.path(),
+        "i.csv",
+        "x.mp4,3\ny.mp4,03\nz.mp4,+3\nw.mp4,4\n",
+    );
+    let s = Samples::from_manifest(&p).unwrap();
+    let idx: Vec<i64> = s.iter().map(|s| s.label_index).collect();
+    assert_eq!(idx, vec![3, 3, 3, 4]);
+    let w = s.warning().expect("a warning");
+    assert!(w.contains("\"03\"") && w.contains("\"+3\""), "{w}");
+    assert!(w.contains("different strings of one integer"), "{w}");
+    // An empty manifest, or a header alone, reads (a dataset may be filled later) but is warned about.
+    for text in ["", "path,label\n"] {
+        let p = write(dir.path(), "e.csv", text);
+        let w = Samples::from_manifest(&p).unwrap().warning();
+        assert!(w.expect("a warning").contains("no samples"), "{text:?}");
+    }
+}
+
+#[test]
+fn a_list_read_twice_is_equal_with_trimmed_and_untrimmed_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    // Untrimmed rows hold NaN beside trimmed ones; the lists are still equal, so a reload of an
+    // unchanged manifest is no change.
+    let p = write(
+        dir.path(),
+        "t.csv",
+        "path,label,start,end\na.mp4,x,1,2\nb.mp4,y,,\n",
+    );
+    let (a, b) = (
+        Samples::from_manifest(&p).unwrap(),
+        Samples::from_manifest(&p).unwrap(),
+    );
+    assert_eq!(a, b);
+    let p2 = write(
+        dir.path(),
+        "u.csv",
+        "path,label,start,end\na.mp4,x,1,3\nb.mp4,y,,\n",
+    );
+    assert_ne!(a, Samples::from_manifest(&p2).unwrap());
 }
 
 #[test]

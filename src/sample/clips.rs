@@ -99,7 +99,8 @@ impl SamplerSpec {
                 Some(s) => return invalid(format!("seconds_between_clip_starts {s} must be > 0")),
                 None => {
                     return invalid(
-                        "the regular-timestamps sampler needs seconds_between_clip_starts".into(),
+                        "the regular-timestamps sampler needs seconds_between_clip_starts > 0 (it is 0 or unset)"
+                            .into(),
                     )
                 }
             }

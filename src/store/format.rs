@@ -1,16 +1,17 @@
-//! The store's file format, version 1: one little-endian file per (video, stream), laid out so that a
+//! The store's file format, version 2: one little-endian file per (video, stream), laid out so that a
 //! reader can memory-map it and read any field or frame in O(1) without parsing the rest.
 //!
 //! ```text
 //! offset  bytes  field
 //!      0      8  magic "VSRVSTOR"
-//!      8      4  format version (1)
+//!      8      4  format version (2; a version 1 record, which had no mirror flag, is read without its table)
 //!     12      4  CRC-32 (IEEE) of bytes 16..len
 //!     16      8  len: the whole file's size
 //!     24      8  identity: file size           32 16 identity: mtime, ns since the epoch (i128)
 //!     48      4  identity: stream (u32::MAX = FFmpeg's best video stream)
 //!     52      1  health (0 unchecked, 1 ok, 2 damaged, 3 unreadable, 4 quarantined)
-//!     53      1  flags: 1 table present, 2 decode table, 4 seek from start, 8 table met decoder errors
+//!     53      1  flags: 1 table present, 2 decode table, 4 seek from start, 8 table met decoder errors,
+//!                16 display matrix mirrors (flip left-right after the rotation)
 //!     54      1  index method (0 packet scan, 1 decode scan, 2 stored)
 //!     55      1  1 when an unreadable video is corrupt media (else: not media FFmpeg reads)
 //!     56      8  written, ms since the epoch (eviction order is the file's mtime; this is for humans)
@@ -41,7 +42,7 @@ use crate::index::table::{Column, ColumnKind, Packed, TableBytes};
 use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
 
 pub const MAGIC: &[u8; 8] = b"VSRVSTOR";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const HEADER: usize = 272;
 /// More frames than any real video has (a day at 1000 fps): a bound on what a decoder allocates.
 const MAX_FRAMES: u64 = 1 << 27;
@@ -51,7 +52,7 @@ const MAX_FRAMES: u64 = 1 << 27;
 pub enum FormatError {
     #[error("not a vserve store file (bad magic)")]
     Magic,
-    #[error("store format version {0}, this build reads {VERSION}")]
+    #[error("store format version {0}, this build reads 1 and {VERSION}")]
     Version(u32),
     #[error("checksum mismatch (corrupt or torn file)")]
     Checksum,
@@ -157,6 +158,9 @@ pub fn encode(r: &Record) -> Vec<u8> {
         }
         if t.damaged {
             flags |= 8;
+        }
+        if t.mirror {
+            flags |= 16;
         }
         out[54] = match t.method {
             IndexMethod::PacketScan => 0,
@@ -357,7 +361,7 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
     }
     let b = Bytes(bytes);
     let version = b.u32(8)?;
-    if version != VERSION {
+    if version != VERSION && version != 1 {
         return Err(FormatError::Version(version));
     }
     if bytes.len() < HEADER || b.u64(16)? != bytes.len() as u64 {
@@ -430,7 +434,9 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
     };
     let decode_table = flags & 2 != 0;
     let written_ms = b.u64(56)?;
-    let table = if flags & 1 != 0 {
+    // Version 1 did not record a mirrored display matrix: its table is left to be built again (as for a
+    // changed file), its health kept.
+    let table = if flags & 1 != 0 && version >= 2 {
         if n == 0 {
             return Err(FormatError::Malformed("empty table"));
         }
@@ -444,6 +450,7 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
             width: b.u32(108)?,
             height: b.u32(112)?,
             rotation: b.u32(116)?,
+            mirror: flags & 16 != 0,
             time_base: (b.i32(120)?, b.i32(124)?),
             avg_fps: f64::from_le_bytes(b.array(128)?),
             frames: Vec::new().into(),

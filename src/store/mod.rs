@@ -381,6 +381,7 @@ mod tests {
             width: 320,
             height: 180,
             rotation: 90,
+            mirror: true,
             time_base: (1, 90000),
             avg_fps: 29.97,
             frames: pts
@@ -484,9 +485,17 @@ mod tests {
                 "truncation to {len}"
             );
         }
-        let mut v2 = bytes.clone();
-        v2[8] = 2;
-        assert_eq!(format::decode(&v2), Err(format::FormatError::Version(2)));
+        let mut v3 = bytes.clone();
+        v3[8] = 3;
+        assert_eq!(format::decode(&v3), Err(format::FormatError::Version(3)));
+        // A version 1 record keeps its health; its table, which could not say whether the display matrix
+        // mirrors, is built again.
+        let mut v1 = bytes.clone();
+        v1[8] = 1;
+        let old = format::decode(&v1).unwrap();
+        assert_eq!(old.health, r.health);
+        assert_eq!(old.key, r.key);
+        assert!(old.table.is_none());
         assert_eq!(
             format::decode(b"PK\x03\x04 not ours at all, a zip or anything"),
             Err(format::FormatError::Magic)

@@ -281,18 +281,68 @@ def test_played_at_follows_the_played_at_rule(client, video):
     for lo, hi in ((m.begin_stream_seconds - 0.5, a), (m.end_stream_seconds, m.end_stream_seconds), (a, m.end_stream_seconds + 0.5)):
         with pytest.raises(ValueError):
             dec.get_frames_played_in_range(lo, hi)
-    # Resampled to a rate (TorchCodec 0.17's rule, checked against it on four videos, docs): round((b - a) * fps)
-    # frames, the i-th the one played at a + i / fps, reported at that time for 1 / fps.
+    # Resampled to a rate (TorchCodec 0.17's rule, checked against it, docs): round((b - a) * fps) frames,
+    # halves away from zero, the i-th the one played at a + i * (1 / fps), reported at that time for 1 / fps.
     for fps in (7.3, 60.0):
-        times = [a + i / fps for i in range(round((b - a) * fps))]
+        step = 1 / fps
+        n = int(np.floor((b - a) * fps + 0.5))
+        times = [a + i * step for i in range(n)]
         r = dec.get_frames_played_in_range(a, b, fps=fps)
-        assert r.pts_seconds.tolist() == times and r.duration_seconds.tolist() == [1 / fps] * len(times)
+        assert r.pts_seconds.tolist() == times and r.duration_seconds.tolist() == [step] * len(times)
         assert_array_equal(r.data, dec.get_frames_played_at(times).data, f"played in range at {fps} fps")
     with pytest.raises(ValueError):
         dec.get_frames_played_in_range(a, b, fps=0)
     every = dec.get_all_frames(fps=2.0)
-    assert len(every) == round((m.end_stream_seconds - m.begin_stream_seconds) * 2.0)
+    assert len(every) == int(np.floor((m.end_stream_seconds - m.begin_stream_seconds) * 2.0 + 0.5))
     assert every.pts_seconds[1] == m.begin_stream_seconds + 0.5
+
+
+def test_resampling_counts_and_times_are_torchcodecs(client):
+    # What TorchCodec 0.17 returns for these calls (measured): a half frame rounds up (numpy's and
+    # Python's round would give 2 frames and 0), and a time is start + i * (1 / fps), which can differ by
+    # an ulp from start + i / fps and then lands on the other side of a pts.
+    dec = VideoDecoder(client, "media", BIKES, tensors=False)
+    assert dec.get_frames_played_in_range(0.0, 1.0, fps=2.5).pts_seconds.tolist() == [0.0, 0.4, 0.8]
+    assert len(dec.get_frames_played_in_range(0.0, 0.1, fps=5)) == 1
+    webm = VideoDecoder(client, "media", "gulpio/test.webm", tensors=False)
+    r = webm.get_frames_played_in_range(0.036, 4.703, fps=10.0)
+    assert r.pts_seconds[3] == 0.036 + 3 * 0.1 != 0.036 + 3 / 10.0
+    pts = webm.metadata.pts_seconds
+    k = int(np.argmin(np.abs(pts - 0.336)))
+    assert abs(pts[k] - 0.336) < 1e-9, "the webm has a frame at 0.336 s"
+    assert_array_equal(r.data[3], webm.get_frames_at([k]).data[0], "the frame played at 0.336 s")
+
+
+def test_decoder_keys_follow_python_and_torchcodec(client, reference):
+    dec = VideoDecoder(client, "media", BIKES, tensors=False)
+    ref = reference(BIKES).transpose(0, 3, 1, 2)
+    # Keys of the wrong type are a TypeError (as a list's and TorchCodec's); a bool is an int.
+    for bad in (1.0, "0", None, [0]):
+        with pytest.raises(TypeError):
+            dec[bad]
+        with pytest.raises(TypeError):
+            dec.get_frames_in_range(bad, 5)
+    assert_array_equal(dec[True], ref[1], "decoder[True]")
+    # stream_index=-1 is TorchCodec's "best video stream".
+    assert VideoDecoder(client, "media", BIKES, stream_index=-1, tensors=False).metadata.stream_index == 0
+
+
+def test_long_reads_are_split_into_requests(client, reference, monkeypatch):
+    from vserve_client import decoder as dmod
+
+    dec = VideoDecoder(client, "media", BIKES, tensors=False)
+    whole = dec.get_frames_at(list(range(0, 250, 7)))
+    monkeypatch.setattr(dmod, "_CHUNK_FRAMES", 4)
+    split = dec.get_frames_at(list(range(0, 250, 7)))
+    assert_array_equal(split.data, whole.data, "four frames a request")
+    assert split.pts_seconds.tolist() == whole.pts_seconds.tolist()
+    assert split.duration_seconds.tolist() == whole.duration_seconds.tolist()
+    times = dec.metadata.pts_seconds[3:14].tolist()
+    monkeypatch.setattr(dmod, "_CHUNK_FRAMES", 1 << 12)
+    unsplit = dec.get_frames_at(list(range(3, 14))).data
+    monkeypatch.setattr(dmod, "_CHUNK_FRAMES", 4)
+    assert_array_equal(dec.get_frames_played_at(times).data, unsplit, "times, split")
+    assert_array_equal(dec.get_all_frames().data.transpose(0, 2, 3, 1), reference(BIKES), "every frame, split")
 
 
 def test_client_metadata_and_decoder_errors(client):

@@ -364,7 +364,7 @@ class Client:
         self, dataset: str, video: str, include_pts: bool = False, stream: Optional[int] = None
     ) -> Dict[str, Any]:
         """Stream facts and frame table of one video: codec, width/height (stored), display_width/height,
-        rotation, avg_fps, time_base {num, den}, duration_seconds, frame_count, keyframes, pts and
+        rotation (clockwise), mirrored, avg_fps, time_base {num, den}, duration_seconds, frame_count, keyframes, pts and
         durations (per frame, in the time base; with include_pts), stream, pixel_format, declared_frames.
         :meth:`metadata` gives the same facts under TorchCodec's names."""
         req = pb.ProbeRequest(dataset=dataset, video=video, include_pts=include_pts)

@@ -23,6 +23,7 @@ which stays valid while referenced (no copy).
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -58,7 +59,9 @@ class VideoStreamMetadata:
             coded_height: as stored. rotation: TorchCodec's value, the display matrix's angle in degrees
             counter-clockwise in [-180, 180) (a quarter turn clockwise is -90.0), None for a video
             shown as stored; rotation_clockwise: the same as vserve's Probe states it, 0, 90, 180 or 270
-            degrees clockwise.
+            degrees clockwise; mirrored: the display matrix also flips the picture left-right after that
+            rotation (as the FFmpeg CLI applies it; ``rotation`` is then derived from the rotation part
+            alone, where TorchCodec reports the mirrored matrix's angle).
         codec, pixel_format, stream_index, time_base (num, den).
         pts_seconds, duration_seconds_per_frame: float64 [num_frames], each frame's pts and stated
             duration (:meth:`Client.probe`'s ``pts`` and ``durations`` in seconds).
@@ -76,6 +79,7 @@ class VideoStreamMetadata:
     coded_height: int
     rotation: Optional[float]
     rotation_clockwise: int
+    mirrored: bool
     codec: str
     pixel_format: str
     stream_index: int
@@ -131,6 +135,7 @@ class VideoStreamMetadata:
             coded_height=int(p["height"]),
             rotation=_counter_clockwise(int(p["rotation"])),
             rotation_clockwise=int(p["rotation"]),
+            mirrored=bool(p.get("mirrored", False)),
             codec=p["codec"],
             pixel_format=p["pixel_format"],
             stream_index=int(p["stream"]),
@@ -138,6 +143,11 @@ class VideoStreamMetadata:
             pts_seconds=pts_s,
             duration_seconds_per_frame=dur_s,
         )
+
+
+#: Most frames, and bytes, one GetClips of a :class:`VideoDecoder` asks for; longer reads are split.
+_CHUNK_FRAMES = 4096
+_CHUNK_BYTES = 512 << 20
 
 
 def _counter_clockwise(clockwise: int) -> Optional[float]:
@@ -238,6 +248,8 @@ class VideoDecoder:
         self._client = client
         self.dataset = dataset
         self.video = video
+        if stream_index == -1:
+            stream_index = None  # TorchCodec's "the best video stream"
         self.stream_index = stream_index
         self.dimension_order = dimension_order
         self._transform = dict(size=size, short_side=short_side, height=height, width=width, rotate=rotate)
@@ -265,8 +277,9 @@ class VideoDecoder:
     # -- indices -------------------------------------------------------------------------------------
 
     def _index(self, i: Any) -> int:
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
-            raise InvalidArgument(f"frame index {i!r}: expected an int")
+        if not isinstance(i, numbers.Integral):
+            # A TypeError, as TorchCodec's (and a list's): `except TypeError` callers see it.
+            raise TypeError(f"frame index {i!r}: expected an int")
         n = len(self)
         k = int(i) + n if i < 0 else int(i)
         if not 0 <= k < n:
@@ -278,9 +291,9 @@ class VideoDecoder:
         only; use :meth:`get_frames_at` for pts and durations)."""
         if isinstance(key, slice):
             return self._frames(list(range(*key.indices(len(self))))).data
-        if isinstance(key, numbers.Integral) and not isinstance(key, bool):
+        if isinstance(key, numbers.Integral):
             return self._frames([self._index(key)]).data[0]
-        raise InvalidArgument(f"decoder[{key!r}]: expected an int or a slice")
+        raise TypeError(f"decoder[{key!r}]: expected an int or a slice")
 
     def get_frame_at(self, index: int) -> Frame:
         return self.get_frames_at([index])[0]  # type: ignore[return-value]
@@ -294,8 +307,8 @@ class VideoDecoder:
         does: negative bounds count from the end and bounds past either end are clamped
         (``(-10, 1000)`` gives the last 10 frames, an empty range no frames). ``step`` > 0."""
         for name, v in (("start", start), ("stop", stop), ("step", step)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise InvalidArgument(f"{name}={v!r}: expected an int")
+            if not isinstance(v, numbers.Integral):
+                raise TypeError(f"{name}={v!r}: expected an int")
         if step <= 0:
             raise InvalidArgument(f"step={step!r}: must be a positive int")
         return self._frames(list(range(*slice(int(start), int(stop), int(step)).indices(len(self)))))
@@ -345,11 +358,18 @@ class VideoDecoder:
             rate = float(fps)
             if not rate > 0 or not np.isfinite(rate):
                 raise InvalidArgument(f"fps={fps!r}: must be a positive number")
-            times = [a + i / rate for i in range(int(np.round((b - a) * rate)))]
+            # As TorchCodec 0.17: round((stop - start) * fps) frames, halves away from zero (C++'s
+            # std::round, not numpy's halves to even), at start + i * (1 / fps) (one rounding of the
+            # step, then one of each product: `i / fps` can differ from it by an ulp, and a time that
+            # lands on a pts then picks the frame before or after).
+            span = (b - a) * rate
+            count = int(math.floor(span)) + (1 if span - math.floor(span) >= 0.5 else 0)
+            step = 1.0 / rate
+            times = [a + i * step for i in range(count)]
             if not times:
                 return self._frames([])
             fb = self.get_frames_played_at(times)
-            return self._wrap(np.asarray(fb.data), times, np.full(len(times), 1 / rate))
+            return self._wrap(np.asarray(fb.data), times, np.full(len(times), step))
         if a == b:
             return self._frames([])
         first = int(np.searchsorted(m.pts_seconds, a, side="right")) - 1
@@ -371,11 +391,32 @@ class VideoDecoder:
         return self._fetch({"frames": indices})
 
     def _fetch(self, where: Dict[str, Any]) -> FrameBatch:
+        """One GetClips, or several for more frames than one request may ask (the daemon's
+        ``--max-frames``, 16384 by default, and ``--max-output-bytes``): each at most
+        :data:`_CHUNK_FRAMES` frames and :data:`_CHUNK_BYTES` bytes, copied into one array."""
         if self.stream_index is not None:
             where = dict(where, stream=self.stream_index)
         layout = "TCHW" if self.dimension_order == "NCHW" else "THWC"
-        batch = self._client.get_clips(self.dataset, [(self.video, where)], layout=layout, **self._transform)
-        return self._wrap(batch.array[0], batch.pts_seconds[0], batch.duration_seconds[0])
+        (key, wanted), = ((k, v) for k, v in where.items() if k in ("frames", "times"))
+        h, w = self._output_size()
+        per_chunk = max(1, min(_CHUNK_FRAMES, _CHUNK_BYTES // max(1, 3 * h * w)))
+        if len(wanted) <= per_chunk:
+            batch = self._client.get_clips(self.dataset, [(self.video, where)], layout=layout, **self._transform)
+            return self._wrap(batch.array[0], batch.pts_seconds[0], batch.duration_seconds[0])
+        data: Optional[np.ndarray] = None
+        pts = np.empty(len(wanted), np.float64)
+        dur = np.empty(len(wanted), np.float64)
+        for at in range(0, len(wanted), per_chunk):
+            part = dict(where, **{key: wanted[at : at + per_chunk]})
+            batch = self._client.get_clips(self.dataset, [(self.video, part)], layout=layout, **self._transform)
+            got = batch.array[0]
+            if data is None:
+                data = np.empty((len(wanted),) + got.shape[1:], got.dtype)
+            data[at : at + len(got)] = got
+            pts[at : at + len(got)] = batch.pts_seconds[0]
+            dur[at : at + len(got)] = batch.duration_seconds[0]
+        assert data is not None
+        return self._wrap(data, pts, dur)
 
     def _empty(self) -> FrameBatch:
         h, w = self._output_size()

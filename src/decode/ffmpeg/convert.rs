@@ -11,7 +11,7 @@
 
 use ffmpeg_next as ff;
 
-use crate::decode::{rotate_rgb, Frame, Geometry};
+use crate::decode::{oriented, rotate_rgb, Frame, Geometry};
 
 /// How a frame reaches its output size, as the CLI's filter graph gets it there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,12 +250,12 @@ pub(super) fn convert_frame(
     } else {
         Scaling::ResizeChanged
     };
-    if geometry.rotation != 0 {
+    if !geometry.upright() {
         let widened;
         let mut source = frame;
         let resized =
             (geometry.scaled_width, geometry.scaled_height) != (frame.width(), frame.height());
-        if geometry.rotation != 180 && resized {
+        if geometry.rotation % 180 == 90 && resized {
             // `transpose` takes no 4:2:2. Before a scale filter the CLI's format negotiation converts such
             // frames to 4:4:4 (swscale's default, bicubic, scaler) and so does this; at native size it
             // converts straight to RGB before transposing, which is the fallback below.
@@ -264,16 +264,11 @@ pub(super) fn convert_frame(
                 source = &widened;
             }
         }
-        if let Some(rotated) = rotate_planes(source, geometry.rotation) {
-            let (w, h) = if geometry.rotation == 180 {
-                (geometry.scaled_width, geometry.scaled_height)
-            } else {
-                (geometry.scaled_height, geometry.scaled_width)
-            };
+        if let Some(rotated) = rotate_planes(source, geometry.rotation, geometry.mirror) {
+            let (w, h) = geometry.display_dims();
             return Converter::convert(converter, &rotated, w, h, scaling, place);
         }
-    }
-    if geometry.rotation == 0 {
+    } else {
         return Converter::convert(
             converter,
             frame,
@@ -294,7 +289,7 @@ pub(super) fn convert_frame(
     else {
         return Err("converter wrote no frame".into());
     };
-    let rotated = rotate_rgb(converted, geometry.rotation);
+    let rotated = rotate_rgb(converted, geometry.rotation, geometry.mirror);
     match place {
         Some(p) if p.len() == rotated.data.len() => {
             p.copy_from_slice(&rotated.data);
@@ -356,12 +351,17 @@ fn planar_layout(format: ff::format::Pixel) -> Option<(usize, bool)> {
     Some((step as usize, desc.log2_chroma_w == desc.log2_chroma_h))
 }
 
-/// Rotates every plane of a planar frame clockwise (8- or 16-bit samples), as FFmpeg's `transpose` and
-/// `hflip,vflip` filters do; None for formats this does not handle.
-fn rotate_planes(frame: &ff::frame::Video, rotation: u32) -> Option<ff::frame::Video> {
+/// Rotates every plane of a planar frame clockwise (8- or 16-bit samples) and with `mirror` flips it
+/// left-right, as FFmpeg's `transpose`, `hflip` and `vflip` filters do; None for formats this does not
+/// handle.
+fn rotate_planes(
+    frame: &ff::frame::Video,
+    rotation: u32,
+    mirror: bool,
+) -> Option<ff::frame::Video> {
     let transposes = rotation == 90 || rotation == 270;
     let (bytes, square_chroma) = planar_layout(frame.format())?;
-    if (transposes && !square_chroma) || !matches!(rotation, 90 | 180 | 270) {
+    if (transposes && !square_chroma) || !matches!(rotation, 0 | 90 | 180 | 270) {
         return None;
     }
     let (w, h) = (frame.width(), frame.height());
@@ -380,11 +380,7 @@ fn rotate_planes(frame: &ff::frame::Video, rotation: u32) -> Option<ff::frame::V
         let dst = out.data_mut(p);
         for y in 0..ph {
             for x in 0..pw {
-                let (ox, oy) = match rotation {
-                    90 => (ph - 1 - y, x),
-                    270 => (y, pw - 1 - x),
-                    _ => (pw - 1 - x, ph - 1 - y),
-                };
+                let (ox, oy) = oriented(x, y, pw, ph, rotation, mirror);
                 let s = y * src_stride + x * bytes;
                 let d = oy * dst_stride + ox * bytes;
                 dst[d..d + bytes].copy_from_slice(&src[s..s + bytes]);

@@ -77,6 +77,8 @@ pub struct StreamFacts {
     pub width: u32,
     pub height: u32,
     pub rotation: u32,
+    /// After the rotation, flipped left-right: the display matrix mirrors (see [`display_orientation`]).
+    pub mirror: bool,
     pub time_base: (i32, i32),
     pub avg_fps: f64,
     pub nb_frames: i64,
@@ -150,12 +152,14 @@ pub fn stream_facts(
             0.0
         }
     };
+    let (rotation, mirror) = display_orientation(input, index);
     Ok(StreamFacts {
         codec: id.name().to_owned(),
         pixel_format,
         width: width as u32,
         height: height as u32,
-        rotation: display_rotation(input, index),
+        rotation,
+        mirror,
         time_base: (tb.numerator(), tb.denominator()),
         avg_fps,
         nb_frames: st.frames(),
@@ -163,12 +167,19 @@ pub fn stream_facts(
     })
 }
 
-/// Clockwise display rotation from the stream's display matrix, normalised as the FFmpeg CLI's
-/// autorotation does (`-theta`, snapped to 0/90/180/270).
-fn display_rotation(input: &ff::format::context::Input, index: usize) -> u32 {
+/// The display orientation the stream's display matrix asks for, as the FFmpeg CLI's autorotation applies
+/// it: a clockwise rotation (0, 90, 180 or 270) and whether the picture is then flipped left-right.
+///
+/// The CLI (5.1) takes `theta = -av_display_rotation_get(matrix)`, and chooses its filters by theta and
+/// the matrix's signs: at 90° `transpose=clock`, or `cclock_flip` when m[3] > 0 (a mirrored matrix); at
+/// 270° `cclock`, or `clock_flip` when m[3] < 0; at 180° `hflip` when m[0] < 0 and `vflip` when m[4] < 0
+/// (both: a rotation); at 0° `vflip` when m[4] < 0. Each of those is a rotation followed by an optional
+/// left-right flip. Other angles (the CLI's `rotate` filter) are not applied.
+fn display_orientation(input: &ff::format::context::Input, index: usize) -> (u32, bool) {
     // SAFETY: `input` is a valid, open AVFormatContext and `index` < nb_streams (checked by the caller).
-    // av_stream_get_side_data returns a pointer into the stream's own side data or null.
-    let theta = unsafe {
+    // av_stream_get_side_data returns a pointer into the stream's own side data or null; 9 i32s are read
+    // only when it holds at least that many bytes.
+    let matrix: [i32; 9] = unsafe {
         let st = *(*input.as_ptr()).streams.add(index);
         let mut size: usize = 0;
         let data = ff::ffi::av_stream_get_side_data(
@@ -177,20 +188,44 @@ fn display_rotation(input: &ff::format::context::Input, index: usize) -> u32 {
             &mut size,
         );
         if data.is_null() || size < 9 * 4 {
-            return 0;
+            return (0, false);
         }
-        -ff::ffi::av_display_rotation_get(data as *const i32)
+        std::ptr::read_unaligned(data as *const [i32; 9])
     };
+    // SAFETY: reads the 9 values of a local matrix.
+    let theta = -unsafe { ff::ffi::av_display_rotation_get(matrix.as_ptr()) };
+    orientation_of(&matrix, theta)
+}
+
+/// [`display_orientation`]'s choice for a matrix and its CLI angle (degrees, counter-clockwise negated).
+fn orientation_of(m: &[i32; 9], theta: f64) -> (u32, bool) {
     if !theta.is_finite() {
-        return 0;
+        return (0, false);
     }
+    let theta = theta.round();
     let theta = theta - 360.0 * (theta / 360.0 + 0.9 / 360.0).floor();
-    for cw in [90u32, 180, 270] {
-        if (theta - cw as f64).abs() < 1.0 {
-            return cw;
+    let near = |deg: f64| (theta - deg).abs() < 1.0;
+    if near(90.0) {
+        (90, m[3] > 0)
+    } else if near(180.0) {
+        match (m[0] < 0, m[4] < 0) {
+            (true, true) => (180, false),
+            (true, false) => (0, true),
+            (false, true) => (180, true),
+            (false, false) => (0, false),
         }
+    } else if near(270.0) {
+        (270, m[3] < 0)
+    } else if theta.abs() < 1.0 || near(360.0) {
+        // vflip is a half turn flipped left-right.
+        if m[4] < 0 {
+            (180, true)
+        } else {
+            (0, false)
+        }
+    } else {
+        (0, false)
     }
-    0
 }
 
 /// The FFmpeg libraries this process runs with: (name, version), e.g. ("libavcodec", "59.37.100").
@@ -310,5 +345,37 @@ pub fn cuda_decoder(id: ff::codec::Id) -> Option<ff::Codec> {
                 i += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::orientation_of;
+
+    /// 16.16 fixed-point 2x2 part of a display matrix, as the mov demuxer stores it.
+    fn matrix(a: i32, b: i32, c: i32, d: i32) -> [i32; 9] {
+        [a << 16, b << 16, 0, c << 16, d << 16, 0, 0, 0, 1 << 30]
+    }
+
+    #[test]
+    fn each_of_the_eight_orientations_maps_as_the_cli_chooses_its_filters() {
+        // (matrix, theta as the CLI computes it, expected clockwise rotation and left-right flip).
+        let cases = [
+            (matrix(1, 0, 0, 1), 0.0, (0, false)),
+            (matrix(-1, 0, 0, -1), 180.0, (180, false)),
+            (matrix(0, 1, -1, 0), 90.0, (90, false)), // transpose=clock
+            (matrix(0, -1, 1, 0), -90.0, (270, false)), // transpose=cclock
+            (matrix(-1, 0, 0, 1), 180.0, (0, true)),  // hflip
+            (matrix(1, 0, 0, -1), 0.0, (180, true)),  // vflip
+            (matrix(0, 1, 1, 0), 90.0, (90, true)),   // transpose=cclock_flip
+            (matrix(0, -1, -1, 0), -90.0, (270, true)), // transpose=clock_flip
+        ];
+        for (m, theta, want) in cases {
+            assert_eq!(orientation_of(&m, theta), want, "{m:?} at {theta}");
+        }
+        // Angles the CLI would hand to its `rotate` filter, and garbage, are left as stored.
+        assert_eq!(orientation_of(&matrix(1, 0, 0, 1), 45.0), (0, false));
+        assert_eq!(orientation_of(&matrix(1, 0, 0, 1), f64::NAN), (0, false));
+        assert_eq!(orientation_of(&matrix(0, 1, -1, 0), 450.4), (90, false));
     }
 }

@@ -327,6 +327,7 @@ mod tests {
             scaled_width: c.source.index.width,
             scaled_height: c.source.index.height,
             rotation: 0,
+            mirror: false,
         }
     }
 

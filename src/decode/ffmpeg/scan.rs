@@ -477,6 +477,7 @@ pub fn build_index_of(
         width,
         height,
         rotation: facts.rotation,
+        mirror: facts.mirror,
         time_base: facts.time_base,
         avg_fps: facts.avg_fps,
         frames: frames.into(),

@@ -114,6 +114,7 @@ mod tests {
             width: 2,
             height: 2,
             rotation: 0,
+            mirror: false,
             time_base: (1, 25),
             avg_fps: 25.0,
             frames: (0..10)
@@ -201,6 +202,7 @@ mod tests {
                 scaled_width: 2,
                 scaled_height: 2,
                 rotation: 0,
+                mirror: false,
             },
             sink: None,
             on_done: Arc::new(Mutex::new(Some(

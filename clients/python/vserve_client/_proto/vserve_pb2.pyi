@@ -128,7 +128,7 @@ class ProbeRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., video: _Optional[str] = ..., include_pts: _Optional[bool] = ..., stream: _Optional[int] = ...) -> None: ...
 
 class ProbeResponse(_message.Message):
-    __slots__ = ("codec", "width", "height", "rotation", "avg_fps", "time_base", "duration_seconds", "frame_count", "keyframes", "pts", "stream", "pixel_format", "declared_frames", "display_width", "display_height", "durations")
+    __slots__ = ("codec", "width", "height", "rotation", "avg_fps", "time_base", "duration_seconds", "frame_count", "keyframes", "pts", "stream", "pixel_format", "declared_frames", "display_width", "display_height", "durations", "mirrored")
     CODEC_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class ProbeResponse(_message.Message):
     DISPLAY_WIDTH_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     DURATIONS_FIELD_NUMBER: _ClassVar[int]
+    MIRRORED_FIELD_NUMBER: _ClassVar[int]
     codec: str
     width: int
     height: int
@@ -161,7 +162,8 @@ class ProbeResponse(_message.Message):
     display_width: int
     display_height: int
     durations: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, codec: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., rotation: _Optional[int] = ..., avg_fps: _Optional[float] = ..., time_base: _Optional[_Union[Rational, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., frame_count: _Optional[int] = ..., keyframes: _Optional[_Iterable[int]] = ..., pts: _Optional[_Iterable[int]] = ..., stream: _Optional[int] = ..., pixel_format: _Optional[str] = ..., declared_frames: _Optional[int] = ..., display_width: _Optional[int] = ..., display_height: _Optional[int] = ..., durations: _Optional[_Iterable[int]] = ...) -> None: ...
+    mirrored: bool
+    def __init__(self, codec: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., rotation: _Optional[int] = ..., avg_fps: _Optional[float] = ..., time_base: _Optional[_Union[Rational, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., frame_count: _Optional[int] = ..., keyframes: _Optional[_Iterable[int]] = ..., pts: _Optional[_Iterable[int]] = ..., stream: _Optional[int] = ..., pixel_format: _Optional[str] = ..., declared_frames: _Optional[int] = ..., display_width: _Optional[int] = ..., display_height: _Optional[int] = ..., durations: _Optional[_Iterable[int]] = ..., mirrored: _Optional[bool] = ...) -> None: ...
 
 class FrameIndices(_message.Message):
     __slots__ = ("indices",)
