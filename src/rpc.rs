@@ -7,6 +7,9 @@
 //! ([`crate::admission`]), RESOURCE_EXHAUSTED at once without calling the service, logged through the
 //! refusal log's rate limit ([`crate::refusal`]) and always counted in the metrics.
 //!
+//! Request bodies are bounded while they arrive, in time and in bytes per client and in all
+//! ([`bodies`]).
+//!
 //! Invariants: every call is counted exactly once, when its reply ends (code from the trailers, or from the
 //! headers of a trailers-only reply) or is dropped unfinished (`CANCELLED`); the method label is one of
 //! [`METHODS`] or `other`, so labels stay bounded whatever paths clients send.
@@ -23,6 +26,8 @@ use tonic::body::Body;
 use crate::admission::{Admission, Class, Permit};
 use crate::metrics::{MethodCodeLabels, MethodLabel, RpcMetrics, TransportLabel};
 use crate::peer::Peer;
+
+mod bodies;
 
 /// What a method's calls are, for the in-flight gauges, admission and byte counting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +125,9 @@ type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 impl<S, ReqBody> tower::Service<http::Request<ReqBody>> for RpcService<S>
 where
-    S: tower::Service<http::Request<ReqBody>, Response = http::Response<Body>>,
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
+    ReqBody: HttpBody<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
@@ -165,6 +172,14 @@ where
             None
         };
         let call = Call::start(self.metrics.clone(), method, kind, permit);
+        let req = req.map(|b| {
+            Body::new(bodies::Guarded::new(
+                b,
+                bodies::Ledger::global(),
+                &peer,
+                method,
+            ))
+        });
         let fut = self.inner.call(req);
         Box::pin(async move {
             let mut call = call;

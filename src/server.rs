@@ -174,7 +174,7 @@ pub async fn serve_engine(
     let gate = conns::Gate::new();
     for addr in listen {
         let svc = VServeServer::new(Api::new(engine.clone()))
-            .max_decoding_message_size(16 << 20)
+            .max_decoding_message_size(MAX_REQUEST_BYTES)
             .max_encoding_message_size(64 << 20);
         let mut stop = stop_rx.clone();
         let until = async move {
@@ -350,6 +350,10 @@ fn transport() -> tonic::transport::Server {
         // without it one connection could open health watches until the daemon's memory ran out.
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
 }
+
+/// The largest request message (tonic refuses larger ones): far above a real one (a GetClips of 4096
+/// clips with long paths is under 1 MiB); unfinished ones are bounded further by [`crate::rpc`].
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
 
 /// HTTP/2 streams one connection may have open at once: well above what a client process uses (its
 /// streaming calls are bounded by `--client-streams`, 32 by default).
