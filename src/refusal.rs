@@ -120,6 +120,7 @@ impl RefusalLog {
     pub fn log(&self, method: &'static str, client: &str, message: &str) {
         let reason = reason(message);
         if let Some(suppressed) = self.note_at(client, reason, Instant::now()) {
+            let message = &*printable(message);
             tracing::warn!(
                 method,
                 client,
@@ -142,6 +143,7 @@ impl RefusalLog {
         message: &str,
     ) {
         if let Some(suppressed) = self.note_at(client, code, Instant::now()) {
+            let message = &*printable(message);
             tracing::warn!(method, client, code, suppressed, message, "request refused");
         }
     }
@@ -152,9 +154,36 @@ impl RefusalLog {
     }
 }
 
+/// `text` with its control characters (line breaks, NUL, escapes) written as Rust escapes: a message
+/// quotes what a client sent, and must not be able to start a log line of its own.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_cannot_forge_log_lines() {
+        assert_eq!(printable("a/b.mp4 is missing"), "a/b.mp4 is missing");
+        assert_eq!(
+            printable("/x\n2026-11-27 ERROR forged\0\u{1b}[31m"),
+            "/x\\n2026-11-27 ERROR forged\\u{0}\\u{1b}[31m"
+        );
+    }
 
     #[test]
     fn the_first_refusal_is_logged_then_one_line_per_interval_with_the_count() {

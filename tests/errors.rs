@@ -405,3 +405,47 @@ async fn list_datasets_reads_the_catalogue_and_sighup_lists_again() {
     }
     assert!(d.log_text().contains("SIGHUP: datasets listed again"));
 }
+
+/// Files in a state directory's store.
+fn store_records(state: &std::path::Path) -> usize {
+    fn walk(p: &std::path::Path) -> usize {
+        std::fs::read_dir(p).map_or(0, |rd| {
+            rd.flatten()
+                .map(|e| {
+                    if e.path().is_dir() {
+                        walk(&e.path())
+                    } else {
+                        1
+                    }
+                })
+                .sum()
+        })
+    }
+    walk(&state.join("store"))
+}
+
+#[tokio::test]
+async fn streams_a_video_does_not_have_are_refused_and_leave_no_record() {
+    let state = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(&["--state-dir", state.path().to_str().unwrap()]).await;
+    let mut c = d.client().await;
+    probe(&mut c, probe_req(SCRATCH, "ok.mov", None, false)).await;
+    let before = store_records(state.path());
+    assert_eq!(before, 1, "the table of ok.mov");
+    // Stream 1 of the control video is not a video stream (or absent), 7 absent; u32::MAX is the store's
+    // own marker for "the best stream" and must not alias it.
+    for stream in (1..40).chain([u32::MAX - 1, u32::MAX]) {
+        let res = c
+            .probe(probe_req(SCRATCH, "ok.mov", Some(stream), false))
+            .await;
+        expect_code(res, &["INVALID_ARGUMENT"], &format!("stream {stream}"));
+    }
+    assert_eq!(
+        store_records(state.path()),
+        before,
+        "refused streams wrote records (each would evict a real table from a full store)"
+    );
+    // The real table is still served.
+    let p = probe(&mut c, probe_req(SCRATCH, "ok.mov", None, false)).await;
+    assert!(p.frame_count > 0);
+}

@@ -34,8 +34,8 @@ pub(super) async fn answer(
             .map_err(|e| {
                 fail(match e {
                     Ok(p) => Error::NotFound(format!(
-                        "{} is not in the quarantine; nothing was cleared",
-                        p.display()
+                        "{:?} is not in the quarantine; nothing was cleared",
+                        p.display().to_string()
                     )),
                     Err(io) => Error::Internal(format!(
                         "cannot write the quarantine; nothing was cleared: {io}"

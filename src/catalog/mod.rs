@@ -48,6 +48,10 @@ pub type Resolved = (Arc<VideoId>, Arc<VideoIndex>, VideoSource);
 /// How long a file that stalled (index build or decode run past its deadline) is refused.
 pub const STALLED_FOR: Duration = Duration::from_secs(300);
 
+/// Stream indices a request may name: far more than any container holds, and clear of the store's
+/// "best stream" marker (`u32::MAX`), which a named stream must never alias.
+pub const MAX_STREAM_INDEX: u32 = 1 << 16;
+
 /// Where an index build stands, shared by its blocking thread and the request awaiting it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum BuildState {
@@ -404,6 +408,11 @@ impl Catalog {
         stream: Option<u32>,
         probe: &BuildProbe,
     ) -> Result<Resolved, Error> {
+        if let Some(s) = stream.filter(|&s| s >= MAX_STREAM_INDEX) {
+            return Err(Error::InvalidArgument(format!(
+                "stream {s} of {video:?} does not exist: stream indices are below {MAX_STREAM_INDEX}"
+            )));
+        }
         let ds = self.dataset(dataset)?;
         if let Some(g) = self.gulps.get(dataset) {
             return self.index_stored(g, video);
@@ -555,6 +564,9 @@ impl Catalog {
                 },
                 None,
             ),
+            // A named stream that is not a video says nothing about the file, and remembering it let one
+            // client fill the store (evicting real tables) and the health map, a record per number.
+            Err(IndexError::NoVideo { .. }) if id.stream.is_some() => return,
             Err(e @ IndexError::NoVideo { .. }) => (
                 Health::Unreadable {
                     reason: e.to_string(),
