@@ -111,7 +111,15 @@ pub(super) struct Ready {
     pub(super) geometry: Geometry,
     /// Frame numbers of each of the sample's clips (shared by the batches that use them).
     pub(super) clips: Arc<Vec<Vec<usize>>>,
+    /// A large plan's bytes in the in-flight budget, held as long as the plan ([`PLAN_CHARGED_FROM`]).
+    _plan: Option<Arc<Reservation>>,
 }
+
+/// Positions from which a sample's clip plan is charged to the in-flight budget while it is placed and
+/// held: below, a plan is a few KiB, bounded by the samples a stream prepares at once. Above, a
+/// sampler asking the most positions a sample may plan made each stream hold hundreds of MB that no
+/// budget saw.
+pub const PLAN_CHARGED_FROM: u64 = 4096;
 
 impl Context {
     /// The current arena, or a new one when there is none or its slots are smaller than `nbytes`.
@@ -198,7 +206,30 @@ async fn ready_uncached(
         .await
         .map_err(|e| Failure::from_error(&e, true))?;
     // Placing clips is as large as the sampler makes it (bounded by sample::MAX_SAMPLE_POSITIONS):
-    // done on a blocking thread.
+    // done on a blocking thread, and charged to the budget first when it may be large.
+    let bound = ctx
+        .req
+        .sampler
+        .fixed_clip_count()
+        .map_or(sample::MAX_SAMPLE_POSITIONS, |n| {
+            (n.max(1) as u64).saturating_mul(ctx.req.sampler.frames_per_clip as u64)
+        })
+        .min(sample::MAX_SAMPLE_POSITIONS);
+    let mut plan = if bound >= PLAN_CHARGED_FROM {
+        let who = Who::new(format!(
+            "StreamBatches clip plan of sample {sample} (up to {bound} positions)"
+        ))
+        .client(&ctx.peer);
+        Some(
+            ctx.engine
+                .budget()
+                .try_reserve(bound * sample::POSITION_BYTES, who)
+                .await
+                .map_err(|e| Failure::from_error(&e, false))?,
+        )
+    } else {
+        None
+    };
     let (spec, transform, limits) = (
         ctx.req.sampler.clone(),
         ctx.req.transform.clone(),
@@ -238,6 +269,10 @@ async fn ready_uncached(
             false,
         )
     })??;
+    if let Some(r) = &mut plan {
+        let placed: u64 = frames.iter().map(|c| c.len() as u64).sum();
+        r.shrink_to(placed.max(1) * sample::POSITION_BYTES);
+    }
     Ok(Ready {
         sample,
         id,
@@ -245,6 +280,7 @@ async fn ready_uncached(
         source,
         geometry,
         clips: Arc::new(frames),
+        _plan: plan.map(Arc::new),
     })
 }
 

@@ -580,6 +580,51 @@ async fn sampler_sizes_are_refused_without_being_made() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_clip_plans_are_charged_to_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine_with(
+        dir.path(),
+        Limits {
+            max_inflight_bytes: 100_000,
+            ..Limits::default()
+        },
+    );
+    // 50,000 clips of 2 frames a sample: a plan of 100,000 positions (4.8 MB charged), within the positions
+    // limit, but past this budget: refused by name before it is made, where it used to be held unseen.
+    let mut req = request("demo", 1);
+    req.sampler.kind = SamplerKind::RegularIndices;
+    req.sampler.num_clips = 50_000;
+    let (code, m) = message(first(&e, req).await);
+    assert_eq!(code, crate::error::Code::ResourceExhausted, "{m}");
+    assert!(
+        m.contains("StreamBatches clip plan of sample") && m.contains("up to 100000 positions"),
+        "{m}"
+    );
+    assert_eq!(e.stats().frames_decoded, 0);
+    // A plan that fits is served, and its charge given back with its stream.
+    let big = Limits {
+        max_inflight_bytes: 64 << 20,
+        ..Limits::default()
+    };
+    let e = engine_with(dir.path(), big);
+    let mut req = request("demo", 1);
+    req.sampler.kind = SamplerKind::RegularIndices;
+    req.sampler.num_clips = 5_000;
+    let mut rx = start(&e, req, Peer::local()).await.unwrap();
+    assert_eq!(rx.recv().await.unwrap().unwrap().clips.len(), 1);
+    drop(rx);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while e.budget().in_use() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} bytes still held",
+            e.budget().in_use()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_native_size_window_is_admitted_at_the_first_batch() {
     let dir = tempfile::tempdir().unwrap();
     let (_, index, _) = engine(dir.path())
