@@ -142,7 +142,7 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 pub enum DatasetError {
     #[error("video path {0:?} is empty or not valid")]
     BadPath(String),
-    #[error("video path {video:?} leaves dataset {dataset:?}")]
+    #[error("video path {video:?} leaves dataset {dataset:?} (a path is relative to its root, has no '..', and does not resolve outside it)")]
     Outside { dataset: String, video: String },
     #[error("video {video:?} not in dataset {dataset:?}")]
     NotFound { dataset: String, video: String },

@@ -210,9 +210,15 @@ impl Transform {
                 "mean/std need a float dtype (float16 or float32)".into(),
             ));
         }
-        if let Some(s) = spec.std.iter().find(|s| !s.is_finite() || **s == 0.0) {
+        // float32 output divides by std: a std whose reciprocal overflows f32 (1e-45) made every
+        // value inf.
+        if let Some(s) = spec
+            .std
+            .iter()
+            .find(|s| !s.is_finite() || !(1.0 / **s).is_finite() || **s == 0.0)
+        {
             return Err(Error::InvalidArgument(format!(
-                "std {s} must be finite and non-zero"
+                "std {s} must be finite, non-zero and at least 1e-38 in magnitude"
             )));
         }
         if let Some(m) = spec.mean.iter().find(|m| !m.is_finite()) {

@@ -261,6 +261,18 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
             ),
         ),
         (
+            "a std whose reciprocal overflows float32 (every value would be inf)",
+            clips_req(
+                MEDIA,
+                vec![frames_clip(BIKES, &[0], None)],
+                Some(proto::Transform {
+                    dtype: proto::DType::DtypeFloat32 as i32,
+                    std: vec![1e-45, 1.0, 1.0],
+                    ..Default::default()
+                }),
+            ),
+        ),
+        (
             "clip without positions",
             clips_req(
                 MEDIA,
@@ -448,4 +460,20 @@ async fn streams_a_video_does_not_have_are_refused_and_leave_no_record() {
     // The real table is still served.
     let p = probe(&mut c, probe_req(SCRATCH, "ok.mov", None, false)).await;
     assert!(p.frame_count > 0);
+}
+
+#[tokio::test]
+async fn a_check_shard_index_without_a_count_is_refused() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    // 5 of 0 used to check the whole dataset, as if unsharded.
+    let res = c
+        .check_dataset(proto::CheckDatasetRequest {
+            dataset: SCRATCH.into(),
+            jobs: 1,
+            shard_index: 5,
+            shard_count: 0,
+        })
+        .await;
+    expect_code(res.map(|_| ()), &["INVALID_ARGUMENT"], "shard 5 of 0");
 }

@@ -614,7 +614,7 @@ impl pb::v_serve_server::VServe for Api {
         let peer = peer_of(&request);
         let req = request.into_inner();
         let shard = match req.shard_count {
-            0 => crate::check::Shard::ALL,
+            0 if req.shard_index == 0 => crate::check::Shard::ALL,
             count if req.shard_index < count => crate::check::Shard {
                 index: req.shard_index,
                 count,
@@ -623,10 +623,17 @@ impl pb::v_serve_server::VServe for Api {
                 return Err(fail_for(
                     "CheckDataset",
                     Some(&peer),
-                    Error::InvalidArgument(format!(
-                        "shard_index {} is not below shard_count {count}",
-                        req.shard_index
-                    )),
+                    Error::InvalidArgument(if count == 0 {
+                        format!(
+                            "shard_index {} needs a shard_count above it (0 with 0: the whole dataset)",
+                            req.shard_index
+                        )
+                    } else {
+                        format!(
+                            "shard_index {} is not below shard_count {count}",
+                            req.shard_index
+                        )
+                    }),
                 ))
             }
         };
