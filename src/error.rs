@@ -28,6 +28,9 @@ pub enum Error {
     DeadlineExceeded(String),
     #[error("{0}")]
     DataLoss(String),
+    /// The request names a state the daemon no longer holds (a replaced sample list).
+    #[error("{0}")]
+    FailedPrecondition(String),
     #[error("{0}")]
     Internal(String),
     /// A video turned out damaged mid-request; the engine re-indexes it and retries once. Seen by a
@@ -47,6 +50,7 @@ pub enum Code {
     Unavailable,
     DeadlineExceeded,
     DataLoss,
+    FailedPrecondition,
     Internal,
 }
 
@@ -62,6 +66,7 @@ impl Code {
             Code::Unavailable => "UNAVAILABLE",
             Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Code::DataLoss => "DATA_LOSS",
+            Code::FailedPrecondition => "FAILED_PRECONDITION",
             Code::Internal => "INTERNAL",
         }
     }
@@ -78,6 +83,7 @@ impl Error {
             Error::ShuttingDown | Error::Unavailable(_) => Code::Unavailable,
             Error::DeadlineExceeded(_) => Code::DeadlineExceeded,
             Error::DataLoss(_) | Error::Damaged(_) => Code::DataLoss,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Internal(_) => Code::Internal,
         }
     }

@@ -56,6 +56,8 @@ pub struct Samples {
     classes: Vec<(Box<str>, i64)>,
     /// Each sample's [start, end] seconds, NaN where absent; empty when no sample is trimmed.
     trims: Vec<[f64; 2]>,
+    /// [`Samples::fingerprint`], computed at its first use.
+    fingerprint: std::sync::OnceLock<u64>,
 }
 
 /// Equal lists: the same samples in the same order. Trims compare by their bits, so that two lists whose
@@ -186,6 +188,7 @@ impl SamplesBuilder {
             class_of,
             classes,
             trims,
+            fingerprint: Default::default(),
         }
     }
 
@@ -200,6 +203,7 @@ impl SamplesBuilder {
             class_of: Vec::with_capacity(s.len()),
             classes: s.classes.clone(),
             trims: Vec::with_capacity(s.trims.len()),
+            fingerprint: Default::default(),
         };
         for &i in &order {
             sorted.paths.push_str(s.video(i));
@@ -214,6 +218,24 @@ impl SamplesBuilder {
 }
 
 impl Samples {
+    /// A hash of the list (paths, order, labels and their indices, trims): equal lists have equal
+    /// fingerprints, and a changed list almost surely another. Opaque, and stable only within one build
+    /// of the daemon; never 0 (0 means "none" to clients).
+    pub fn fingerprint(&self) -> u64 {
+        *self.fingerprint.get_or_init(|| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            self.paths.hash(&mut h);
+            self.ends.hash(&mut h);
+            self.class_of.hash(&mut h);
+            self.classes.hash(&mut h);
+            for t in &self.trims {
+                [t[0].to_bits(), t[1].to_bits()].hash(&mut h);
+            }
+            h.finish().max(1)
+        })
+    }
+
     /// Reads a manifest; the format follows the extension (`.jsonl`/`.ndjson`, else CSV).
     pub fn from_manifest(path: &Path) -> Result<Samples, ManifestError> {
         let shown = path.display().to_string();
@@ -310,6 +332,7 @@ impl Samples {
     /// The same samples with the label index of each label `index_of` names replaced (a GulpIO
     /// dataset's `label2idx.json`).
     pub fn with_label_indices(mut self, index_of: impl Fn(&str) -> Option<i64>) -> Samples {
+        self.fingerprint = Default::default();
         for (label, index) in &mut self.classes {
             if let Some(i) = index_of(label) {
                 *index = i;

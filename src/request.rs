@@ -135,6 +135,8 @@ pub struct DatasetSummary {
     /// The root's walk is under way (until the first one completes, the counts are of the videos
     /// found so far).
     pub building: bool,
+    /// The current sample list's fingerprint (`Samples::fingerprint`; 0 while the first walk runs).
+    pub samples_fingerprint: u64,
 }
 
 impl ClipsRequest {

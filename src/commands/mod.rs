@@ -283,6 +283,7 @@ pub fn stream_request(args: &StreamArgs) -> Result<proto::StreamBatchesRequest, 
         num_workers: 0,
         start_sample: 0,
         cache_policy: proto::CachePolicy::Auto as i32,
+        samples_fingerprint: None,
     })
 }
 

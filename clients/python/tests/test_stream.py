@@ -278,3 +278,15 @@ def test_manifest_labels(daemon, client):
             assert index == order.index(label)  # the label's rank in the sorted label set
             seen.append(video)
     assert sorted(seen) == sorted(CLIP_VIDEOS)
+
+
+def test_an_epoch_pins_its_sample_list_by_fingerprint(client):
+    fp = client.dataset_info("clips")["samples_fingerprint"]
+    assert fp != 0
+    plain = read_all(client, **BASE)
+    pinned = read_all(client, samples_fingerprint=fp, **BASE)
+    assert {b.samples_fingerprint for b in plain} == {b.samples_fingerprint for b in pinned} == {fp}
+    assert [b.videos for b in pinned] == [b.videos for b in plain]
+    # A list the daemon does not hold (replaced long ago, or never) is refused by name.
+    with pytest.raises(vserve_client.FailedPrecondition, match="no longer held"):
+        read_all(client, samples_fingerprint=fp ^ 1, **BASE)

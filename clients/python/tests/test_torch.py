@@ -361,3 +361,28 @@ def test_in_order_false_still_delivers_every_batch_once(fake):
     loader = DataLoader(ds, batch_size=None, num_workers=2, in_order=False)
     got = sorted(batches_of(loader), key=lambda x: x[0])
     check_items(got, expected())
+
+
+def test_an_epoch_keeps_its_sample_list_across_a_reload(tmp_path):
+    # Every iteration of an epoch (a worker's, or the main process's) plans over the list the epoch's
+    # first stream used, even when the catalogue is reloaded in between; the next epoch takes the new list.
+    from conftest import CLIP_VIDEOS, MEDIA, Daemon
+
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,label\n" + "".join(f"{v},x\n" for v in CLIP_VIDEOS))
+    root = tmp_path / "d"
+    root.mkdir()
+    d = Daemon(root, extra=["--dataset", f"lab={MEDIA}:manifest={manifest}", "--rescan-interval", "0"])
+    try:
+        ds = VideoClipDataset(d.addr, "lab", batch_size=2, num_frames_per_clip=1, size=(16, 16), seed=4)
+        first = [item["videos"] for item in ds]
+        assert sorted(v for b in first for v in b) == sorted(CLIP_VIDEOS)
+        manifest.write_text("path,label\n" + "".join(f"{v},x\n" for v in CLIP_VIDEOS[:2]))
+        with vserve_client.Client(d.addr) as c:
+            assert c.reload()["changed"] == ["lab"]
+        assert [item["videos"] for item in ds] == first, "the epoch's list, pinned"
+        ds.set_epoch(1)
+        later = [v for item in ds for v in item["videos"]]
+        assert sorted(later) == sorted(CLIP_VIDEOS[:2]), "a new epoch plans over the new list"
+    finally:
+        d.stop()

@@ -158,6 +158,11 @@ class Batch:
         return len(self.videos)
 
     @property
+    def samples_fingerprint(self) -> int:
+        """StreamBatches: the fingerprint of the sample list the epoch is planned over (0 otherwise)."""
+        return int(getattr(self.header, "samples_fingerprint", 0))
+
+    @property
     def clips(self) -> List[Dict[str, Any]]:
         if self._clips is None:
             self._clips = [message_to_dict(c) for c in self.header.clips]

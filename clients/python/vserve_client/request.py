@@ -368,13 +368,18 @@ def stream_request(
     shard_remainder: str = "uneven",
     on_error: str = "skip",
     cache_policy: str = "auto",
+    samples_fingerprint: Optional[int] = None,
     **deprecated: Any,
 ) -> "pb.StreamBatchesRequest":
     """A StreamBatchesRequest. Sampler arguments are TorchCodec's (``clips_at_random_indices`` and
     friends: same names, meanings and defaults), transforms torchvision's (sizes ``(height, width)``).
 
     ``start_sample``: leave out the first ``start_sample`` samples of the epoch's order (all ranks
-    together) and shard the rest over ``world_size``: a resume after the world size changed. The old
+    together) and shard the rest over ``world_size``: a resume after the world size changed.
+    ``samples_fingerprint``: plan over the sample list with this fingerprint (``dataset_info``'s, or
+    another stream's ``Batch.samples_fingerprint``) even if the dataset has been reloaded since, so that
+    every worker and rank of an epoch plans over the same samples (FailedPrecondition once the daemon no
+    longer holds that list). The old
     sampler names are accepted with a DeprecationWarning (see :data:`DEPRECATED_NAMES`).
     """
     if deprecated:
@@ -467,6 +472,8 @@ def stream_request(
     start_sample = _uint("start_sample", start_sample)
     if start_sample:
         req.start_sample = start_sample
+    if samples_fingerprint is not None:
+        req.samples_fingerprint = _uint("samples_fingerprint", samples_fingerprint)
     return req
 
 

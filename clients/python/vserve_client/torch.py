@@ -118,6 +118,9 @@ def _dataset_info_elsewhere(addr: str, token: Optional[str], dataset: str) -> Di
     return answer["info"]
 
 
+_U64 = (1 << 64) - 1
+
+
 def _worker() -> Tuple[int, int]:
     info = get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
@@ -176,8 +179,11 @@ class VideoClipDataset(IterableDataset):
         self._explicit = (rank, world_size)
         self.rank, self.world_size = resolve_rank(rank, world_size, _distributed(), os.environ)
         # (epoch, start_batch, start_sample), shared with every worker process, persistent ones included:
-        # set_epoch writes it, each iteration reads it when it starts.
-        self._shared = torch.tensor([int(epoch), int(start_batch), int(start_sample)], dtype=torch.int64)
+        # set_epoch writes it, each iteration reads it when it starts. Then (epoch + 1, fingerprint): the
+        # sample list the first stream of that epoch was planned over, which every later worker's stream
+        # of the epoch pins (a catalogue reload between two workers' starts would otherwise give them
+        # different epoch orders, repeating and dropping samples).
+        self._shared = torch.tensor([int(epoch), int(start_batch), int(start_sample), 0, 0], dtype=torch.int64)
         self._shared.share_memory_()
         # This process's place in its current iteration (see state_dict), and a resume point loaded
         # into a worker by StatefulDataLoader (used by the next iteration only).
@@ -219,7 +225,7 @@ class VideoClipDataset(IterableDataset):
         for name, v in (("epoch", epoch), ("start_batch", start_batch), ("start_sample", start_sample)):
             if isinstance(v, bool) or int(v) < 0:
                 raise ValueError(f"{name}={v!r}: expected an int >= 0")
-        self._shared.copy_(torch.tensor([epoch, int(start_batch), int(start_sample)], dtype=torch.int64))
+        self._shared[:3].copy_(torch.tensor([epoch, int(start_batch), int(start_sample)], dtype=torch.int64))
 
     # -- the dataset's facts ---------------------------------------------------------------------------
 
@@ -283,10 +289,11 @@ class VideoClipDataset(IterableDataset):
             epoch, start_sample, first = resume["epoch"], resume["start_sample"], resume["next_batch"]
             start_batch, share = first, (0, n)
         else:
-            epoch, start_batch, start_sample = (int(v) for v in self._shared.tolist())
+            epoch, start_batch, start_sample = (int(v) for v in self._shared[:3].tolist())
             first, share = start_batch + w, (w, n)
         self._position = {"epoch": epoch, "start_sample": start_sample, "next_batch": first, "last_batch": None}
         client = Client(self.addr, transport=self.transport, token=self.token)
+        pinned_epoch, pinned = (int(v) for v in self._shared[3:].tolist())
         stream = client.stream(
             self.dataset,
             rank=rank,
@@ -295,10 +302,18 @@ class VideoClipDataset(IterableDataset):
             start_batch=start_batch,
             start_sample=start_sample,
             worker=share,
+            samples_fingerprint=(pinned & _U64) if pinned_epoch == epoch + 1 else None,
             **self.stream_kwargs,
         )
         try:
             for batch in stream:
+                if pinned_epoch != epoch + 1:
+                    # The epoch's first stream: the others of this epoch plan over its list.
+                    fp = batch.samples_fingerprint
+                    if fp and int(self._shared[3]) != epoch + 1:
+                        self._shared[4] = fp - (1 << 64) if fp >= 1 << 63 else fp
+                        self._shared[3] = epoch + 1
+                    pinned_epoch = epoch + 1
                 item = self._item(batch)
                 self._position.update(last_batch=batch.batch, next_batch=batch.batch + n)
                 yield item

@@ -136,6 +136,7 @@ pub(super) async fn assemble(
         skipped,
         stats,
         shm,
+        samples_fingerprint: 0,
     })
 }
 

@@ -93,6 +93,9 @@ pub struct StreamRequest {
     pub start_sample: u64,
     /// Whether the decoded frames may enter the cache.
     pub cache_policy: crate::cache::CachePolicy,
+    /// Plan over the sample list with this fingerprint (the current one or one it replaced), not the
+    /// current list: every worker and rank of an epoch then plans over the same samples.
+    pub samples_fingerprint: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -130,6 +133,8 @@ pub struct StreamBatch {
     pub stats: RequestStats,
     /// Transport SHM: where `data`'s bytes went (`data` is then empty).
     pub shm: Option<ShmRef>,
+    /// The fingerprint of the sample list the epoch is planned over.
+    pub samples_fingerprint: u64,
 }
 
 /// What a stream keeps between batches.
@@ -209,7 +214,10 @@ pub async fn start(
         ),
         None => None,
     };
-    let samples = engine.catalog().samples(&req.dataset).await?;
+    let samples = engine
+        .catalog()
+        .samples_pinned(&req.dataset, req.samples_fingerprint)
+        .await?;
     // The order and the shard are as long as the dataset: made on a blocking thread.
     let (n, r) = (samples.len(), req.clone());
     let shard = blocking(move || {
@@ -451,6 +459,7 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         }
     };
     let total = schedule.total_batches();
+    let fingerprint = ctx.samples.fingerprint();
     let mut ahead = ahead::Ahead::new(&ctx);
     // The fill starts at position 0: the builds after it start now.
     ahead.advance(0);
@@ -473,6 +482,7 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
                 skipped.append(&mut batch.skipped);
                 batch.skipped = skipped;
                 batch.batches_total = total;
+                batch.samples_fingerprint = fingerprint;
                 Ok(batch)
             }
         })

@@ -121,6 +121,7 @@ fn request(dataset: &str, batch_size: usize) -> StreamRequest {
         rank: 0,
         world_size: 1,
         cache_policy: crate::cache::CachePolicy::Auto,
+        samples_fingerprint: None,
         start_batch: 0,
         prefetch: 2,
         shuffle: false,

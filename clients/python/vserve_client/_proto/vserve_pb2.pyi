@@ -292,7 +292,7 @@ class RequestStats(_message.Message):
     def __init__(self, frames_decoded: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., gop_runs: _Optional[int] = ..., shared_frames: _Optional[int] = ..., frames_skipped: _Optional[int] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("shape", "dtype", "layout", "clips", "nbytes", "stats", "batch", "batches_total", "skipped", "shm")
+    __slots__ = ("shape", "dtype", "layout", "clips", "nbytes", "stats", "batch", "batches_total", "skipped", "shm", "samples_fingerprint")
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class BatchHeader(_message.Message):
     BATCHES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
     SHM_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     shape: _containers.RepeatedScalarFieldContainer[int]
     dtype: DType
     layout: Layout
@@ -313,7 +314,8 @@ class BatchHeader(_message.Message):
     batches_total: int
     skipped: _containers.RepeatedCompositeFieldContainer[SkippedSample]
     shm: ShmSlot
-    def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., layout: _Optional[_Union[Layout, str]] = ..., clips: _Optional[_Iterable[_Union[ClipInfo, _Mapping]]] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[RequestStats, _Mapping]] = ..., batch: _Optional[int] = ..., batches_total: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., shm: _Optional[_Union[ShmSlot, _Mapping]] = ...) -> None: ...
+    samples_fingerprint: int
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., layout: _Optional[_Union[Layout, str]] = ..., clips: _Optional[_Iterable[_Union[ClipInfo, _Mapping]]] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[RequestStats, _Mapping]] = ..., batch: _Optional[int] = ..., batches_total: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., shm: _Optional[_Union[ShmSlot, _Mapping]] = ..., samples_fingerprint: _Optional[int] = ...) -> None: ...
 
 class ShmSlot(_message.Message):
     __slots__ = ("path", "arena", "slot", "offset", "arena_bytes")
@@ -368,7 +370,7 @@ class ListDatasetsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "root", "video_count", "samples", "class_to_idx", "building")
+    __slots__ = ("name", "root", "video_count", "samples", "class_to_idx", "building", "samples_fingerprint")
     class ClassToIdxEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -382,13 +384,15 @@ class DatasetInfo(_message.Message):
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     CLASS_TO_IDX_FIELD_NUMBER: _ClassVar[int]
     BUILDING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     name: str
     root: str
     video_count: int
     samples: int
     class_to_idx: _containers.ScalarMap[str, int]
     building: bool
-    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., video_count: _Optional[int] = ..., samples: _Optional[int] = ..., class_to_idx: _Optional[_Mapping[str, int]] = ..., building: _Optional[bool] = ...) -> None: ...
+    samples_fingerprint: int
+    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., video_count: _Optional[int] = ..., samples: _Optional[int] = ..., class_to_idx: _Optional[_Mapping[str, int]] = ..., building: _Optional[bool] = ..., samples_fingerprint: _Optional[int] = ...) -> None: ...
 
 class ListDatasetsResponse(_message.Message):
     __slots__ = ("datasets",)
@@ -507,7 +511,7 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, size: _Optional[_Union[Size, _Mapping]] = ..., scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "sampler", "transform", "augment", "batch_size", "drop_last", "seed", "epoch", "rank", "world_size", "start_batch", "prefetch", "no_shuffle", "shard_remainder", "on_error", "transport", "worker", "num_workers", "start_sample", "cache_policy")
+    __slots__ = ("dataset", "sampler", "transform", "augment", "batch_size", "drop_last", "seed", "epoch", "rank", "world_size", "start_batch", "prefetch", "no_shuffle", "shard_remainder", "on_error", "transport", "worker", "num_workers", "start_sample", "cache_policy", "samples_fingerprint")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
@@ -528,6 +532,7 @@ class StreamBatchesRequest(_message.Message):
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     START_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     sampler: ClipSampler
     transform: Transform
@@ -548,7 +553,8 @@ class StreamBatchesRequest(_message.Message):
     num_workers: int
     start_sample: int
     cache_policy: CachePolicy
-    def __init__(self, dataset: _Optional[str] = ..., sampler: _Optional[_Union[ClipSampler, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., augment: _Optional[_Union[Augment, _Mapping]] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., prefetch: _Optional[int] = ..., no_shuffle: _Optional[bool] = ..., shard_remainder: _Optional[_Union[ShardRemainder, str]] = ..., on_error: _Optional[_Union[OnError, str]] = ..., transport: _Optional[_Union[Transport, str]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ...) -> None: ...
+    samples_fingerprint: int
+    def __init__(self, dataset: _Optional[str] = ..., sampler: _Optional[_Union[ClipSampler, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., augment: _Optional[_Union[Augment, _Mapping]] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., prefetch: _Optional[int] = ..., no_shuffle: _Optional[bool] = ..., shard_remainder: _Optional[_Union[ShardRemainder, str]] = ..., on_error: _Optional[_Union[OnError, str]] = ..., transport: _Optional[_Union[Transport, str]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., samples_fingerprint: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesResponse(_message.Message):
     __slots__ = ("header", "offset", "data")
