@@ -169,7 +169,7 @@ pub async fn serve_engine(
     }
 
     let mut tasks = tokio::task::JoinSet::new();
-    let mut sockets: Vec<PathBuf> = Vec::new();
+    let mut sockets: Vec<(PathBuf, Option<(u64, u64)>)> = Vec::new();
     // Every listener's connections count against one bound per client and one in all.
     let gate = conns::Gate::new();
     for addr in listen {
@@ -188,7 +188,7 @@ pub async fn serve_engine(
                         addr: name.clone(),
                         reason,
                     })?;
-                sockets.push(path.clone());
+                sockets.push((path.clone(), socket_identity(path)));
                 let incoming = conns::gated(
                     tokio_stream::wrappers::UnixListenerStream::new(listener),
                     gate.clone(),
@@ -308,8 +308,11 @@ pub async fn serve_engine(
     // Queued decode work finishes while the grace period lasts; threads stuck in a read are left behind.
     let fleet_engine = engine.clone();
     let _ = tokio::task::spawn_blocking(move || fleet_engine.shutdown(shutdown_by)).await;
-    for path in sockets {
-        let _ = std::fs::remove_file(&path);
+    for (path, ours) in sockets {
+        // Only the socket this daemon bound: a file put at the path since is left alone.
+        if ours.is_some() && socket_identity(&path) == ours {
+            let _ = std::fs::remove_file(&path);
+        }
     }
     let _ = admin_stop_tx.send(true);
     if let Some(task) = admin_task {
@@ -374,15 +377,43 @@ fn bind_unix(path: &Path, ops: &OpsConfig) -> Result<tokio::net::UnixListener, S
 }
 
 fn bind_unix_file(path: &Path) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    if path.exists() {
+    // Only a socket nobody answers on is replaced: anything else at the path (a file, a symlink, a
+    // directory) is someone's, and was once deleted here.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        let kind = meta.file_type();
+        if !kind.is_socket() {
+            let what = if kind.is_symlink() {
+                "a symlink"
+            } else if kind.is_dir() {
+                "a directory"
+            } else if kind.is_file() {
+                "a regular file"
+            } else {
+                "not a socket"
+            };
+            return Err(format!(
+                "{} exists and is {what}: vserve replaces only a stale socket there",
+                path.display()
+            ));
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err("another server is answering on this socket".into());
         }
         std::fs::remove_file(path).map_err(|e| format!("cannot remove stale socket: {e}"))?;
     }
     tokio::net::UnixListener::bind(path).map_err(|e| e.to_string())
+}
+
+/// The identity (device, inode) of the socket file at `path`, if it is a socket.
+fn socket_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    meta.file_type()
+        .is_socket()
+        .then(|| (meta.dev(), meta.ino()))
 }

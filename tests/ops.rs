@@ -821,3 +821,39 @@ async fn stream_batches_count_against_max_streams() {
     );
     assert!(s.get("vserve_stream_batches_sent_total", "") >= 2.0);
 }
+
+#[test]
+fn a_file_at_the_socket_path_is_never_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let media = dir.path().join("media");
+    std::fs::create_dir(&media).unwrap();
+    // A regular file and a symlink where the socket would go: refused by name, and both left alone
+    // (a file there used to be deleted as a "stale socket").
+    let file = dir.path().join("precious.txt");
+    std::fs::write(&file, "precious data\n").unwrap();
+    let link = dir.path().join("link.sock");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    for (path, what) in [(&file, "a regular file"), (&link, "a symlink")] {
+        let (code, _, err) = vserve(
+            &[
+                "serve",
+                "--listen",
+                &format!("unix:{}", path.display()),
+                "--dataset",
+                &format!("m={}", media.display()),
+                "--admin-listen",
+                "none",
+                "--state-dir",
+                "none",
+            ],
+            &[],
+        );
+        assert_ne!(code, 0, "{err}");
+        assert!(
+            err.contains(&format!("exists and is {what}")),
+            "{what}: {err}"
+        );
+        assert!(std::fs::symlink_metadata(path).is_ok(), "{what} deleted");
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "precious data\n");
+}
