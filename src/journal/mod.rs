@@ -482,7 +482,13 @@ impl Quarantine {
         if !root.is_dir() {
             return Ok(None);
         }
-        Ok(Some(Quarantine::load(&StateDir::open(root)?)))
+        let state = StateDir::open(root)?;
+        Quarantine::parse(&state).map(Some).map_err(|why| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: {why}", state.path(QUARANTINE_FILE).display()),
+            )
+        })
     }
 
     fn add(&self, q: Quarantined) {
@@ -542,49 +548,69 @@ impl Quarantine {
         }
     }
 
-    fn load(state: &StateDir) -> Quarantine {
+    /// The quarantine persisted in `state` (empty when there is no file). Err when the file exists but
+    /// cannot be read or parsed, or is of another version: its entries are then unknown, not none.
+    fn parse(state: &StateDir) -> Result<Quarantine, String> {
         let q = Quarantine::kept_in(Some(state.clone()));
         let bytes = match state.read(QUARANTINE_FILE) {
             Ok(Some(b)) => b,
-            Ok(None) => return q,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the quarantine; starting with none");
-                return q;
-            }
+            Ok(None) => return Ok(q),
+            Err(e) => return Err(format!("cannot read it: {e}")),
         };
-        match serde_json::from_slice::<QuarantineFile>(&bytes) {
-            Ok(f) if f.version == 1 => {
-                let read = |e: QuarantineEntry| {
-                    let path = unhex(&e.path_hex)?;
-                    Some(Quarantined {
-                        key: FileKey {
-                            path: PathBuf::from(std::ffi::OsString::from_vec(path)),
-                            size: e.size,
-                            mtime_ns: e.mtime_ns as i128,
-                        },
-                        since: e.since,
-                        why: if e.why.is_empty() {
-                            Quarantine::REASON.to_owned()
-                        } else {
-                            e.why
-                        },
-                    })
-                };
-                f.files.into_iter().filter_map(read).for_each(|e| q.add(e));
-                f.suspects
-                    .into_iter()
-                    .filter_map(read)
-                    .for_each(|e| q.suspect(e));
-            }
-            Ok(f) => {
-                tracing::warn!(
-                    version = f.version,
-                    "quarantine file of an unknown version ignored"
-                )
-            }
-            Err(e) => tracing::warn!(error = %e, "unreadable quarantine file ignored"),
+        let f = serde_json::from_slice::<QuarantineFile>(&bytes)
+            .map_err(|e| format!("not a quarantine file: {e}"))?;
+        if f.version != 1 {
+            return Err(format!("version {}, this build reads 1", f.version));
         }
-        q
+        let read = |e: QuarantineEntry| {
+            let path = unhex(&e.path_hex)?;
+            Some(Quarantined {
+                key: FileKey {
+                    path: PathBuf::from(std::ffi::OsString::from_vec(path)),
+                    size: e.size,
+                    mtime_ns: e.mtime_ns as i128,
+                },
+                since: e.since,
+                why: if e.why.is_empty() {
+                    Quarantine::REASON.to_owned()
+                } else {
+                    e.why
+                },
+            })
+        };
+        f.files.into_iter().filter_map(read).for_each(|e| q.add(e));
+        f.suspects
+            .into_iter()
+            .filter_map(read)
+            .for_each(|e| q.suspect(e));
+        Ok(q)
+    }
+
+    /// [`Quarantine::parse`] for the daemon: a file it cannot parse is moved aside (never overwritten,
+    /// which lost its entries: files that crashed the daemon were served again), with a warning naming
+    /// where it went, and the daemon starts with an empty quarantine.
+    fn load(state: &StateDir) -> Quarantine {
+        match Quarantine::parse(state) {
+            Ok(q) => q,
+            Err(why) => {
+                let file = state.path(QUARANTINE_FILE);
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let aside = state.path(&format!("{QUARANTINE_FILE}.unreadable-{secs}"));
+                match std::fs::rename(&file, &aside) {
+                    Ok(()) => tracing::warn!(
+                        file = %file.display(), kept_as = %aside.display(), error = %why,
+                        "unreadable quarantine file moved aside; starting with an empty quarantine (fix the file and move it back while the daemon is stopped to restore its entries)"
+                    ),
+                    Err(e) => tracing::warn!(
+                        file = %file.display(), error = %why, rename_error = %e,
+                        "unreadable quarantine file, which cannot be moved aside either; starting with an empty quarantine"
+                    ),
+                }
+                Quarantine::kept_in(Some(state.clone()))
+            }
+        }
     }
 }
 

@@ -126,10 +126,27 @@ fn a_clean_exit_and_torn_records_quarantine_nothing() {
     write_raw(&state.path("journal/slot-8"), b"");
     let (_, q) = recover(&state).unwrap();
     assert!(q.is_empty());
-    // Garbage in the quarantine file is ignored.
-    state.write_atomic(QUARANTINE_FILE, b"{not json").unwrap();
+    // A quarantine file that does not parse (a hand edit's trailing comma) is an error to the offline
+    // listing, and the daemon moves it aside, never overwriting it: its entries are not lost.
+    let hand_edited = b"{\"version\": 1, \"files\": [],}";
+    state.write_atomic(QUARANTINE_FILE, hand_edited).unwrap();
+    let Err(err) = Quarantine::read_persisted(state.root()) else {
+        panic!("a file that does not parse listed as a quarantine");
+    };
+    assert!(err.to_string().contains("not a quarantine file"), "{err}");
     let (_, q) = recover(&state).unwrap();
     assert!(q.is_empty());
+    let aside: Vec<_> = std::fs::read_dir(state.root())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("quarantine.json.unreadable-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1);
+    assert_eq!(std::fs::read(aside[0].path()).unwrap(), hand_edited);
 }
 
 #[test]
