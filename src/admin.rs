@@ -6,6 +6,9 @@
 //! - `GET /readyz`: 200 while the gRPC listeners accept calls, 503 before start-up completes and from the
 //!   moment a drain starts (so load balancers and Kubernetes stop sending work first).
 //!
+//! The port is bounded as the gRPC ones are: idle connections once took every descriptor the daemon
+//! had (see [`serve`]).
+//!
 //! Input: a bound TCP listener, the shared [`AdminState`], a stop future. The listener stops after the gRPC
 //! drain so `/readyz` keeps answering 503 while calls finish.
 
@@ -55,7 +58,16 @@ impl AdminState {
     }
 }
 
-/// Serves the admin endpoints on `listener` until `stop` resolves.
+/// Connections the admin port holds at once; more are closed at once (logged once a minute).
+pub const ADMIN_CONNECTIONS: usize = 64;
+/// How long a request's head may take to arrive.
+pub const ADMIN_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long one connection is kept, however busy (a scraper reconnects).
+pub const ADMIN_CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Serves the admin endpoints on `listener` until `stop` resolves: at most [`ADMIN_CONNECTIONS`] at
+/// once, each request head within [`ADMIN_HEADER_TIMEOUT`], each connection for at most
+/// [`ADMIN_CONNECTION_LIFETIME`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AdminState>,
@@ -70,11 +82,25 @@ pub async fn serve(
                 let stream = match accepted {
                     Ok((stream, _)) => stream,
                     Err(e) => {
-                        tracing::warn!(error = %e, "admin listener: accept failed");
+                        if let Some(suppressed) = crate::refusal::RefusalLog::minutely()
+                            .note_at("admin listener", "accept", std::time::Instant::now())
+                        {
+                            tracing::warn!(error = %e, suppressed, "admin listener: accept failed");
+                        }
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         continue;
                     }
                 };
+                if connections.len() >= ADMIN_CONNECTIONS {
+                    // Idle connections used to be held without bound, until every descriptor was taken.
+                    if let Some(suppressed) = crate::refusal::RefusalLog::minutely()
+                        .note_at("admin listener", "connections", std::time::Instant::now())
+                    {
+                        tracing::warn!(suppressed, limit = ADMIN_CONNECTIONS, "admin connection closed at once: as many are open as the admin port serves");
+                    }
+                    drop(stream);
+                    continue;
+                }
                 let state = state.clone();
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
@@ -82,11 +108,16 @@ pub async fn serve(
                         async move { Ok::<_, Infallible>(respond(&req, &state)) }
                     });
                     let io = hyper_util::rt::TokioIo::new(stream);
-                    if let Err(e) = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(io, service)
-                        .await
-                    {
-                        tracing::debug!(error = %e, "admin connection ended with an error");
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+                        .serve_connection(io, service);
+                    match tokio::time::timeout(ADMIN_CONNECTION_LIFETIME, conn).await {
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "admin connection ended with an error")
+                        }
+                        Ok(Ok(())) => {}
+                        Err(_) => tracing::debug!("admin connection closed at the end of its lifetime"),
                     }
                 });
             }

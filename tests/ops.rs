@@ -857,3 +857,33 @@ fn a_file_at_the_socket_path_is_never_deleted() {
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "precious data\n");
 }
+
+#[tokio::test]
+async fn idle_admin_connections_are_bounded_and_timed_out() {
+    let d = Daemon::start().await;
+    let addr = d.admin.clone().expect("admin listener");
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .unwrap()
+            .count()
+    };
+    let before = fds();
+    // 200 connections that never send a request: at most 64 are held (each one took a descriptor,
+    // until the daemon had none left), and a line in the log says so.
+    let idle: Vec<_> = (0..200)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let held = fds().saturating_sub(before);
+    assert!(
+        held <= vserve::admin::ADMIN_CONNECTIONS + 4,
+        "{held} descriptors for 200 idle admin connections"
+    );
+    assert!(d.log_text().contains("admin connection closed at once"));
+    // Connections that send no request head are closed after the header timeout, and the port
+    // serves again.
+    tokio::time::sleep(vserve::admin::ADMIN_HEADER_TIMEOUT + std::time::Duration::from_secs(2))
+        .await;
+    assert_eq!(d.admin_get("/livez"), (200, "ok\n".into()));
+    drop(idle);
+}
