@@ -106,7 +106,7 @@ impl Shard {
 pub fn videos(ds: &Dataset, manifest: Option<&Path>) -> Result<Vec<String>, String> {
     let samples = match manifest {
         Some(m) => Samples::from_manifest(m).map_err(|e| e.to_string())?,
-        None => Samples::scan(&ds.root),
+        None => Samples::scan(&ds.root)?,
     };
     let mut v: Vec<String> = samples.iter().map(|s| s.video.to_owned()).collect();
     v.sort();

@@ -313,11 +313,23 @@ impl Samples {
         ))
     }
 
-    /// Lists the video files under `root` (by extension, symlinks not followed), sorted.
-    pub fn scan(root: &Path) -> Samples {
+    /// Lists the video files under `root` (by extension, symlinks not followed), sorted. Err when a
+    /// directory could not be read (the list would be short); video names that are not UTF-8 are left
+    /// out with a warning.
+    pub fn scan(root: &Path) -> Result<Samples, String> {
         let mut b = SamplesBuilder::new();
-        crate::dataset::visit_videos(root, &mut |rel| b.push(rel, None, None, None));
-        b.finish_sorted()
+        let trouble = crate::dataset::visit_videos(root, &mut |rel| b.push(rel, None, None, None));
+        if !trouble.complete() {
+            return Err(format!(
+                "cannot list {}: {}",
+                root.display(),
+                trouble.describe()
+            ));
+        }
+        if trouble.non_utf8 > 0 {
+            tracing::warn!(root = %root.display(), "{}", trouble.describe());
+        }
+        Ok(b.finish_sorted())
     }
 
     /// Samples from (video, label) pairs in the given order, label indices by the manifest rule.

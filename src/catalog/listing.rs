@@ -217,19 +217,20 @@ impl Catalog {
         if let Some(s) = walked(self) {
             return s;
         }
-        let fresh = self.walk(name);
+        let (fresh, trouble) = self.walk(name);
         let samples = fresh.samples.clone().unwrap_or_default();
-        self.listings.swap_walked(name, fresh);
+        let _ = self.install_walk(name, fresh, &trouble);
         samples
     }
 
     /// Walks directory dataset `name`'s root (the caller holds `walking`).
-    fn walk(&self, name: &str) -> Listing {
+    fn walk(&self, name: &str) -> (Listing, crate::dataset::WalkTrouble) {
         let (Some(d), Some(p)) = (self.datasets.get(name), self.listings.progress.get(name)) else {
-            return Listing {
+            let empty = Listing {
                 samples: Some(Arc::default()),
                 videos: 0,
             };
+            return (empty, Default::default());
         };
         let keep = !self.listings.manifest_files.contains_key(name);
         p.started.fetch_add(1, Ordering::AcqRel);
@@ -238,7 +239,7 @@ impl Catalog {
         let started = std::time::Instant::now();
         let mut builder = SamplesBuilder::new();
         let mut videos = 0u64;
-        crate::dataset::visit_videos(&d.root, &mut |rel| {
+        let trouble = crate::dataset::visit_videos(&d.root, &mut |rel| {
             videos += 1;
             if videos.is_multiple_of(PUBLISH_EVERY) {
                 p.found.store(videos, Ordering::Relaxed);
@@ -257,7 +258,31 @@ impl Catalog {
             seconds = started.elapsed().as_secs_f64(),
             "dataset root walked"
         );
-        Listing { samples, videos }
+        if trouble.non_utf8 > 0 || !trouble.complete() {
+            tracing::warn!(dataset = %name, root = %d.root.display(), "the walk could not list everything: {}", trouble.describe());
+        }
+        (Listing { samples, videos }, trouble)
+    }
+
+    /// Swaps in a walk of `name`, unless it is incomplete and a complete list is held: an unreadable
+    /// directory (permissions, a failing disk, a dropped mount) must not shrink the dataset until it
+    /// reads again. Err(why) when the previous list was kept.
+    fn install_walk(
+        &self,
+        name: &str,
+        fresh: Listing,
+        trouble: &crate::dataset::WalkTrouble,
+    ) -> Result<(), String> {
+        if !trouble.complete() && self.listings.walked.read().contains_key(name) {
+            let why = format!(
+                "dataset {name:?}: the walk could not read {}; the previous list is kept",
+                trouble.describe()
+            );
+            tracing::warn!(dataset = %name, "{why}");
+            return Err(why);
+        }
+        self.listings.swap_walked(name, fresh);
+        Ok(())
     }
 
     /// Walks every directory root again and re-reads every manifest, swapping each list whole
@@ -303,13 +328,17 @@ impl Catalog {
                 // A walk began after this reload was asked for and has completed: as fresh.
                 continue;
             }
-            let fresh = self.walk(name);
+            let (fresh, trouble) = self.walk(name);
             let before = self.listings.walked.read().get(name).map(|l| l.videos);
-            if before != Some(fresh.videos) && !out.changed.contains(name) {
-                tracing::info!(dataset = %name, videos = fresh.videos, "dataset listed");
-                out.changed.push(name.clone());
+            let videos = fresh.videos;
+            match self.install_walk(name, fresh, &trouble) {
+                Ok(()) if before != Some(videos) && !out.changed.contains(name) => {
+                    tracing::info!(dataset = %name, videos, "dataset listed");
+                    out.changed.push(name.clone());
+                }
+                Ok(()) => {}
+                Err(why) => out.errors.push(why),
             }
-            self.listings.swap_walked(name, fresh);
         }
         out
     }
@@ -352,8 +381,8 @@ impl Catalog {
             if self.listings.walked.read().contains_key(name) {
                 continue;
             }
-            let fresh = self.walk(name);
-            self.listings.swap_walked(name, fresh);
+            let (fresh, trouble) = self.walk(name);
+            let _ = self.install_walk(name, fresh, &trouble);
         }
     }
 }

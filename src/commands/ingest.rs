@@ -355,7 +355,7 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
         .map_err(io_err(&opts.dataset_dir))?;
     let samples = match &opts.manifest {
         Some(m) => Samples::from_manifest(m).map_err(|e| IngestError::Usage(e.to_string()))?,
-        None => Samples::scan(&dataset_dir),
+        None => Samples::scan(&dataset_dir).map_err(IngestError::Usage)?,
     };
     if let Some(w) = samples.warning() {
         tracing::warn!("{w}");

@@ -145,7 +145,9 @@ fn scan_is_sorted_and_relative() {
     for f in ["b/z.mp4", "a.mkv", "b/a.webm", "notes.txt"] {
         std::fs::write(dir.path().join(f), b"x").unwrap();
     }
-    let s = Samples::scan(dir.path());
+    let missing = Samples::scan(&dir.path().join("no-such-root")).unwrap_err();
+    assert!(missing.contains("1 unreadable directory"), "{missing}");
+    let s = Samples::scan(dir.path()).unwrap();
     let v: Vec<&str> = s.iter().map(|s| s.video).collect();
     assert_eq!(v, vec!["a.mkv", "b/a.webm", "b/z.mp4"]);
 }
