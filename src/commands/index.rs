@@ -8,7 +8,7 @@
 //! `video`, `status` indexed|stored|unreadable|quarantined, `frames`, `decodable_frames`,
 //! `first_bad_frame` (a table that met decoder errors), `reason`, `seconds`), then a summary; a progress
 //! bar on stderr when it is a terminal. Exit: 0 every video has a table, 1 some cannot be indexed, 64
-//! bad flags, 74 an unusable state directory.
+//! bad flags, 74 an unusable state directory or a table that could not be written to it.
 
 use std::process::ExitCode;
 
@@ -67,6 +67,10 @@ pub fn run(args: &IndexArgs) -> ExitCode {
         },
     );
     out.summary(&summary);
+    if let Some(why) = crate::check::UNSTORED.report() {
+        eprintln!("vserve index: {why}");
+        return ExitCode::from(super::check::IO);
+    }
     let failed = summary
         .by_status
         .iter()
