@@ -412,18 +412,21 @@ impl Summary {
                 serde_json::json!({"files": files, "hours": secs / 3600.0}),
             );
         }
-        let hours: f64 = self.by_status.iter().map(|e| e.2).sum::<f64>() / 3600.0;
+        let hours: f64 = self.by_status.iter().fold(0.0, |a, e| a + e.2) / 3600.0;
         serde_json::json!({"summary": {"files": self.files(), "hours": hours, "by_status": by}})
     }
 
     /// One line: `28 files, 0.07 h of video: 26 ok (0.06 h), 2 damaged (0.00 h), ...`.
     pub fn text(&self) -> String {
-        let hours: f64 = self.by_status.iter().map(|e| e.2).sum::<f64>() / 3600.0;
+        let hours: f64 = self.by_status.iter().fold(0.0, |a, e| a + e.2) / 3600.0;
         let parts: Vec<String> = self
             .by_status
             .iter()
             .map(|(s, f, secs)| format!("{f} {s} ({:.2} h)", secs / 3600.0))
             .collect();
+        if parts.is_empty() {
+            return format!("{} files, {hours:.2} h of video", self.files());
+        }
         format!(
             "{} files, {hours:.2} h of video: {}",
             self.files(),
@@ -499,6 +502,15 @@ mod tests {
 
     #[test]
     fn summary_counts_files_and_hours_by_status() {
+        // Nothing checked: no negative zero (an empty float sum is -0.0).
+        assert_eq!(Summary::default().text(), "0 files, 0.00 h of video");
+        assert_eq!(
+            Summary::default().to_json()["summary"]["hours"]
+                .as_f64()
+                .unwrap()
+                .to_bits(),
+            0.0f64.to_bits()
+        );
         let mut s = Summary::default();
         let r = |status: &str, seconds: f64| VideoReport {
             video: "v".into(),
