@@ -887,3 +887,38 @@ async fn idle_admin_connections_are_bounded_and_timed_out() {
     assert_eq!(d.admin_get("/livez"), (200, "ok\n".into()));
     drop(idle);
 }
+
+#[test]
+fn client_commands_give_up_on_a_peer_that_never_answers() {
+    // Listeners that take connections (the kernel's backlog) and never speak: `vserve datasets` waited
+    // forever on either. Now the client's HTTP/2 pings go unanswered and the call ends.
+    let dir = tempfile::tempdir().unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let sock = dir.path().join("silent.sock");
+    let unix = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    for addr in [
+        tcp.local_addr().unwrap().to_string(),
+        format!("unix:{}", sock.display()),
+    ] {
+        let started = std::time::Instant::now();
+        let mut child = Command::new(vserve_bin())
+            .args(["datasets", "--addr", &addr])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let status = status.unwrap_or_else(|| panic!("{addr}: still waiting after 60 s"));
+        assert!(!status.success(), "{addr}");
+    }
+    drop((tcp, unix));
+}

@@ -493,12 +493,25 @@ impl BatchStream {
 
 /// HTTP/2 receive windows and frames sized for multi-megabyte replies (the defaults, 64 KiB windows and
 /// 16 KiB frames, throttle them).
+/// How long a TCP connect may take.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// HTTP/2 pings: one every interval while the connection is open, and a peer that has not answered one
+/// within the timeout is given up (the call ends UNAVAILABLE). A peer that accepts connections and never
+/// answers (a hung process, something else on the port) used to keep a call waiting forever; a busy
+/// daemon answers pings at once, so long calls are not cut.
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn tune(endpoint: Endpoint) -> Endpoint {
     endpoint
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(64 << 20)
         .max_frame_size(1 << 20)
         .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
