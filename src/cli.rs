@@ -278,12 +278,12 @@ pub struct StreamArgs {
     #[arg(long, value_enum, default_value = "random-indices")]
     pub sampler: SamplerArg,
     /// Clips per video (not for regular-timestamps).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub clips_per_video: u32,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub frames_per_clip: u32,
     /// Index samplers: step between a clip's frames.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub frame_stride: u32,
     /// Timestamp samplers: seconds between a clip's frames (default 1 / average fps).
     #[arg(long)]
@@ -335,13 +335,13 @@ pub struct StreamArgs {
     pub epoch: u64,
     #[arg(long, default_value_t = 0)]
     pub rank: u32,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub world_size: u32,
     /// Resume: the first batch to receive.
     #[arg(long, default_value_t = 0)]
     pub start_batch: u64,
     /// Batches the daemon prepares ahead.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub prefetch: u32,
     /// Keep the dataset's order instead of shuffling per epoch.
     #[arg(long)]
@@ -353,7 +353,7 @@ pub struct StreamArgs {
     #[arg(long, value_enum, default_value = "skip")]
     pub on_error: OnErrorArg,
     /// Stop after this many batches (then cancel the stream).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_batches: Option<u64>,
     /// Print one JSON line per clip, no pixels.
     #[arg(long, conflicts_with = "out_dir", required_unless_present = "out_dir")]

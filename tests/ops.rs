@@ -695,6 +695,25 @@ fn operating_settings_print_and_bad_values_exit_64_naming_the_key() {
             "9464",
         ),
         (vec!["--log-format", "yaml"], vec![], "log-format", "yaml"),
+        // Positive durations below a millisecond became 0, which turns these off.
+        (
+            vec!["--stream-idle-timeout", "1e-20"],
+            vec![],
+            "stream-idle-timeout",
+            "0.00000000000000000001",
+        ),
+        (
+            vec!["--rescan-interval", "1e-10"],
+            vec![],
+            "rescan-interval",
+            "0.0000000001",
+        ),
+        (
+            vec!["--shutdown-grace", "0.0001"],
+            vec![],
+            "shutdown-grace",
+            "0.0001",
+        ),
         (
             vec![],
             vec![("VSERVE_LOG_FORMAT", "xml")],
@@ -921,4 +940,32 @@ fn client_commands_give_up_on_a_peer_that_never_answers() {
         assert!(!status.success(), "{addr}");
     }
     drop((tcp, unix));
+}
+
+#[test]
+fn stream_flags_of_zero_are_refused_not_read_as_defaults() {
+    for flag in [
+        "--world-size",
+        "--frames-per-clip",
+        "--clips-per-video",
+        "--frame-stride",
+        "--prefetch",
+        "--max-batches",
+    ] {
+        let (code, _, err) = vserve(
+            &[
+                "stream",
+                "--addr",
+                "unix:/nonexistent/s.sock",
+                "--dataset",
+                "d",
+                "--list",
+                flag,
+                "0",
+            ],
+            &[],
+        );
+        assert_eq!(code, 64, "{flag} 0: {err}");
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
 }

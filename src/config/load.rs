@@ -374,13 +374,7 @@ impl ServeArgs {
             }
         }
         let grace = self.shutdown_grace.or(file.shutdown_grace).unwrap_or(10.0);
-        if !grace.is_finite() || !(0.0..=3600.0).contains(&grace) {
-            return Err(ConfigError::new(
-                "shutdown-grace",
-                grace.to_string(),
-                "must be 0..=3600 seconds",
-            ));
-        }
+        let grace = super::check_off_or_seconds("shutdown-grace", grace, 3600.0)?;
         // Default: /dev/shm, the tmpfs every Linux has; the temp dir where it is missing (some containers).
         let shm_dir = self.shm_dir.clone().or(file.shm_dir).unwrap_or_else(|| {
             let shm = PathBuf::from("/dev/shm");
@@ -406,19 +400,13 @@ impl ServeArgs {
             .rescan_interval
             .or(file.rescan_interval)
             .unwrap_or(60.0);
-        if !rescan.is_finite() || !(0.0..=86_400.0).contains(&rescan) {
-            return Err(ConfigError::new(
-                "rescan-interval",
-                rescan.to_string(),
-                "must be 0..=86400 seconds",
-            ));
-        }
+        let rescan = super::check_off_or_seconds("rescan-interval", rescan, 86_400.0)?;
         Ok(Config {
-            rescan_interval: std::time::Duration::from_secs_f64(rescan),
+            rescan_interval: rescan,
             shm_dir,
             state_dir,
             tenancy,
-            shutdown_grace: std::time::Duration::from_secs_f64(grace),
+            shutdown_grace: grace,
             listen,
             datasets,
             cache: CacheConfig {

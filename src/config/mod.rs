@@ -94,6 +94,31 @@ pub const DEFAULT_DECODE_DEADLINE_S: f64 = 60.0;
 /// `--index-deadline` when not given, seconds.
 pub const DEFAULT_INDEX_DEADLINE_S: f64 = 600.0;
 
+/// Checks a duration in seconds for `key` where 0 means "off" (or "never"): finite, 0..=`max`, and 0 or at
+/// least a millisecond. A positive value below that became a zero `Duration`, silently turning the
+/// setting off (`--stream-idle-timeout 1e-20`).
+pub fn check_off_or_seconds(
+    key: &str,
+    seconds: f64,
+    max: f64,
+) -> Result<std::time::Duration, ConfigError> {
+    if !seconds.is_finite() || !(0.0..=max).contains(&seconds) {
+        return Err(ConfigError::new(
+            key,
+            seconds.to_string(),
+            &format!("must be 0..={max} seconds"),
+        ));
+    }
+    if seconds > 0.0 && seconds < 0.001 {
+        return Err(ConfigError::new(
+            key,
+            seconds.to_string(),
+            "must be 0 (off) or at least 0.001 seconds",
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
 /// Checks a deadline in seconds (0.1 to 86400) for `key`.
 pub fn check_deadline(key: &str, seconds: f64) -> Result<std::time::Duration, ConfigError> {
     if seconds.is_finite() && (0.1..=86_400.0).contains(&seconds) {

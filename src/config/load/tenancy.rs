@@ -21,13 +21,7 @@ impl ServeArgs {
             .stream_idle_timeout
             .or(file.stream_idle_timeout)
             .unwrap_or(defaults.stream_idle.as_secs_f64());
-        if !idle.is_finite() || !(0.0..=86_400.0).contains(&idle) {
-            return Err(ConfigError::new(
-                "stream-idle-timeout",
-                idle.to_string(),
-                "must be 0..=86400 seconds",
-            ));
-        }
+        let idle = crate::config::check_off_or_seconds("stream-idle-timeout", idle, 86_400.0)?;
         let shm_bytes = size("shm-bytes", &self.shm_bytes, &file.shm_bytes)?;
         let client_shm_bytes = size(
             "client-shm-bytes",
@@ -67,7 +61,7 @@ impl ServeArgs {
                 &self.reserved_inflight_bytes,
                 &file.reserved_inflight_bytes,
             )?,
-            stream_idle: std::time::Duration::from_secs_f64(idle),
+            stream_idle: idle,
         })
     }
 }
