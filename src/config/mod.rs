@@ -106,7 +106,7 @@ pub fn check_off_or_seconds(
         return Err(ConfigError::new(
             key,
             seconds.to_string(),
-            &format!("must be 0..={max} seconds"),
+            format!("must be 0..={max} seconds"),
         ));
     }
     if seconds > 0.0 && seconds < 0.001 {
