@@ -140,11 +140,16 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<String
 fn respond(req: &Request<Incoming>, state: &AdminState) -> Response<String> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(
+        let mut r = text(
             StatusCode::METHOD_NOT_ALLOWED,
             PLAIN,
             "only GET and HEAD\n".into(),
         );
+        r.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return r;
     }
     match req.uri().path() {
         "/metrics" => match state.metrics.encode() {

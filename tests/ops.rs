@@ -969,3 +969,24 @@ fn stream_flags_of_zero_are_refused_not_read_as_defaults() {
         assert!(err.contains(flag), "{flag}: {err}");
     }
 }
+
+#[tokio::test]
+async fn admin_methods_other_than_get_are_405_with_allow() {
+    use std::io::{Read, Write};
+    let d = Daemon::start().await;
+    let addr = d.admin.clone().expect("admin listener");
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.write_all(
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+    assert!(
+        reply
+            .to_ascii_lowercase()
+            .contains("\r\nallow: get, head\r\n"),
+        "{reply}"
+    );
+}

@@ -422,7 +422,7 @@ impl Catalog {
         let _ = probe.key.set(key.clone());
         if let Some(q) = self.quarantine.check(&key) {
             return Err(Error::DataLoss(format!(
-                "video {video:?} in dataset {dataset:?} is quarantined: {} ({} s ago); it is served again once the file changes (new size or mtime), or after its entry is removed from {} (or the state directory deleted)",
+                "video {video:?} in dataset {dataset:?} is quarantined: {} ({} s ago); it is served again once the file changes (new size or mtime), or once `vserve quarantine clear --path` removes its entry from {}",
                 q.why,
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
