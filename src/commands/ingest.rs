@@ -34,6 +34,10 @@ use crate::gulp::{data_name, meta_name};
 use crate::manifest::{Sample, Samples};
 use crate::request::{Resize, Transform};
 
+mod settings;
+use settings::settings_match;
+pub use settings::SETTINGS_FILE;
+
 #[derive(Clone, Debug)]
 pub struct IngestOptions {
     pub dataset_dir: PathBuf,
@@ -362,6 +366,7 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
     }
     let ids = sample_ids(&samples.iter().collect::<Vec<_>>());
     let (done, last_chunk) = prepare_out(&opts.out)?;
+    settings_match(&opts.out, opts, last_chunk.is_some())?;
 
     // label2idx.json: every label of the sample list (the same on every run).
     let labels: BTreeMap<&str, i64> = samples
