@@ -496,11 +496,14 @@ fn corrupt_chunks_are_data_loss_for_their_videos_only() {
     // Broken .gmeta: chunk 1's meta cut mid-JSON.
     let m1 = std::fs::read_to_string(out.join("meta_1.gmeta")).unwrap();
     std::fs::write(out.join("meta_1.gmeta"), &m1[..m1.len() / 2]).unwrap();
-    // Bad JPEG: frame 3 of chunk 2's video has its header zeroed.
-    let f3 = meta(2)[&bad_jpeg]["frame_info"][3].clone();
-    let off = f3[0].as_u64().unwrap() as usize;
+    // Bad JPEG: frames 0 and 3 of chunk 2's video have their headers zeroed (a bad frame 0 once made
+    // the whole video unreadable: its size was read from it).
     let mut d2 = std::fs::read(out.join("data_2.gulp")).unwrap();
-    d2[off..off + 16].fill(0);
+    for k in [0, 3] {
+        let f = meta(2)[&bad_jpeg]["frame_info"][k].clone();
+        let off = f[0].as_u64().unwrap() as usize;
+        d2[off..off + 16].fill(0);
+    }
     std::fs::write(out.join("data_2.gulp"), d2).unwrap();
 
     let (ok, report) = gulp_check(&out);
@@ -546,8 +549,15 @@ fn corrupt_chunks_are_data_loss_for_their_videos_only() {
             &["DATA_LOSS"],
             "bad JPEG",
         );
+        expect_code(
+            c.get_clips(clip(&bad_jpeg, &[0])).await,
+            &["DATA_LOSS"],
+            "bad JPEG at frame 0",
+        );
         // The same video's good frames, and the intact chunk, are served.
-        get(&mut c, clip(&bad_jpeg, &[0, 1, 2, 4])).await;
+        let p = probe(&mut c, probe_req("g", &bad_jpeg, None, false)).await;
+        assert!(p.width > 0 && p.height > 0);
+        get(&mut c, clip(&bad_jpeg, &[1, 2, 4])).await;
         let (data, _, _) = all_frames(&mut c, "g", &intact, 24).await;
         assert!(!data.is_empty());
         let err = c.get_clips(clip(&bad_jpeg, &[3])).await.unwrap_err();

@@ -311,15 +311,40 @@ impl GulpDataset {
     /// `fps`, else [`DEFAULT_FPS`]); every frame is a keyframe; the size is frame 0's.
     pub fn index(&self, id: &str) -> Result<VideoIndex, GulpError> {
         let e = self.entry(id)?;
-        let first = self.jpeg(id, 0)?;
         let mut decoder = Decoder::new().map_err(|err| GulpError::Io {
             path: self.root.display().to_string(),
             reason: err.to_string(),
         })?;
-        let (width, height) = decoder.header(first).map_err(|err| GulpError::Corrupt {
-            id: id.to_owned(),
-            reason: format!("frame 0 is not a valid JPEG: {err}"),
-        })?;
+        // The size is the first frame's whose JPEG header reads: one bad record fails the requests
+        // that need it, as everywhere, not the whole video (a bad frame 0 made it unreadable).
+        let mut first_error = None;
+        let mut size = None;
+        for k in 0..e.frames.len() {
+            match self.jpeg(id, k).and_then(|bytes| {
+                decoder.header(bytes).map_err(|err| GulpError::Corrupt {
+                    id: id.to_owned(),
+                    reason: format!("frame {k} is not a valid JPEG: {err}"),
+                })
+            }) {
+                Ok(wh) => {
+                    size = Some(wh);
+                    break;
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        let (width, height) = match (size, first_error) {
+            (Some(wh), _) => wh,
+            (None, Some(err)) => return Err(err),
+            (None, None) => {
+                return Err(GulpError::Corrupt {
+                    id: id.to_owned(),
+                    reason: "no frame is stored".into(),
+                })
+            }
+        };
         let fps = super::stored_fps(&e.meta).unwrap_or(DEFAULT_FPS);
         // pts k → k / fps seconds, exactly for integral rates, to 1/1000 frame otherwise.
         let time_base = if fps.fract() == 0.0 {
