@@ -312,6 +312,14 @@ class Client:
         options: List[Tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # HTTP/2 pings every 5 s, answered within 10 s, also while a call waits for data: a peer that
+            # accepts connections and never answers (a hung process, something else on the port) ends
+            # the call UNAVAILABLE instead of leaving it waiting forever. A busy daemon answers pings at
+            # once, so long calls are not cut.
+            ("grpc.keepalive_time_ms", 5_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
         ]
         if target.startswith("unix:"):
             # gRPC core sends the socket path as the HTTP/2 :authority, which the daemon's HTTP stack
