@@ -475,13 +475,16 @@ pub fn visit_videos(root: &Path, found: &mut dyn FnMut(&str)) -> WalkTrouble {
     let mut trouble = WalkTrouble::default();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
+        let unreadable = |trouble: &mut WalkTrouble, e: std::io::Error| {
+            trouble.unreadable_dirs += 1;
+            trouble
+                .first_unreadable
+                .get_or_insert_with(|| format!("{}: {e}", dir.display()));
+        };
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) => {
-                trouble.unreadable_dirs += 1;
-                trouble
-                    .first_unreadable
-                    .get_or_insert_with(|| format!("{}: {e}", dir.display()));
+                unreadable(&mut trouble, e);
                 continue;
             }
         };
@@ -489,10 +492,7 @@ pub fn visit_videos(root: &Path, found: &mut dyn FnMut(&str)) -> WalkTrouble {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
-                    trouble.unreadable_dirs += 1;
-                    trouble
-                        .first_unreadable
-                        .get_or_insert_with(|| format!("{}: {e}", dir.display()));
+                    unreadable(&mut trouble, e);
                     break;
                 }
             };

@@ -59,6 +59,61 @@ fn make_fixtures(dir: &Path) {
     ]);
 }
 
+/// `video`'s `frames`, native (`w`x`h` after its display orientation) and resized to `rw`x`rh`, equal the
+/// CLI's autorotated (and `scale`d) output byte for byte.
+async fn equals_the_cli(
+    c: &mut vserve_client::Client,
+    path: &Path,
+    video: &str,
+    frames: &[u64],
+    (w, h): (usize, usize),
+    (rw, rh): (usize, usize),
+    what: &str,
+) {
+    let native = get(
+        c,
+        clips_req(SCRATCH, vec![frames_clip(video, frames, None)], None),
+    )
+    .await;
+    let ff = Ffmpeg::default().frames(path, w, h, Some(frames));
+    for (k, f) in frames.iter().zip(u8_frames(&native, frames.len(), h, w)) {
+        assert_bytes_eq(
+            &f,
+            &ff[k],
+            Some((w, h)),
+            &format!("{what} frame {k} native"),
+        );
+    }
+    let resized = get(
+        c,
+        clips_req(
+            SCRATCH,
+            vec![frames_clip(video, frames, None)],
+            Some(proto::Transform {
+                resize: Some(proto::transform::Resize::Size(proto::Size {
+                    width: rw as u32,
+                    height: rh as u32,
+                })),
+                ..Default::default()
+            }),
+        ),
+    )
+    .await;
+    let ff = Ffmpeg {
+        vf: Some(format!("scale={rw}:{rh}:flags=bilinear")),
+        ..Default::default()
+    }
+    .frames(path, rw, rh, Some(frames));
+    for (k, f) in frames.iter().zip(u8_frames(&resized, frames.len(), rh, rw)) {
+        assert_bytes_eq(
+            &f,
+            &ff[k],
+            Some((rw, rh)),
+            &format!("{what} frame {k} at {rw}x{rh}"),
+        );
+    }
+}
+
 #[tokio::test]
 async fn rotated_10bit_and_422_match_the_cli_native_and_resized() {
     let d = Daemon::start().await;
@@ -77,48 +132,7 @@ async fn rotated_10bit_and_422_match_the_cli_native_and_resized() {
         );
         assert_eq!((p.display_width, p.display_height), (w as u32, h as u32));
         let frames = [0u64, 3, 5];
-        let native = get(
-            &mut c,
-            clips_req(SCRATCH, vec![frames_clip(video, &frames, None)], None),
-        )
-        .await;
-        let ff = Ffmpeg::default().frames(&path, w, h, Some(&frames));
-        for (k, f) in frames.iter().zip(u8_frames(&native, frames.len(), h, w)) {
-            assert_bytes_eq(
-                &f,
-                &ff[k],
-                Some((w, h)),
-                &format!("{video} frame {k} native"),
-            );
-        }
-        let resized = get(
-            &mut c,
-            clips_req(
-                SCRATCH,
-                vec![frames_clip(video, &frames, None)],
-                Some(proto::Transform {
-                    resize: Some(proto::transform::Resize::Size(proto::Size {
-                        width: rw as u32,
-                        height: rh as u32,
-                    })),
-                    ..Default::default()
-                }),
-            ),
-        )
-        .await;
-        let ff = Ffmpeg {
-            vf: Some(format!("scale={rw}:{rh}:flags=bilinear")),
-            ..Default::default()
-        }
-        .frames(&path, rw, rh, Some(&frames));
-        for (k, f) in frames.iter().zip(u8_frames(&resized, frames.len(), rh, rw)) {
-            assert_bytes_eq(
-                &f,
-                &ff[k],
-                Some((rw, rh)),
-                &format!("{video} frame {k} at {rw}x{rh}"),
-            );
-        }
+        equals_the_cli(&mut c, &path, video, &frames, (w, h), (rw, rh), video).await;
     }
 }
 
@@ -198,43 +212,7 @@ async fn mirrored_display_matrices_are_flipped_as_the_cli_does() {
             }
         );
         // The CLI's own autorotation is the reference; the test's filter names only document it.
-        let native = get(
-            &mut c,
-            clips_req(SCRATCH, vec![frames_clip(&video, &frames, None)], None),
-        )
-        .await;
-        let ff = Ffmpeg::default().frames(&path, w, h, Some(&frames));
-        for (k, f) in frames.iter().zip(u8_frames(&native, frames.len(), h, w)) {
-            assert_bytes_eq(&f, &ff[k], Some((w, h)), &format!("{what} frame {k}"));
-        }
         let (rw, rh) = (w / 2, h / 2 + 2);
-        let resized = get(
-            &mut c,
-            clips_req(
-                SCRATCH,
-                vec![frames_clip(&video, &frames, None)],
-                Some(proto::Transform {
-                    resize: Some(proto::transform::Resize::Size(proto::Size {
-                        width: rw as u32,
-                        height: rh as u32,
-                    })),
-                    ..Default::default()
-                }),
-            ),
-        )
-        .await;
-        let ff = Ffmpeg {
-            vf: Some(format!("scale={rw}:{rh}:flags=bilinear")),
-            ..Default::default()
-        }
-        .frames(&path, rw, rh, Some(&frames));
-        for (k, f) in frames.iter().zip(u8_frames(&resized, frames.len(), rh, rw)) {
-            assert_bytes_eq(
-                &f,
-                &ff[k],
-                Some((rw, rh)),
-                &format!("{what} frame {k} at {rw}x{rh}"),
-            );
-        }
+        equals_the_cli(&mut c, &path, &video, &frames, (w, h), (rw, rh), &what).await;
     }
 }

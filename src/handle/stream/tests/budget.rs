@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// Waits (at most 10 s) until the engine's budget holds nothing: streams give theirs back as they end.
+async fn all_given_back(e: &Arc<Engine>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while e.budget().in_use() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} bytes still held",
+            e.budget().in_use()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_hold_their_window_and_are_refused_past_the_budget() {
     let dir = tempfile::tempdir().unwrap();
@@ -39,15 +52,7 @@ async fn streams_hold_their_window_and_are_refused_past_the_budget() {
     assert_eq!(rest, 10);
     // Streams that end give their window back.
     drop((one, two));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while e.budget().in_use() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} bytes still held",
-            e.budget().in_use()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    all_given_back(&e).await;
     assert_eq!(collect(&e, request("demo", 1)).await.len(), 6);
 }
 
@@ -122,13 +127,5 @@ async fn large_clip_plans_are_charged_to_the_budget() {
     let mut rx = start(&e, req, Peer::local()).await.unwrap();
     assert_eq!(rx.recv().await.unwrap().unwrap().clips.len(), 1);
     drop(rx);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while e.budget().in_use() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} bytes still held",
-            e.budget().in_use()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    all_given_back(&e).await;
 }
