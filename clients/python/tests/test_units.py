@@ -382,6 +382,7 @@ def test_message_to_dict_maps():
         "samples": 3,
         "class_to_idx": {"cat": 0, "dog": 1},
         "building": False,
+        "samples_fingerprint": 0,
     }
 
 
