@@ -339,6 +339,9 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
             "--videos-per-chunk must be at least 1".into(),
         ));
     }
+    if opts.jobs == 0 {
+        return Err(IngestError::Usage("--jobs must be at least 1".into()));
+    }
     if !(1..=100).contains(&opts.quality) {
         return Err(IngestError::Usage(format!(
             "--quality {} is outside 1..=100",

@@ -75,6 +75,18 @@ mod tests {
     }
 
     #[test]
+    fn no_jobs_is_a_usage_error_as_in_check_and_index() {
+        let o = IngestOptions {
+            jobs: 0,
+            ..opts(None, None)
+        };
+        match super::super::run(&o) {
+            Err(IngestError::Usage(m)) => assert!(m.contains("--jobs"), "{m}"),
+            r => panic!("expected a usage error, got {r:?}"),
+        }
+    }
+
+    #[test]
     fn a_resume_with_other_settings_or_into_a_foreign_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path();
