@@ -119,11 +119,13 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
         .map_or(0, |d| d.as_nanos() as i128)
 }
 
-/// What a non-regular file is, for messages.
-fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+/// What a file is, for messages ("a directory", "a symlink", ...).
+pub fn kind_of(meta: &std::fs::Metadata) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();
-    if t.is_dir() {
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
         "a directory"
     } else if t.is_fifo() {
         "a FIFO"

@@ -64,17 +64,12 @@ pub struct Samples {
 /// untrimmed samples hold NaN are equal (a derived `==` made every reload of such a manifest a change).
 impl PartialEq for Samples {
     fn eq(&self, other: &Samples) -> bool {
-        let bits = |t: &[f64; 2]| [t[0].to_bits(), t[1].to_bits()];
         self.paths == other.paths
             && self.ends == other.ends
             && self.class_of == other.class_of
             && self.classes == other.classes
             && self.trims.len() == other.trims.len()
-            && self
-                .trims
-                .iter()
-                .zip(&other.trims)
-                .all(|(a, b)| bits(a) == bits(b))
+            && self.trim_bits().eq(other.trim_bits())
     }
 }
 
@@ -229,11 +224,14 @@ impl Samples {
             self.ends.hash(&mut h);
             self.class_of.hash(&mut h);
             self.classes.hash(&mut h);
-            for t in &self.trims {
-                [t[0].to_bits(), t[1].to_bits()].hash(&mut h);
-            }
+            self.trim_bits().for_each(|t| t.hash(&mut h));
             h.finish().max(1)
         })
+    }
+
+    /// Each trim's [start, end] as bits, so that NaN (no trim) compares and hashes as itself.
+    fn trim_bits(&self) -> impl Iterator<Item = [u64; 2]> + '_ {
+        self.trims.iter().map(|t| [t[0].to_bits(), t[1].to_bits()])
     }
 
     /// Reads a manifest; the format follows the extension (`.jsonl`/`.ndjson`, else CSV).

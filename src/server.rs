@@ -385,17 +385,8 @@ fn bind_unix_file(path: &Path) -> Result<tokio::net::UnixListener, String> {
     // Only a socket nobody answers on is replaced: anything else at the path (a file, a symlink, a
     // directory) is someone's, and was once deleted here.
     if let Ok(meta) = std::fs::symlink_metadata(path) {
-        let kind = meta.file_type();
-        if !kind.is_socket() {
-            let what = if kind.is_symlink() {
-                "a symlink"
-            } else if kind.is_dir() {
-                "a directory"
-            } else if kind.is_file() {
-                "a regular file"
-            } else {
-                "not a socket"
-            };
+        if !meta.file_type().is_socket() {
+            let what = crate::dataset::kind_of(&meta);
             return Err(format!(
                 "{} exists and is {what}: vserve replaces only a stale socket there",
                 path.display()

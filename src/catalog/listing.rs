@@ -258,15 +258,12 @@ impl Catalog {
             seconds = started.elapsed().as_secs_f64(),
             "dataset root walked"
         );
-        if trouble.non_utf8 > 0 || !trouble.complete() {
-            tracing::warn!(dataset = %name, root = %d.root.display(), "the walk could not list everything: {}", trouble.describe());
-        }
         (Listing { samples, videos }, trouble)
     }
 
-    /// Swaps in a walk of `name`, unless it is incomplete and a complete list is held: an unreadable
-    /// directory (permissions, a failing disk, a dropped mount) must not shrink the dataset until it
-    /// reads again. Err(why) when the previous list was kept.
+    /// Swaps in a walk of `name`, unless it is incomplete and a list is held: an unreadable directory
+    /// (permissions, a failing disk, a dropped mount) must not shrink the dataset until it reads again.
+    /// Err(why) when the previous list was kept. Whatever the walk could not list is logged here, once.
     fn install_walk(
         &self,
         name: &str,
@@ -280,6 +277,9 @@ impl Catalog {
             );
             tracing::warn!(dataset = %name, "{why}");
             return Err(why);
+        }
+        if !trouble.complete() || trouble.non_utf8 > 0 {
+            tracing::warn!(dataset = %name, "the walk could not list everything: {}", trouble.describe());
         }
         self.listings.swap_walked(name, fresh);
         Ok(())

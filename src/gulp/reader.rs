@@ -308,7 +308,7 @@ impl GulpDataset {
     }
 
     /// The frame table and stream facts of `id`: frame k has pts k in a time base of 1/fps (the stored
-    /// `fps`, else [`DEFAULT_FPS`]); every frame is a keyframe; the size is frame 0's.
+    /// `fps`, else [`DEFAULT_FPS`]); every frame is a keyframe; the size is the first readable frame's.
     pub fn index(&self, id: &str) -> Result<VideoIndex, GulpError> {
         let e = self.entry(id)?;
         let mut decoder = Decoder::new().map_err(|err| GulpError::Io {
@@ -318,31 +318,22 @@ impl GulpDataset {
         // The size is the first frame's whose JPEG header reads: one bad record fails the requests
         // that need it, as everywhere, not the whole video (a bad frame 0 made it unreadable).
         let mut first_error = None;
-        let mut size = None;
-        for k in 0..e.frames.len() {
-            match self.jpeg(id, k).and_then(|bytes| {
+        let size = (0..e.frames.len()).find_map(|k| {
+            let read = self.jpeg(id, k).and_then(|bytes| {
                 decoder.header(bytes).map_err(|err| GulpError::Corrupt {
                     id: id.to_owned(),
                     reason: format!("frame {k} is not a valid JPEG: {err}"),
                 })
-            }) {
-                Ok(wh) => {
-                    size = Some(wh);
-                    break;
-                }
-                Err(err) => {
-                    first_error.get_or_insert(err);
-                }
-            }
-        }
-        let (width, height) = match (size, first_error) {
-            (Some(wh), _) => wh,
-            (None, Some(err)) => return Err(err),
-            (None, None) => {
-                return Err(GulpError::Corrupt {
+            });
+            read.map_err(|err| first_error.get_or_insert(err)).ok()
+        });
+        let (width, height) = match size {
+            Some(wh) => wh,
+            None => {
+                return Err(first_error.unwrap_or_else(|| GulpError::Corrupt {
                     id: id.to_owned(),
                     reason: "no frame is stored".into(),
-                })
+                }))
             }
         };
         let fps = super::stored_fps(&e.meta).unwrap_or(DEFAULT_FPS);

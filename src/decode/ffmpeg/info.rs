@@ -216,7 +216,7 @@ fn orientation_of(m: &[i32; 9], theta: f64) -> (u32, bool) {
         }
     } else if near(270.0) {
         (270, m[3] < 0)
-    } else if theta.abs() < 1.0 || near(360.0) {
+    } else if theta.abs() < 1.0 {
         // vflip is a half turn flipped left-right.
         if m[4] < 0 {
             (180, true)
