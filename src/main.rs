@@ -145,7 +145,7 @@ fn main() -> std::process::ExitCode {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("{e}");
-                    std::process::ExitCode::from(1)
+                    std::process::ExitCode::from(e.exit_code())
                 }
             }
         }

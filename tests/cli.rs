@@ -302,6 +302,87 @@ async fn failures_exit_nonzero_with_the_status_name_first() {
     );
 }
 
+/// Failures on the client's side are not the daemon's: a flag value that does not parse exits 64
+/// (EX_USAGE), an unreadable --token-file 66 (EX_NOINPUT), an output that cannot be written 74
+/// (EX_IOERR), each without a gRPC status name (the daemon said nothing); the daemon's own refusals
+/// keep exit 1.
+#[tokio::test]
+async fn local_failures_exit_with_their_sysexits_code() {
+    let d = Daemon::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let npy = dir.path().join("x.npy");
+    let npy = npy.to_str().unwrap();
+    let get = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "get",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            MEDIA,
+            "--video",
+            BIKES,
+        ];
+        if !extra.contains(&"--frames") {
+            args.extend_from_slice(&["--frames", "0"]);
+        }
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--out", out]);
+        let out = vserve_cli(&args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = get(&["--size", "10"], npy);
+    assert_eq!(code, Some(64), "bad --size: {stderr}");
+    assert!(
+        stderr.contains("--size \"10\": expected WxH") && !stderr.contains("INVALID_ARGUMENT"),
+        "{stderr:?}"
+    );
+    let missing = dir.path().join("no-token");
+    let (code, stderr) = get(&["--token-file", missing.to_str().unwrap()], npy);
+    assert_eq!(code, Some(66), "unreadable token file: {stderr}");
+    assert!(stderr.contains("cannot read --token-file"), "{stderr:?}");
+    let unwritable = dir.path().join("no-such-dir").join("x.npy");
+    let (code, stderr) = get(&[], unwritable.to_str().unwrap());
+    assert_eq!(code, Some(74), "unwritable --out: {stderr}");
+    assert!(
+        stderr.contains("cannot write") && !stderr.contains("INTERNAL"),
+        "{stderr:?}"
+    );
+    // The same request with a writable --out succeeds: the failure above was the file's alone.
+    let (code, stderr) = get(&[], npy);
+    assert_eq!(code, Some(0), "{stderr}");
+    // A stream whose --out-dir cannot be made (a file is in the way).
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let out = vserve_cli(&[
+        "stream",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        MEDIA,
+        "--frames-per-clip",
+        "1",
+        "--batch-size",
+        "1",
+        "--max-batches",
+        "1",
+        "--out-dir",
+        blocker.join("sub").to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(74), "{stderr}");
+    assert!(stderr.contains("cannot create"), "{stderr:?}");
+    // The daemon's refusal is still exit 1, status name first.
+    let (code, stderr) = get(&["--frames", "100000"], npy);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.trim_start().starts_with("OUT_OF_RANGE:"),
+        "{stderr:?}"
+    );
+}
+
 #[tokio::test]
 async fn datasets_lists_the_served_datasets() {
     let d = Daemon::start().await;

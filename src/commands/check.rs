@@ -183,7 +183,13 @@ fn in_daemon(
             eprintln!("{e}");
             ExitCode::from(UNAVAILABLE)
         };
-        let mut client = super::connect(&addr_args).await.map_err(failed)?;
+        let mut client = super::connect(&addr_args).await.map_err(|e| match e {
+            super::CommandError::Client(e) => failed(e),
+            local => {
+                eprintln!("{local}");
+                ExitCode::from(local.exit_code())
+            }
+        })?;
         let mut replies = client.check_dataset(req).await.map_err(failed)?;
         let mut summary = Summary::default();
         let mut begun = false;

@@ -1,7 +1,9 @@
 //! Client subcommands for humans and scripts: `vserve probe`, `get`, `stream`, `datasets`, `stats`.
 //!
-//! Output goes to stdout as JSON (or to the .npy file for `get`). Failures return the client error, whose
-//! text starts with the gRPC status name (`NOT_FOUND: ...`), for `main` to print and exit non-zero.
+//! Output goes to stdout as JSON (or to the .npy file for `get`). Failures return a [`CommandError`] for
+//! `main` to print and exit with: the daemon's answer (text starting with the gRPC status name,
+//! `NOT_FOUND: ...`, exit 1), or a local failure with its sysexits code (a bad flag value 64, an
+//! unreadable input file 66, an output that cannot be written 74).
 
 pub mod check;
 pub mod doctor;
@@ -32,12 +34,53 @@ fn local_transport(addr: &str) -> i32 {
     }
 }
 
-fn bad_arg(msg: String) -> ClientError {
-    ClientError::Status(tonic::Status::invalid_argument(msg))
+/// How a client subcommand fails: the daemon (or the connection to it) refused, or something on this
+/// side did, which no gRPC status describes.
+#[derive(Debug)]
+pub enum CommandError {
+    /// The daemon's status or a connection failure: printed status name first, exit 1.
+    Client(ClientError),
+    /// A flag value that does not parse (EX_USAGE, 64).
+    Usage(String),
+    /// A file named by a flag that cannot be read (EX_NOINPUT, 66).
+    NoInput(String),
+    /// An output file or directory that cannot be written (EX_IOERR, 74).
+    Output(String),
+}
+
+impl CommandError {
+    /// The process exit status for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CommandError::Client(_) => 1,
+            CommandError::Usage(_) => 64,
+            CommandError::NoInput(_) => 66,
+            CommandError::Output(_) => 74,
+        }
+    }
+}
+
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommandError::Client(e) => write!(f, "{e}"),
+            CommandError::Usage(m) | CommandError::NoInput(m) | CommandError::Output(m) => {
+                write!(f, "vserve: {m}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+impl From<ClientError> for CommandError {
+    fn from(e: ClientError) -> Self {
+        CommandError::Client(e)
+    }
 }
 
 /// Parses `WxH`.
-fn parse_size(flag: &str, s: &str) -> Result<proto::Size, ClientError> {
+fn parse_size(flag: &str, s: &str) -> Result<proto::Size, CommandError> {
     s.split_once(['x', 'X'])
         .and_then(|(w, h)| {
             Some(proto::Size {
@@ -45,13 +88,13 @@ fn parse_size(flag: &str, s: &str) -> Result<proto::Size, ClientError> {
                 height: h.parse().ok()?,
             })
         })
-        .ok_or_else(|| bad_arg(format!("{flag} {s:?}: expected WxH")))
+        .ok_or_else(|| CommandError::Usage(format!("{flag} {s:?}: expected WxH")))
 }
 
 fn resize_of(
     size: &Option<String>,
     short_side: Option<u32>,
-) -> Result<Option<proto::transform::Resize>, ClientError> {
+) -> Result<Option<proto::transform::Resize>, CommandError> {
     Ok(match (size, short_side) {
         (Some(s), _) => Some(proto::transform::Resize::Size(parse_size("--size", s)?)),
         (None, Some(n)) => Some(proto::transform::Resize::ShortSide(n)),
@@ -61,12 +104,9 @@ fn resize_of(
 
 /// Connects to `--addr` with the token from `--token-file` (else `VSERVE_TOKEN`) and the `--tls-ca`
 /// certificate, when given.
-pub async fn connect(args: &AddrArgs) -> Result<Client, ClientError> {
+pub async fn connect(args: &AddrArgs) -> Result<Client, CommandError> {
     let setup_err = |what: &str, path: &Path, e: std::io::Error| {
-        ClientError::Status(tonic::Status::invalid_argument(format!(
-            "cannot read {what} {}: {e}",
-            path.display()
-        )))
+        CommandError::NoInput(format!("cannot read {what} {}: {e}", path.display()))
     };
     let token = match &args.token_file {
         Some(path) => Some(
@@ -83,14 +123,14 @@ pub async fn connect(args: &AddrArgs) -> Result<Client, ClientError> {
         Some(path) => Some(std::fs::read(path).map_err(|e| setup_err("--tls-ca", path, e))?),
         None => None,
     };
-    Client::connect_with(
+    Ok(Client::connect_with(
         &args.addr,
         &vserve_client::ConnectOptions { token, tls_ca_pem },
     )
-    .await
+    .await?)
 }
 
-pub async fn probe(args: &ProbeArgs) -> Result<(), ClientError> {
+pub async fn probe(args: &ProbeArgs) -> Result<(), CommandError> {
     let mut client = connect(&args.addr).await?;
     let r = client
         .probe(proto::ProbeRequest {
@@ -156,7 +196,7 @@ pub fn frame_mappings(r: &proto::ProbeResponse) -> serde_json::Value {
     json!({ "frames": frames })
 }
 
-pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
+pub async fn get(args: &GetArgs) -> Result<(), CommandError> {
     let resize = resize_of(&args.size, args.short_side)?;
     let mut clip = if args.times.is_empty() {
         vserve_client::clip_frames(&args.video, &args.frames)
@@ -181,12 +221,8 @@ pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
         .await?;
     // [1, T, H, W, 3] → [T, H, W, 3]
     let shape = &batch.header.shape[1..];
-    write_npy(&args.out, shape, "|u1", &batch.data).map_err(|e| {
-        ClientError::Status(tonic::Status::internal(format!(
-            "cannot write {}: {e}",
-            args.out.display()
-        )))
-    })?;
+    write_npy(&args.out, shape, "|u1", &batch.data)
+        .map_err(|e| CommandError::Output(format!("cannot write {}: {e}", args.out.display())))?;
     let info = batch.header.clips.first();
     println!(
         "{}",
@@ -201,7 +237,7 @@ pub async fn get(args: &GetArgs) -> Result<(), ClientError> {
 }
 
 /// The StreamBatches request the flags describe.
-pub fn stream_request(args: &StreamArgs) -> Result<proto::StreamBatchesRequest, ClientError> {
+pub fn stream_request(args: &StreamArgs) -> Result<proto::StreamBatchesRequest, CommandError> {
     let kind = match args.sampler {
         SamplerArg::RandomIndices => proto::SamplerKind::SamplerRandomIndices,
         SamplerArg::RegularIndices => proto::SamplerKind::SamplerRegularIndices,
@@ -287,15 +323,11 @@ pub fn stream_request(args: &StreamArgs) -> Result<proto::StreamBatchesRequest, 
     })
 }
 
-pub async fn stream(args: &StreamArgs) -> Result<(), ClientError> {
+pub async fn stream(args: &StreamArgs) -> Result<(), CommandError> {
     let req = stream_request(args)?;
     if let Some(dir) = &args.out_dir {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            ClientError::Status(tonic::Status::internal(format!(
-                "cannot create {}: {e}",
-                dir.display()
-            )))
-        })?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CommandError::Output(format!("cannot create {}: {e}", dir.display())))?;
     }
     let mut client = connect(&args.addr).await?;
     let mut batches = client.stream_batches(req).await?;
@@ -335,10 +367,7 @@ pub async fn stream(args: &StreamArgs) -> Result<(), ClientError> {
                 proto::DType::DtypeFloat32 => "<f4",
             };
             write_npy(&path, &h.shape, descr, &batch.data).map_err(|e| {
-                ClientError::Status(tonic::Status::internal(format!(
-                    "cannot write {}: {e}",
-                    path.display()
-                )))
+                CommandError::Output(format!("cannot write {}: {e}", path.display()))
             })?;
             println!(
                 "{}",
@@ -353,7 +382,7 @@ pub async fn stream(args: &StreamArgs) -> Result<(), ClientError> {
     Ok(())
 }
 
-pub async fn datasets(args: &AddrArgs) -> Result<(), ClientError> {
+pub async fn datasets(args: &AddrArgs) -> Result<(), CommandError> {
     let mut client = connect(args).await?;
     let r = client.list_datasets().await?;
     let list: Vec<_> = r
@@ -369,7 +398,7 @@ pub async fn datasets(args: &AddrArgs) -> Result<(), ClientError> {
 }
 
 /// `vserve reload`: the Reload RPC; the datasets after it as JSON.
-pub async fn reload(args: &AddrArgs) -> Result<(), ClientError> {
+pub async fn reload(args: &AddrArgs) -> Result<(), CommandError> {
     let mut client = connect(args).await?;
     let r = client.reload().await?;
     let list: Vec<_> = r
@@ -384,13 +413,17 @@ pub async fn reload(args: &AddrArgs) -> Result<(), ClientError> {
     if r.errors.is_empty() {
         Ok(())
     } else {
-        Err(ClientError::Status(tonic::Status::failed_precondition(
-            format!("reload: {}", r.errors.join("; ")),
-        )))
+        Err(
+            ClientError::Status(tonic::Status::failed_precondition(format!(
+                "reload: {}",
+                r.errors.join("; ")
+            )))
+            .into(),
+        )
     }
 }
 
-pub async fn stats(args: &AddrArgs) -> Result<(), ClientError> {
+pub async fn stats(args: &AddrArgs) -> Result<(), CommandError> {
     let mut client = connect(args).await?;
     let s = client.stats().await?;
     let mut out = serde_json::Map::new();

@@ -74,7 +74,7 @@ fn offline(dir: &std::path::Path) -> Result<proto::QuarantineResponse, ClientErr
     })
 }
 
-pub async fn run(cmd: &QuarantineCommand) -> Result<(), ClientError> {
+pub async fn run(cmd: &QuarantineCommand) -> Result<(), super::CommandError> {
     match cmd {
         QuarantineCommand::List(a) => {
             let r = match &a.state_dir {
