@@ -7,8 +7,24 @@ use super::{FileKey, Quarantine, Quarantined};
 /// quarantined, who becomes a suspect. Whether anything changed.
 pub(super) fn judge(quarantine: &Quarantine, inside: Vec<(u8, FileKey)>, now: u64) -> bool {
     let crashed = inside.iter().any(|(state, _)| *state == b'C');
-    let mut changed = false;
+    // One death counts once per file, however many threads were inside it (a popular file is often
+    // decoded by several at once): the record that says most about the file speaks for it, a crash
+    // (`C`) over a device run (`D`) over a plain busy record.
+    let rank = |state: u8| match state {
+        b'C' => 2,
+        b'D' => 1,
+        _ => 0,
+    };
+    let mut by_file: Vec<(u8, FileKey)> = Vec::with_capacity(inside.len());
     for (state, key) in inside {
+        match by_file.iter_mut().find(|(_, k)| *k == key) {
+            Some(seen) if rank(state) > rank(seen.0) => seen.0 = state,
+            Some(_) => {}
+            None => by_file.push((state, key)),
+        }
+    }
+    let mut changed = false;
+    for (state, key) in by_file {
         let path = key.path.display().to_string();
         let why = match state {
             b'C' => "the daemon crashed (a fault or an abort) inside this file",

@@ -19,7 +19,8 @@
 //!   run, which can take the host down) is quarantined. A `B` file becomes a *suspect*: served as
 //!   before, and quarantined only if a process dies inside it again before a run of it finishes (a
 //!   finished run clears it). A kill costs no good file, and a file that takes the daemon down without
-//!   a trace (an allocation the OOM killer ends) does so at most twice.
+//!   a trace (an allocation the OOM killer ends) does so at most twice. Several records naming one file
+//!   are one death of it (threads decoding a popular file together), judged by the strongest record.
 //!
 //! Cost: one `pwrite` per enter and per leave. A process crash keeps every write (the page cache outlives the process), and a
 //! decoder in user space (FFmpeg on the CPU, index builds) can crash nothing else. A run that can take the

@@ -232,6 +232,41 @@ fn a_kill_inside_a_cpu_run_makes_a_suspect_and_a_second_one_quarantines_it() {
     assert_eq!(keys(q.suspects()), std::slice::from_ref(&innocent));
 }
 
+/// Several threads inside one file when the daemon is killed are one death, not several: the file
+/// becomes a suspect, not quarantined (a kill while two threads decoded a popular file used to count
+/// twice and quarantine it at once). A crash record among them still quarantines it.
+#[test]
+fn threads_inside_one_file_at_a_kill_count_as_one_death() {
+    let (_dir, state, journal, slot) = fresh_slot();
+    let popular = key("/data/popular.mp4", 5);
+    slot.enter(&popular, false).unwrap();
+    let other = journal.slot().unwrap();
+    other.enter(&popular, false).unwrap();
+    let third = journal.slot().unwrap();
+    third.enter(&popular, false).unwrap();
+    std::mem::forget((slot, other, third));
+    drop(journal);
+    let (journal, q) = recover(&state).unwrap();
+    assert!(q.is_empty(), "one kill quarantined: {:?}", q.list());
+    let suspects: Vec<FileKey> = q.suspects().into_iter().map(|x| x.key).collect();
+    assert_eq!(suspects, std::slice::from_ref(&popular));
+    // A run of it finishes: served and suspected no more.
+    let journal = journal.unwrap();
+    let slot = journal.slot().unwrap();
+    slot.enter(&popular, false).unwrap();
+    slot.leave();
+    assert!(q.suspects().is_empty());
+    // Killed again with two threads inside it: one death again, a suspect again.
+    slot.enter(&popular, false).unwrap();
+    let other = journal.slot().unwrap();
+    other.enter(&popular, false).unwrap();
+    std::mem::forget((slot, other));
+    drop(journal);
+    let (_, q) = recover(&state).unwrap();
+    assert!(q.is_empty(), "{:?}", q.list());
+    assert_eq!(q.suspects().len(), 1);
+}
+
 /// The record the crash handler marks (`C`) quarantines its file at once; the files other threads were
 /// inside were bystanders: neither quarantined nor suspects.
 #[test]

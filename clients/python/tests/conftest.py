@@ -122,8 +122,12 @@ class Daemon:
             *(["--admin-listen", "127.0.0.1:0"] if supports("--admin-listen") else []),
             *(extra or []),
         ]
+        # A state directory of its own (environment, so that an older binary without the flag still starts):
+        # the default one is shared by every daemon on the machine, and its crash journal and quarantine
+        # outlive a test run.
+        env = {**os.environ, "VSERVE_STATE_DIR": str(root / "state")}
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
         self._wait_ready(sock)
 
     def _wait_ready(self, sock: Path) -> None:
@@ -156,8 +160,13 @@ class Daemon:
         return vserve_client.Client(self.addr, **kw)
 
     def stop(self) -> None:
+        # SIGTERM: the daemon drains and exits cleanly (a kill would leave its journal's records behind).
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         self.proc.wait()
 
 
