@@ -60,6 +60,7 @@ fn child(mode: &str, n: usize) {
                 decode_table: false,
                 table: Some(Arc::new(tables[i % tables.len()].clone())),
                 written_ms: 0,
+                content: 0,
             };
             store.put(&r).expect("store write");
         }

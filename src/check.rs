@@ -139,7 +139,7 @@ pub fn check_one(
         Err(unreadable) => return (unreadable, None),
     };
     // A file that crashed the daemon would crash this process too: not opened again while unchanged.
-    if let Some(known) = store.and_then(|s| s.get(&key)) {
+    if let Some(known) = store.and_then(|s| s.get_for(&file, &key)) {
         if matches!(known.health, Health::Quarantined { .. }) {
             return (VideoReport::of(video, &known.health, 0.0), Some(known));
         }
@@ -184,6 +184,7 @@ pub fn health_of(file: &CheckedFile, stream: Option<u32>) -> Health {
 /// Decodes `file` whole and builds the table the daemon would serve it with.
 pub fn examine(file: &CheckedFile, key: Key) -> Record {
     let health = health_of(file, key.stream);
+    let content = file.content_sample();
     let frames = match &health {
         Health::Ok { frames } | Health::Damaged { frames, .. } => *frames,
         _ => {
@@ -193,6 +194,7 @@ pub fn examine(file: &CheckedFile, key: Key) -> Record {
                 decode_table: false,
                 table: None,
                 written_ms: 0,
+                content,
             }
         }
     };
@@ -213,6 +215,7 @@ pub fn examine(file: &CheckedFile, key: Key) -> Record {
         decode_table,
         table,
         written_ms: 0,
+        content,
     }
 }
 
@@ -259,7 +262,7 @@ pub fn index_one(
         }
         r
     };
-    if let Some(known) = store.and_then(|s| s.get(&key)) {
+    if let Some(known) = store.and_then(|s| s.get_for(&file, &key)) {
         if known.table.is_some() || known.health.refusal().is_some() {
             return (report(&known, STORED), Some(known));
         }
@@ -288,6 +291,7 @@ pub fn index_one(
         decode_table: false,
         table: table.map(|t| Arc::new(crate::store::format::pack(t))),
         written_ms: 0,
+        content: file.content_sample(),
     };
     if let Some(store) = store {
         if let Err(e) = store.put(&record) {

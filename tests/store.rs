@@ -532,3 +532,110 @@ fn vserve_index_fails_when_its_tables_cannot_be_kept() {
     ]);
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+/// Encodes `frames` frames of a test pattern at `w`x`h`, `fps`, into `out` (Matroska, x264), then pads
+/// it with zeros to `size` bytes, which Matroska readers skip: different videos of one size.
+fn padded_video(out: &Path, w: u32, h: u32, fps: u32, frames: u32, pattern: &str, size: u64) {
+    let status = std::process::Command::new("ffmpeg")
+        .args(["-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg(format!("{pattern}=size={w}x{h}:rate={fps}"))
+        .args([
+            "-frames:v",
+            &frames.to_string(),
+            "-c:v",
+            "libx264",
+            "-g",
+            "20",
+        ])
+        .args(["-pix_fmt", "yuv420p"])
+        .arg(out)
+        .status()
+        .expect("run ffmpeg");
+    assert!(status.success(), "ffmpeg failed for {}", out.display());
+    let len = std::fs::metadata(out).unwrap().len();
+    assert!(len <= size, "{} is {len} bytes, over {size}", out.display());
+    std::fs::File::options()
+        .write(true)
+        .open(out)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+}
+
+/// Sets `path`'s mtime to a fixed instant, the same for every file.
+fn set_mtime(path: &Path) {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000))
+        .unwrap();
+}
+
+/// What a daemon serves as `v.mkv` of dataset `d` equals the file there now: its probe (size, frame
+/// count, rate) and its frames, checked against ffmpeg.
+async fn serves(c: &mut Client, file: &Path, (w, h, n, fps): (u32, u32, u64, f64), what: &str) {
+    let p = probe(c, probe_req("d", "v.mkv", None, false)).await;
+    assert_eq!(
+        (p.width, p.height, p.frame_count),
+        (w, h, n),
+        "{what}: probe"
+    );
+    assert!((p.avg_fps - fps).abs() < 1e-6, "{what}: fps {}", p.avg_fps);
+    let wanted = [0, 5, n - 1];
+    let batch = get(
+        c,
+        clips_req("d", vec![frames_clip("v.mkv", &wanted, None)], None),
+    )
+    .await;
+    let reference = Ffmpeg::default().frames(file, w as usize, h as usize, Some(&wanted));
+    assert_frames_eq(&batch, &wanted, &reference, (w as usize, h as usize), what);
+}
+
+/// A video replaced by another of the same size and mtime is served as the new file, renamed over the
+/// path or rewritten in place, within one run and across a restart: the store's record of the old file
+/// (its frame table) is not used for the new one, which its content sample tells apart.
+#[tokio::test]
+async fn a_replacement_of_the_same_size_and_mtime_gets_its_own_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (a, b) = (work.path().join("a.mkv"), work.path().join("b.mkv"));
+    const SIZE: u64 = 400_000;
+    padded_video(&a, 160, 120, 25, 60, "testsrc", SIZE);
+    padded_video(&b, 200, 120, 30, 80, "testsrc2", SIZE);
+    let (a_is, b_is) = ((160, 120, 60, 25.0), (200, 120, 80, 30.0));
+    let v = dir.path().join("v.mkv");
+    std::fs::copy(&a, &v).unwrap();
+    set_mtime(&v);
+    {
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        serves(&mut c, &v, a_is, "the first file").await;
+        // Renamed over the path, same size and mtime.
+        let tmp = dir.path().join("v.tmp");
+        std::fs::copy(&b, &tmp).unwrap();
+        set_mtime(&tmp);
+        std::fs::rename(&tmp, &v).unwrap();
+        serves(&mut c, &v, b_is, "renamed over, same run").await;
+        // Rewritten in place (same inode), mtime set back.
+        std::fs::write(&v, std::fs::read(&a).unwrap()).unwrap();
+        set_mtime(&v);
+        serves(&mut c, &v, a_is, "rewritten in place, same run").await;
+    }
+    // Across a restart: the store holds the last file's record; another file of its size and mtime
+    // takes the path while no daemon runs.
+    std::fs::write(&v, std::fs::read(&b).unwrap()).unwrap();
+    set_mtime(&v);
+    let d = daemon(dir.path(), state.path()).await;
+    let mut c = d.client().await;
+    serves(&mut c, &v, b_is, "replaced while stopped").await;
+    assert_eq!(index_builds(&mut c).await, 1, "the stale record is rebuilt");
+    drop(c);
+    drop(d);
+    // And the record now describes the file: the next restart builds nothing.
+    let d = daemon(dir.path(), state.path()).await;
+    let mut c = d.client().await;
+    serves(&mut c, &v, b_is, "after a restart").await;
+    assert_eq!(index_builds(&mut c).await, 0, "the new record is used");
+}

@@ -451,7 +451,7 @@ impl Catalog {
         if let Some(e) = self.failed.get(&id) {
             return Err(e.into());
         }
-        let mut stored = self.recall(&mut id);
+        let mut stored = self.recall(&mut id, &file);
         if let Some(e) = self.refusal(&id) {
             return Err(e);
         }
@@ -512,12 +512,25 @@ impl Catalog {
 
     /// The stored table for `id` when the index cache lacks it, learning the video's health on the way
     /// (a record of a damaged file switches `id` to its decode table).
-    fn recall(&self, id: &mut VideoId) -> Option<Arc<VideoIndex>> {
+    fn recall(
+        &self,
+        id: &mut VideoId,
+        file: &crate::dataset::CheckedFile,
+    ) -> Option<Arc<VideoIndex>> {
         let store = self.store.as_ref()?;
         if self.indexes.contains_key(id) {
             return None;
         }
         let record = store.get(&key_of(id))?;
+        if !record.made_from(file) {
+            // Another file took the path with the same size and mtime: what was learned of the old one
+            // (its damage, its health) is not this one's. The build that follows replaces the record.
+            let plain = id.plain();
+            self.damaged.lock().remove(&plain);
+            self.health.lock().remove(&plain);
+            id.decode_table = false;
+            return None;
+        }
         self.learn(&record);
         id.decode_table |= record.decode_table;
         record
@@ -583,6 +596,7 @@ impl Catalog {
             decode_table: id.decode_table,
             table,
             written_ms: 0,
+            content: file.content_sample(),
         };
         self.learn(&record);
         if let Err(e) = store.put(&record) {

@@ -1,10 +1,12 @@
-//! The store's file format, version 2: one little-endian file per (video, stream), laid out so that a
+//! The store's file format, version 3: one little-endian file per (video, stream), laid out so that a
 //! reader can memory-map it and read any field or frame in O(1) without parsing the rest.
 //!
 //! ```text
 //! offset  bytes  field
 //!      0      8  magic "VSRVSTOR"
-//!      8      4  format version (2; a version 1 record, which had no mirror flag, is read without its table)
+//!      8      4  format version (3; versions 1 and 2 had no content sample, and version 1 no mirror flag:
+//!                a version 2 record is read with content 0, a version 1 record also without its table;
+//!                their headers end at 272)
 //!     12      4  CRC-32 (IEEE) of bytes 16..len
 //!     16      8  len: the whole file's size
 //!     24      8  identity: file size           32 16 identity: mtime, ns since the epoch (i128)
@@ -27,7 +29,8 @@
 //!    248      8  offset of keyframes (m x u32)
 //!    256      8  offset of damaged ranges (r x [u64 start, u64 end))
 //!    264      8  offset of strings (u32 length + UTF-8 each: path, codec, pixel format, reason)
-//!    272         sections, each starting on an 8-byte boundary
+//!    272      8  content sample of the file the record was made from (0: unknown)
+//!    280         sections, each starting on an 8-byte boundary
 //! ```
 //!
 //! Column value k: linear `base + k*step`; i32 offsets `base + data[k]`; i64 `data[k]`. Constant frame
@@ -42,8 +45,10 @@ use crate::index::table::{Column, ColumnKind, Packed, TableBytes};
 use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
 
 pub const MAGIC: &[u8; 8] = b"VSRVSTOR";
-pub const VERSION: u32 = 2;
-const HEADER: usize = 272;
+pub const VERSION: u32 = 3;
+const HEADER: usize = 280;
+/// Where the header of a version 1 or 2 record ends (it had no content sample).
+const HEADER_V2: usize = 272;
 /// More frames than any real video has (a day at 1000 fps): a bound on what a decoder allocates.
 const MAX_FRAMES: u64 = 1 << 27;
 
@@ -52,7 +57,7 @@ const MAX_FRAMES: u64 = 1 << 27;
 pub enum FormatError {
     #[error("not a vserve store file (bad magic)")]
     Magic,
-    #[error("store format version {0}, this build reads 1 and {VERSION}")]
+    #[error("store format version {0}, this build reads 1 to {VERSION}")]
     Version(u32),
     #[error("checksum mismatch (corrupt or torn file)")]
     Checksum,
@@ -174,6 +179,7 @@ pub fn encode(r: &Record) -> Vec<u8> {
     out[53] = flags;
     out[55] = u8::from(matches!(r.health, Health::Unreadable { corrupt: true, .. }));
     put(&mut out, 56, &r.written_ms.to_le_bytes());
+    put(&mut out, 272, &r.content.to_le_bytes());
     let (checked, first_bad, ranges, reason): (u64, u64, &[(u64, u64)], &str) = match &r.health {
         Health::Unchecked => (0, u64::MAX, &[], ""),
         Health::Ok { frames } => (*frames, u64::MAX, &[], ""),
@@ -336,6 +342,7 @@ pub fn pack(index: VideoIndex) -> VideoIndex {
         decode_table: false,
         table: Some(index.clone()),
         written_ms: 0,
+        content: 0,
     };
     let packed = decode_owned(TableBytes::Heap(encode(&record).into_boxed_slice()));
     drop(record);
@@ -361,10 +368,11 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
     }
     let b = Bytes(bytes);
     let version = b.u32(8)?;
-    if version != VERSION && version != 1 {
+    if !(1..=VERSION).contains(&version) {
         return Err(FormatError::Version(version));
     }
-    if bytes.len() < HEADER || b.u64(16)? != bytes.len() as u64 {
+    let header = if version >= 3 { HEADER } else { HEADER_V2 };
+    if bytes.len() < header || b.u64(16)? != bytes.len() as u64 {
         return Err(FormatError::Checksum);
     }
     if b.u32(12)? != crc32(&bytes[16..]) {
@@ -434,6 +442,7 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
     };
     let decode_table = flags & 2 != 0;
     let written_ms = b.u64(56)?;
+    let content = if version >= 3 { b.u64(272)? } else { 0 };
     // Version 1 did not record a mirrored display matrix: its table is left to be built again (as for a
     // changed file), its health kept.
     let table = if flags & 1 != 0 && version >= 2 {
@@ -494,5 +503,6 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
         decode_table,
         table,
         written_ms,
+        content,
     })
 }

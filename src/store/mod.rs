@@ -137,6 +137,27 @@ pub struct Record {
     pub table: Option<Arc<VideoIndex>>,
     /// When written, ms since the epoch (set by [`Store::put`]).
     pub written_ms: u64,
+    /// The file's [`CheckedFile::content_sample`](crate::dataset::CheckedFile::content_sample) when the
+    /// record was made; 0 when unknown (records of format versions 1 and 2, which are trusted on path,
+    /// size and mtime alone).
+    pub content: u64,
+}
+
+impl Record {
+    /// Whether this record may describe `file`, whose path, size and mtime it has: false (logged) when
+    /// its content sample says another file, of the same size and mtime, took the path since; true when
+    /// the record has none (format versions 1 and 2) or the file cannot be read.
+    pub fn made_from(&self, file: &crate::dataset::CheckedFile) -> bool {
+        if self.content == 0 {
+            return true;
+        }
+        let now = file.content_sample();
+        let same = now == 0 || now == self.content;
+        if !same {
+            tracing::info!(video = %self.key.path.display(), "the stored record was made from another file of the same size and mtime (replaced); not used");
+        }
+        same
+    }
 }
 
 /// The store in one state directory.
@@ -266,6 +287,13 @@ impl Store {
         Some(record)
     }
 
+    /// [`Store::get`] for the file `file` is now: a record made from another file that took this one's
+    /// path with the same size and mtime (its content sample differs) is ignored, with a log line, and is
+    /// replaced by the caller's next `put`.
+    pub fn get_for(&self, file: &crate::dataset::CheckedFile, key: &Key) -> Option<Record> {
+        self.get(key).filter(|r| r.made_from(file))
+    }
+
     /// Stores `record` (replacing any record of its key), then evicts if the store grew past its bound.
     pub fn put(&self, record: &Record) -> io::Result<()> {
         let mut record = record.clone();
@@ -305,6 +333,7 @@ impl Store {
             decode_table: false,
             table: None,
             written_ms: 0,
+            content: 0,
         });
         record.health = health;
         self.put(&record)
@@ -416,6 +445,7 @@ mod tests {
             decode_table: true,
             table: t,
             written_ms: 42,
+            content: 0x5eed,
         }
     }
 
@@ -485,17 +515,22 @@ mod tests {
                 "truncation to {len}"
             );
         }
-        let mut v3 = bytes.clone();
-        v3[8] = 3;
-        assert_eq!(format::decode(&v3), Err(format::FormatError::Version(3)));
+        let mut v4 = bytes.clone();
+        v4[8] = 4;
+        assert_eq!(format::decode(&v4), Err(format::FormatError::Version(4)));
         // A version 1 record keeps its health; its table, which could not say whether the display matrix
-        // mirrors, is built again.
+        // mirrors, is built again. Neither version 1 nor 2 knew the content sample (0: unknown).
         let mut v1 = bytes.clone();
         v1[8] = 1;
         let old = format::decode(&v1).unwrap();
         assert_eq!(old.health, r.health);
         assert_eq!(old.key, r.key);
         assert!(old.table.is_none());
+        assert_eq!(old.content, 0);
+        let mut v2 = bytes.clone();
+        v2[8] = 2;
+        let old = format::decode(&v2).unwrap();
+        assert_eq!((old.table, old.content), (r.table.clone(), 0));
         assert_eq!(
             format::decode(b"PK\x03\x04 not ours at all, a zip or anything"),
             Err(format::FormatError::Magic)
