@@ -363,184 +363,210 @@ fn decode_in(
     let mut previous: Option<usize> = None;
     let mut sent = std::collections::BTreeSet::new();
     let watch_order = watch_damage && index.seek == SeekMode::ByPts;
-    while !done {
-        while video.decoder.receive_frame(&mut frame).is_ok() {
-            out.decoded += 1;
-            let k = match index.seek {
-                SeekMode::ByPts => {
-                    let pts = frame.pts().or(frame.timestamp());
-                    match pts.and_then(|p| index.frame_of_pts(p)) {
-                        Some(k) => k,
-                        None => {
-                            // Not in the table (a leading frame of an open GOP, or unknown pts). Past the last
-                            // wanted pts means the wanted frames are not coming.
-                            if pts.is_some_and(|p| p > last_pts) {
-                                done = true;
-                                break;
+    // The keyframe the decoder started from (earlier than the run's after a retry, below).
+    let mut from = run.keyframe;
+    loop {
+        while !done {
+            while video.decoder.receive_frame(&mut frame).is_ok() {
+                out.decoded += 1;
+                let k = match index.seek {
+                    SeekMode::ByPts => {
+                        let pts = frame.pts().or(frame.timestamp());
+                        match pts.and_then(|p| index.frame_of_pts(p)) {
+                            Some(k) => k,
+                            None => {
+                                // Not in the table (a leading frame of an open GOP, or unknown pts). Past the last
+                                // wanted pts means the wanted frames are not coming.
+                                if pts.is_some_and(|p| p > last_pts) {
+                                    done = true;
+                                    break;
+                                }
+                                continue;
                             }
-                            continue;
                         }
                     }
-                }
-                SeekMode::FromStart => video.next_frame.unwrap_or(0),
-            };
-            // Damage counts from the run's keyframe on: frames before it (leading frames of an open GOP
-            // after a seek) lack their references and are flagged corrupt in any clean file.
-            if watch_damage && k >= run.keyframe && frame_damaged(&frame) {
-                video.next_frame = None;
-                return Err(DecodeError::Damaged {
-                    path: path.clone(),
-                    frame: k,
-                });
-            }
-            if watch_order && k >= run.keyframe {
-                // A frame out of the table's order (given after a later one, or before an earlier one
-                // it was sent): the container's timestamps disagree with the order the decoder shows the
-                // pictures in (damaged composition offsets). Which pixels a frame number names would
-                // then depend on which frames a request decodes; a decode table is the decoder's order.
-                sent.remove(&k);
-                if previous.is_some_and(|p| k <= p) || sent.range(run.keyframe..k).next().is_some()
-                {
+                    SeekMode::FromStart => video.next_frame.unwrap_or(0),
+                };
+                // Damage counts from the run's keyframe on: frames before it (leading frames of an open GOP
+                // after a seek) lack their references and are flagged corrupt in any clean file.
+                if watch_damage && k >= run.keyframe && frame_damaged(&frame) {
                     video.next_frame = None;
                     return Err(DecodeError::Damaged {
                         path: path.clone(),
                         frame: k,
                     });
                 }
-                previous = Some(k);
-            }
-            video.next_frame = Some(k + 1);
-            if let Ok(slot) = run.wanted.binary_search(&k) {
-                if !emitted[slot] {
-                    emitted[slot] = true;
-                    let mut place = sink.and_then(|s| s.take(k));
-                    let converted = if is_hw_frame(&frame) {
-                        let host = download(&frame).map_err(backend_err)?;
-                        convert_frame(
-                            &mut video.converter,
-                            &host,
-                            geometry,
-                            native,
-                            place.as_deref_mut(),
-                        )
-                    } else {
-                        convert_frame(
-                            &mut video.converter,
-                            &frame,
-                            geometry,
-                            native,
-                            place.as_deref_mut(),
-                        )
-                    }
-                    .map_err(backend_err)?;
-                    match (converted, place) {
-                        (Some(f), _) => out.frames.push((k, Arc::new(f))),
-                        (None, Some(p)) => {
-                            out.sunk.push(k);
-                            // Another request waits on this run too: it gets the frame as a frame.
-                            if sink.is_some_and(Sink::shared) {
-                                let mut data = crate::decode::pool::take(p.len());
-                                data.extend_from_slice(&p);
-                                let (width, height) = geometry.display_dims();
-                                out.frames.push((
-                                    k,
-                                    Arc::new(Frame {
-                                        width,
-                                        height,
-                                        data,
-                                    }),
-                                ));
-                            }
-                        }
-                        (None, None) => return Err(backend_err("converter wrote no frame".into())),
-                    }
-                }
-            }
-            if k >= last {
-                done = true;
-                break;
-            }
-        }
-        if done || eof {
-            break;
-        }
-        match read_packet(&mut packet, &mut video.input) {
-            Ok(()) => {
-                if packet.stream() != video.stream {
-                    continue;
-                }
-                if let Some(sync) = video.sync {
-                    match packet.pts() {
-                        Some(p) if p == sync.target => video.sync = None,
-                        Some(p) if p > sync.target => {
-                            // Every packet before a keyframe in decode order is shown before it: this
-                            // seek landed past the keyframe. Aim earlier.
-                            tracing::trace!(path = %video.path.display(), pts = p, target = sync.target, "seek overshot the keyframe");
-                            reposition(video, index, run.keyframe, sync.attempt + 1)
-                                .map_err(backend_err)?;
-                            continue;
-                        }
-                        // Before the keyframe: not part of the run.
-                        _ => continue,
-                    }
-                }
-                // Only inside the run: packets past its last frame (read ahead in decode order) go to the
-                // decoder, so the next run of this video can continue from here without a seek and find
-                // every frame it wants.
-                if disposable_unwanted(&packet, index, &run.wanted).is_some_and(|k| k <= last) {
-                    out.skipped += 1;
-                    continue;
-                }
-                if video.announce {
-                    video.announce = false;
-                    if let Some(key) = &video.key {
-                        if !announce_extradata(&mut packet, key.extradata()) {
-                            return Err(backend_err("cannot attach parameter sets".into()));
-                        }
-                    }
-                }
-                if video.palette_due {
-                    video.palette_due = false;
-                    if let Some(p) = &video.palette {
-                        if !palette::attach(&mut packet, p) {
-                            return Err(backend_err("cannot attach the palette".into()));
-                        }
-                    }
-                }
-                if watch_order {
-                    if let Some(k) = packet.pts().and_then(|p| index.frame_of_pts(p)) {
-                        sent.insert(k);
-                    }
-                }
-                if let Err(e) = video.decoder.send_packet(&packet) {
-                    tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");
-                    if watch_damage && matches!(e, ff::Error::InvalidData) {
+                if watch_order && k >= run.keyframe {
+                    // A frame out of the table's order (given after a later one, or before an earlier one
+                    // it was sent): the container's timestamps disagree with the order the decoder shows the
+                    // pictures in (damaged composition offsets). Which pixels a frame number names would
+                    // then depend on which frames a request decodes; a decode table is the decoder's order.
+                    sent.remove(&k);
+                    if previous.is_some_and(|p| k <= p)
+                        || sent.range(run.keyframe..k).next().is_some()
+                    {
                         video.next_frame = None;
                         return Err(DecodeError::Damaged {
                             path: path.clone(),
-                            frame: run.keyframe,
+                            frame: k,
                         });
                     }
+                    previous = Some(k);
+                }
+                video.next_frame = Some(k + 1);
+                if let Ok(slot) = run.wanted.binary_search(&k) {
+                    if !emitted[slot] {
+                        emitted[slot] = true;
+                        let mut place = sink.and_then(|s| s.take(k));
+                        let converted = if is_hw_frame(&frame) {
+                            let host = download(&frame).map_err(backend_err)?;
+                            convert_frame(
+                                &mut video.converter,
+                                &host,
+                                geometry,
+                                native,
+                                place.as_deref_mut(),
+                            )
+                        } else {
+                            convert_frame(
+                                &mut video.converter,
+                                &frame,
+                                geometry,
+                                native,
+                                place.as_deref_mut(),
+                            )
+                        }
+                        .map_err(backend_err)?;
+                        match (converted, place) {
+                            (Some(f), _) => out.frames.push((k, Arc::new(f))),
+                            (None, Some(p)) => {
+                                out.sunk.push(k);
+                                // Another request waits on this run too: it gets the frame as a frame.
+                                if sink.is_some_and(Sink::shared) {
+                                    let mut data = crate::decode::pool::take(p.len());
+                                    data.extend_from_slice(&p);
+                                    let (width, height) = geometry.display_dims();
+                                    out.frames.push((
+                                        k,
+                                        Arc::new(Frame {
+                                            width,
+                                            height,
+                                            data,
+                                        }),
+                                    ));
+                                }
+                            }
+                            (None, None) => {
+                                return Err(backend_err("converter wrote no frame".into()))
+                            }
+                        }
+                    }
+                }
+                if k >= last {
+                    done = true;
+                    break;
                 }
             }
-            Err(e) => {
-                if let Some(sync) = video.sync {
-                    // The keyframe never came: aim earlier.
-                    reposition(video, index, run.keyframe, sync.attempt + 1)
-                        .map_err(backend_err)?;
-                    continue;
+            if done || eof {
+                break;
+            }
+            match read_packet(&mut packet, &mut video.input) {
+                Ok(()) => {
+                    if packet.stream() != video.stream {
+                        continue;
+                    }
+                    if let Some(sync) = video.sync {
+                        match packet.pts() {
+                            Some(p) if p == sync.target => video.sync = None,
+                            Some(p) if p > sync.target => {
+                                // Every packet before a keyframe in decode order is shown before it: this
+                                // seek landed past the keyframe. Aim earlier.
+                                tracing::trace!(path = %video.path.display(), pts = p, target = sync.target, "seek overshot the keyframe");
+                                reposition(video, index, from, sync.attempt + 1)
+                                    .map_err(backend_err)?;
+                                continue;
+                            }
+                            // Before the keyframe: not part of the run.
+                            _ => continue,
+                        }
+                    }
+                    // Only inside the run: packets past its last frame (read ahead in decode order) go to the
+                    // decoder, so the next run of this video can continue from here without a seek and find
+                    // every frame it wants.
+                    if disposable_unwanted(&packet, index, &run.wanted).is_some_and(|k| k <= last) {
+                        out.skipped += 1;
+                        continue;
+                    }
+                    if video.announce {
+                        video.announce = false;
+                        if let Some(key) = &video.key {
+                            if !announce_extradata(&mut packet, key.extradata()) {
+                                return Err(backend_err("cannot attach parameter sets".into()));
+                            }
+                        }
+                    }
+                    if video.palette_due {
+                        video.palette_due = false;
+                        if let Some(p) = &video.palette {
+                            if !palette::attach(&mut packet, p) {
+                                return Err(backend_err("cannot attach the palette".into()));
+                            }
+                        }
+                    }
+                    if watch_order {
+                        if let Some(k) = packet.pts().and_then(|p| index.frame_of_pts(p)) {
+                            sent.insert(k);
+                        }
+                    }
+                    if let Err(e) = video.decoder.send_packet(&packet) {
+                        tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");
+                        if watch_damage && matches!(e, ff::Error::InvalidData) {
+                            video.next_frame = None;
+                            return Err(DecodeError::Damaged {
+                                path: path.clone(),
+                                frame: run.keyframe,
+                            });
+                        }
+                    }
                 }
-                if !matches!(e, ff::Error::Eof) {
-                    tracing::debug!(path = %video.path.display(), error = %e, "read stopped early");
+                Err(e) => {
+                    if let Some(sync) = video.sync {
+                        // The keyframe never came: aim earlier.
+                        reposition(video, index, from, sync.attempt + 1).map_err(backend_err)?;
+                        continue;
+                    }
+                    if !matches!(e, ff::Error::Eof) {
+                        tracing::debug!(path = %video.path.display(), error = %e, "read stopped early");
+                    }
+                    let _ = video.decoder.send_eof();
+                    eof = true;
                 }
-                let _ = video.decoder.send_eof();
-                eof = true;
             }
         }
-    }
-    if eof {
-        // The decoder is drained; the next run must flush and seek.
-        video.next_frame = None;
+        if eof {
+            // The decoder is drained; the next run must flush and seek.
+            video.next_frame = None;
+        }
+        // FFmpeg 5.1's H.264 decoder, drained at the end of the file, drops a picture it decoded after a
+        // seek to an open-GOP I frame and before it output that I frame (not yet marked "recovered"): the
+        // last frames of such a file never come from that keyframe. Decoding again from the keyframe before
+        // gives them, as the CLI, which decodes the whole file, does; frames already given are not given
+        // again. Once per run.
+        if !(eof
+            && from == run.keyframe
+            && run.keyframe > 0
+            && index.seek == SeekMode::ByPts
+            && emitted.contains(&false))
+        {
+            break;
+        }
+        from = index.keyframe_before(run.keyframe - 1);
+        tracing::debug!(path = %path.display(), keyframe = run.keyframe, from, "frames missing at the end of the file; decoding again from the keyframe before");
+        reposition(video, index, from, 0).map_err(backend_err)?;
+        previous = None;
+        sent.clear();
+        eof = false;
+        done = false;
     }
     out.frames.sort_by_key(|(k, _)| *k);
     let missing: Vec<usize> = run
