@@ -466,6 +466,105 @@ async fn frame_mappings_are_ffprobes_frame_list_in_torchcodecs_format() {
     }
 }
 
+/// A file whose edit list starts on a B frame (cut with `-ss -c copy`): frame 0 is no keyframe in
+/// ffprobe's frame list, nor in the probe's `keyframes` or its frame mappings (decoding still starts
+/// there, at the file's start), and its frames are the CLI's.
+#[tokio::test]
+async fn a_file_starting_on_a_b_frame_lists_only_its_key_frames() {
+    let d = Daemon::start().await;
+    let src = d.scratch.join("bframes.mp4");
+    let cut = d.scratch.join("cut.mp4");
+    let ffmpeg = |args: &[&str]| {
+        let status = Command::new("ffmpeg")
+            .args(["-nostdin", "-v", "error", "-y"])
+            .args(args)
+            .status()
+            .expect("run ffmpeg");
+        assert!(status.success(), "ffmpeg {args:?}");
+    };
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=size=160x120:rate=25:duration=4",
+        "-c:v",
+        "libx264",
+        "-bf",
+        "3",
+        "-g",
+        "30",
+        src.to_str().unwrap(),
+    ]);
+    ffmpeg(&[
+        "-ss",
+        "1.3",
+        "-i",
+        src.to_str().unwrap(),
+        "-c",
+        "copy",
+        cut.to_str().unwrap(),
+    ]);
+    let want = ffprobe_frames(cut.to_str().unwrap(), "v:0");
+    assert_eq!(want[0].1, 0, "the cut starts on a non-key frame");
+    let want_keys: Vec<u64> = (0..want.len() as u64)
+        .filter(|&k| want[k as usize].1 == 1)
+        .collect();
+    assert!(!want_keys.is_empty());
+    let probe = |extra: &[&str]| {
+        let mut args = vec![
+            "probe",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            SCRATCH,
+            "--video",
+            "cut.mp4",
+        ];
+        args.extend_from_slice(extra);
+        json(&cli_stdout(&args))
+    };
+    let keys: Vec<u64> = array(&probe(&[])["keyframes"], "keyframes")
+        .iter()
+        .map(|k| u64_of(k, "keyframe"))
+        .collect();
+    assert_eq!(keys, want_keys);
+    let mapped: Vec<(i64, u64, i64)> = array(&probe(&["--frame-mappings"])["frames"], "frames")
+        .iter()
+        .map(|f| {
+            (
+                i64_of(&f["pts"], "pts"),
+                u64_of(&f["key_frame"], "key_frame"),
+                i64_of(&f["duration"], "duration"),
+            )
+        })
+        .collect();
+    assert_eq!(mapped, want);
+    let out = tempfile::tempdir().unwrap();
+    let npy = out.path().join("f.npy");
+    let last = want.len() as u64 - 1;
+    let frames = format!("0,1,{last}");
+    cli_stdout(&[
+        "get",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        SCRATCH,
+        "--video",
+        "cut.mp4",
+        "--frames",
+        &frames,
+        "--out",
+        npy.to_str().unwrap(),
+    ]);
+    let got = read_u8_npy(&npy, &[3, 120, 160, 3]);
+    let reference = Ffmpeg::default().frames(&cut, 160, 120, Some(&[0, 1, last]));
+    let want_px: Vec<u8> = [0, 1, last]
+        .iter()
+        .flat_map(|k| reference[k].clone())
+        .collect();
+    assert_bytes_eq(&got, &want_px, Some((160, 120)), "frames 0, 1 and the last");
+}
+
 #[tokio::test]
 async fn reload_lists_the_datasets_again_and_names_a_broken_manifest() {
     let d = Daemon::start().await;

@@ -217,7 +217,14 @@ impl pb::v_serve_server::VServe for Api {
             }),
             duration_seconds: index.duration_seconds(),
             frame_count: index.frame_count() as u64,
-            keyframes: index.keyframes.iter().map(|k| k as u64).collect(),
+            // Frames flagged key (as ffprobe's frame list says): the table's seek points also hold frame 0,
+            // where decoding can always start, whatever its flag (an edit list starting on a B frame).
+            keyframes: index
+                .keyframes
+                .iter()
+                .filter(|&k| index.frames.at(k).key)
+                .map(|k| k as u64)
+                .collect(),
             pts: if req.include_pts {
                 index.frames.iter().map(|f| f.pts).collect()
             } else {
