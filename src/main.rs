@@ -31,7 +31,27 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// A command whose output is cut short (`vserve probe ... | head`) ends quietly, as a tool killed by
+/// SIGPIPE does (status 141, what a shell reports for one), rather than with `println!`'s panic and
+/// backtrace. SIGPIPE itself stays ignored: gRPC writes to a closed socket must fail, not kill.
+fn end_quietly_on_a_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info)
+    }));
+}
+
 fn main() -> std::process::ExitCode {
+    end_quietly_on_a_closed_stdout();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

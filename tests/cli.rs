@@ -565,6 +565,39 @@ async fn a_file_starting_on_a_b_frame_lists_only_its_key_frames() {
     assert_bytes_eq(&got, &want_px, Some((160, 120)), "frames 0, 1 and the last");
 }
 
+/// Output cut short by its reader (`vserve probe ... | head`) ends the command quietly with status 141,
+/// as a tool killed by SIGPIPE: no panic, no backtrace.
+#[tokio::test]
+async fn a_closed_stdout_ends_a_command_quietly() {
+    use std::io::Read;
+    let d = Daemon::start().await;
+    let long = d.scratch.join("long.mkv");
+    let status = Command::new("ffmpeg")
+        .args(["-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg("testsrc=size=32x32:rate=500:duration=20")
+        .args(["-c:v", "libx264", "-g", "500"])
+        .arg(&long)
+        .status()
+        .expect("run ffmpeg");
+    assert!(status.success());
+    let mut child = Command::new(vserve_bin())
+        .args(["probe", "--addr", &d.addr, "--dataset", SCRATCH])
+        .args(["--video", "long.mkv", "--frame-mappings"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vserve");
+    let mut head = [0u8; 16];
+    let mut stdout = child.stdout.take().unwrap();
+    stdout.read_exact(&mut head).unwrap();
+    assert_eq!(&head[..11], b"{\"frames\":[");
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
 #[tokio::test]
 async fn reload_lists_the_datasets_again_and_names_a_broken_manifest() {
     let d = Daemon::start().await;
