@@ -386,3 +386,18 @@ def test_an_epoch_keeps_its_sample_list_across_a_reload(tmp_path):
         assert sorted(later) == sorted(CLIP_VIDEOS[:2]), "a new epoch plans over the new list"
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_take_the_rank_of_a_process_group_set_up_after_the_dataset(fake, monkeypatch, context):
+    # mp.spawn-style DDP: no RANK/WORLD_SIZE in the environment, the dataset built before
+    # init_process_group. Each worker must read its rank's shard, not the whole epoch: a forked worker
+    # asks the process group it inherited, a spawned one gets the rank the main process saw when it
+    # pickled the dataset. (The process group is stood in for by _distributed, which is what is asked.)
+    import vserve_client.torch as vt
+
+    ds = VideoClipDataset(fake.addr, "synthetic", **KW)
+    assert (ds.rank, ds.world_size) == (0, 1)
+    monkeypatch.setattr(vt, "_distributed", lambda: (1, 2))
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    check_items(batches_of(loader), expected(rank=1, world=2))

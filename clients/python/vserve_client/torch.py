@@ -15,7 +15,9 @@ the dataset yields whole batches, so use it with ``DataLoader(dataset, batch_siz
 
 Rank and world size come from torch.distributed when it is initialised, else from the RANK and
 WORLD_SIZE environment variables (torchrun sets both), else 0 and 1; pass ``rank``/``world_size`` to
-override. Each rank receives its own shard from the daemon.
+override. They are read as each iteration starts, also in DataLoader workers, so a dataset built before
+``init_process_group`` (mp.spawn-style launches) still reads its rank's shard. Each rank receives its own
+shard from the daemon.
 
 Workers: with ``num_workers = n`` each DataLoader worker opens its own connection and worker ``w`` takes the
 rank's batches ``b`` with ``(b - start_batch) % n == w`` (``b % n == w`` from a fresh start), so no batch is
@@ -276,7 +278,22 @@ class VideoClipDataset(IterableDataset):
         if get_worker_info() is None:
             # In the main process torch.distributed may have been initialised after construction.
             self.rank, self.world_size = resolve_rank(*self._explicit, _distributed(), os.environ)
+        elif self._explicit == (None, None):
+            # A DataLoader worker: a forked one inherits the main process's process group, initialised
+            # after this dataset was built or not (mp.spawn-style launches set no RANK/WORLD_SIZE); a
+            # spawned one has none, and holds what the main process saw when it pickled the dataset for
+            # it (__getstate__). Without this every rank's workers read the whole epoch.
+            distributed = _distributed()
+            if distributed is not None:
+                self.rank, self.world_size = resolve_rank(None, None, distributed, os.environ)
         return self.rank, self.world_size
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Pickled for a spawned (or forkserver) DataLoader worker, in the main process as its iterator
+        # starts: the rank and world size as they are now, torch.distributed included.
+        if get_worker_info() is None:
+            self._rank()
+        return self.__dict__.copy()
 
     # -- iteration -------------------------------------------------------------------------------------
 
