@@ -267,7 +267,10 @@ pub fn index_one(
             return (report(&known, STORED), Some(known));
         }
     }
-    let (health, table) = match build_index_of(&file, None, false) {
+    let built = build_index_of(&file, None, false);
+    // A file over the pixel bound is one another configuration decodes: reported, not recorded.
+    let remember = !matches!(built, Err(crate::index::IndexError::TooLarge { .. }));
+    let (health, table) = match built {
         Ok(ix) if ix.damaged => (health_of(&file, None), Some(ix)),
         Ok(ix) => (Health::Unchecked, Some(ix)),
         Err(crate::index::IndexError::Corrupt { reason, .. }) => (
@@ -293,7 +296,7 @@ pub fn index_one(
         written_ms: 0,
         content: file.content_sample(),
     };
-    if let Some(store) = store {
+    if let Some(store) = store.filter(|_| remember) {
         if let Err(e) = store.put(&record) {
             tracing::warn!(video, error = %e, "cannot record the table in the store");
             UNSTORED.note(video, &e);

@@ -116,7 +116,9 @@ impl From<IndexError> for Error {
         let msg = e.to_string();
         match e {
             // FFmpeg could not recognise the file at all: the client sent something that is not media.
-            IndexError::Open { .. } | IndexError::NoVideo { .. } => Error::InvalidArgument(msg),
+            IndexError::Open { .. } | IndexError::NoVideo { .. } | IndexError::TooLarge { .. } => {
+                Error::InvalidArgument(msg)
+            }
             IndexError::Corrupt { .. } => Error::DataLoss(msg),
         }
     }

@@ -97,6 +97,10 @@ pub enum IndexError {
     NoVideo { path: String, detail: String },
     #[error("corrupt media {path:?}: {reason}")]
     Corrupt { path: String, reason: String },
+    /// Frames over the pixel bound (`--max-side` squared): refused before anything is decoded, and not
+    /// remembered (a daemon with a larger bound decodes the file).
+    #[error("{path:?}: {reason}")]
+    TooLarge { path: String, reason: String },
 }
 
 /// Where a requested position lies relative to the table.

@@ -653,3 +653,91 @@ async fn damage_only_the_decoder_sees_gives_ffmpegs_frames_whichever_way_they_ar
             .join("\n")
     );
 }
+
+/// A 14 KB stream whose headers claim 16000x15992 frames is refused (INVALID_ARGUMENT, "frames too large")
+/// before anything is decoded: every decoder gets `--max-side`² as its pixel bound and the index refuses a
+/// stream over it. (It took minutes and gigabytes to index, stalling other tenants.) The refusal is not
+/// remembered: a video over a small `--max-side` is served by a daemon with a larger one.
+#[tokio::test]
+async fn a_header_claiming_enormous_frames_is_refused_before_decoding() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/damaged/sps_16000.h264");
+    fs::copy(&data, dir.path().join("huge.h264")).unwrap();
+    // A real 160x120 video: over 100² pixels.
+    let small = dir.path().join("small.mp4");
+    let status = Command::new("ffmpeg")
+        .args(["-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg("testsrc=size=160x120:rate=25:duration=1")
+        .args(["-c:v", "libx264", "-pix_fmt", "yuv420p"])
+        .arg(&small)
+        .status()
+        .expect("run ffmpeg");
+    assert!(status.success());
+    let dataset = format!("big={}", dir.path().display());
+    let state_arg = state.path().to_str().unwrap().to_owned();
+    // Probe and GetClips of `video` answer INVALID_ARGUMENT "frames too large" naming its size, twice.
+    async fn refused(c: &mut Client, video: &str, size: &str) {
+        for _ in 0..2 {
+            let res = tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                c.probe(probe_req("big", video, None, false)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("Probe {video} still running after 60 s"));
+            let msg = status_message(&res);
+            expect_code(res, &["INVALID_ARGUMENT"], video);
+            assert!(
+                msg.contains("frames too large") && msg.contains(size),
+                "{video}: {msg}"
+            );
+            let res = c
+                .get_clips(clips_req(
+                    "big",
+                    vec![frames_clip(video, &[0], None)],
+                    sized(16, 16),
+                ))
+                .await;
+            expect_code(res, &["INVALID_ARGUMENT"], video);
+        }
+    }
+    {
+        let mut d = Daemon::start_with(&["--dataset", &dataset, "--state-dir", &state_arg]).await;
+        let mut c = d.client().await;
+        refused(&mut c, "huge.h264", "16000x15992").await;
+        Control::new()
+            .check(&mut d, &c, "a video over the pixel bound")
+            .await;
+    }
+    {
+        let d = Daemon::start_with(&[
+            "--dataset",
+            &dataset,
+            "--state-dir",
+            &state_arg,
+            "--max-side",
+            "100",
+        ])
+        .await;
+        let mut c = d.client().await;
+        refused(&mut c, "small.mp4", "160x120").await;
+    }
+    // The same state directory, the default bound: the small video is served, its frames the CLI's.
+    let d = Daemon::start_with(&["--dataset", &dataset, "--state-dir", &state_arg]).await;
+    let mut c = d.client().await;
+    let p = probe(&mut c, probe_req("big", "small.mp4", None, false)).await;
+    assert_eq!((p.width, p.height, p.frame_count), (160, 120, 25));
+    let batch = get(
+        &mut c,
+        clips_req("big", vec![frames_clip("small.mp4", &[3], None)], None),
+    )
+    .await;
+    let reference = Ffmpeg::default().frames(&small, 160, 120, Some(&[3]));
+    assert_frames_eq(
+        &batch,
+        &[3],
+        &reference,
+        (160, 120),
+        "small.mp4 served again",
+    );
+}

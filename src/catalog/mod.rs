@@ -587,8 +587,9 @@ impl Catalog {
                 },
                 None,
             ),
-            // Opening can fail for passing reasons (permissions, descriptors): not remembered.
-            Err(IndexError::Open { .. }) => return,
+            // Opening can fail for passing reasons (permissions, descriptors), and a file over this
+            // daemon's pixel bound is one another configuration decodes: not remembered.
+            Err(IndexError::Open { .. } | IndexError::TooLarge { .. }) => return,
         };
         let record = Record {
             key: key_of(id),

@@ -74,6 +74,7 @@ pub(super) fn open_decoder(
     // avcodec_open2 reads.
     unsafe {
         (*ctx.as_mut_ptr()).pkt_timebase = tb.into();
+        (*ctx.as_mut_ptr()).max_pixels = open::max_pixels_option();
     }
     match hw {
         None => ctx.set_threading(ff::codec::threading::Config::count(threads)),

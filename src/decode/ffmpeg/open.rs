@@ -30,6 +30,29 @@ asf,nut,ivf,yuv4mpegpipe,dv,mxf,h264,hevc,m4v,vc1,obu,mjpeg,gif";
 /// The only protocol FFmpeg may use.
 pub const PROTOCOLS: &str = "file";
 
+/// Pixels a video frame may have (`--max-side` squared; 8192² = 64 Mpx by default, 8K UHD is 33 Mpx),
+/// set once at start-up ([`set_max_side`]). Every decoder context gets it as `max_pixels`, those stream
+/// probing opens included, so a file whose headers claim frames of 16000x16000 fails at once instead
+/// of decoding 400 MB pictures for minutes; [`super::info::stream_facts`] refuses such a stream before
+/// anything is decoded.
+static MAX_PIXELS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(8192 * 8192);
+
+/// Bounds the frames every later open decodes at `side` x `side` pixels.
+pub fn set_max_side(side: u32) {
+    let side = u64::from(side.max(1));
+    MAX_PIXELS.store(side * side, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The bound of [`set_max_side`], in pixels.
+pub fn max_pixels() -> u64 {
+    MAX_PIXELS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `max_pixels` as an AVCodecContext holds it.
+pub(super) fn max_pixels_option() -> i64 {
+    i64::try_from(max_pixels()).unwrap_or(i64::MAX)
+}
+
 /// Opens `file` for demuxing. `find_stream_info` runs FFmpeg's stream probing (which decodes a few
 /// frames) after the header is read; without it only the header is read. `stage` names who opens, for
 /// the test-only fault hooks ([`faults`]).
@@ -58,8 +81,32 @@ pub fn open_input(
         return Err(ff::Error::from(ret.min(-1)));
     }
     if find_stream_info {
-        // SAFETY: `ctx` is a valid, opened AVFormatContext; on failure it is closed here and not used.
-        let ret = unsafe { ff::ffi::avformat_find_stream_info(ctx, ptr::null_mut()) };
+        // The probing decoders get the pixel bound too: one dictionary per stream.
+        // SAFETY: `ctx` is a valid, opened AVFormatContext.
+        let streams = unsafe { (*ctx).nb_streams } as usize;
+        let limit = max_pixels_option().to_string();
+        let mut per_stream: Vec<*mut ff::ffi::AVDictionary> = (0..streams)
+            .map(|_| {
+                let mut d = ff::Dictionary::new();
+                d.set("max_pixels", &limit);
+                // SAFETY: the dictionary is owned again and freed below.
+                unsafe { d.disown() }
+            })
+            .collect();
+        // SAFETY: `ctx` is a valid, opened AVFormatContext; `per_stream` holds one dictionary per stream
+        // (avformat_find_stream_info's `options`); on failure the context is closed here and not used.
+        let ret = unsafe {
+            let options = if streams == 0 {
+                ptr::null_mut()
+            } else {
+                per_stream.as_mut_ptr()
+            };
+            ff::ffi::avformat_find_stream_info(ctx, options)
+        };
+        for d in per_stream {
+            // SAFETY: each entry is a dictionary disowned above (or one FFmpeg put in its place).
+            drop(unsafe { ff::Dictionary::own(d) });
+        }
         if ret < 0 {
             // SAFETY: `ctx` was opened by avformat_open_input and is owned by nothing else.
             unsafe { ff::ffi::avformat_close_input(&mut ctx) };

@@ -266,9 +266,18 @@ pub fn build_index_of(
         path: pstr.clone(),
         detail,
     })?;
-    let facts = stream_facts(&input, st_index).map_err(|reason| IndexError::Corrupt {
-        path: pstr.clone(),
-        reason,
+    let facts = stream_facts(&input, st_index).map_err(|reason| {
+        if reason.starts_with(super::info::TOO_LARGE) {
+            IndexError::TooLarge {
+                path: pstr.clone(),
+                reason,
+            }
+        } else {
+            IndexError::Corrupt {
+                path: pstr.clone(),
+                reason,
+            }
+        }
     })?;
     read_only_stream(&mut input, st_index);
     // Frames the decoder may hold back to reorder (0: it outputs each frame as decoded, in packet order).
