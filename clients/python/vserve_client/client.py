@@ -334,6 +334,7 @@ class Client:
             self._channel = grpc.insecure_channel(target, options=options)
         self._stub = pb_grpc.VServeStub(self._channel)
         self._pid = os.getpid()
+        self._closed = False
         _OPEN.add(self)
 
     @property
@@ -345,8 +346,31 @@ class Client:
         """Releases the shared-memory replies nothing views any more (waiting for the daemon's answers)
         and closes the channel. Clients still open at interpreter exit are closed then."""
         _OPEN.discard(self)
+        self._closed = True
+        if self._pid != os.getpid():
+            return  # inherited through fork: the channel and the replies are the parent's
         self._transport.close()
         self._channel.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def flush(self) -> None:
+        """Releases the shared-memory replies nothing views any more now, rather than at the next call."""
+        self._check_process()
+        self._transport.flush()
+
+    def _check_process(self) -> None:
+        """Refuses a call from a process this client was not opened in: a fork's child inherits the
+        channel (whose gRPC threads and locks do not survive fork) and the parent's pending releases
+        (arenas the daemon lets only the parent release)."""
+        if self._pid != os.getpid():
+            raise InvalidArgument(
+                f"this Client was opened in process {self._pid} and is used in process {os.getpid()} (a "
+                "fork, e.g. a DataLoader worker): open a Client in each process (VideoDecoder given the "
+                "address string does; vserve_client.torch.VideoClipDataset does)"
+            )
 
     def __enter__(self) -> "Client":
         return self
@@ -363,6 +387,7 @@ class Client:
     # -- unary calls ------------------------------------------------------------------------------------
 
     def _unary(self, method: Any, req: Any) -> Any:
+        self._check_process()
         try:
             return method(req, metadata=self._metadata, timeout=self._timeout)
         except grpc.RpcError as e:
@@ -421,6 +446,7 @@ class Client:
         self._unary(self._stub.ReleaseSlots, pb.ReleaseSlotsRequest(arena=arena, slots=slots))
 
     def _release_slots_async(self, arena: str, slots: List[int]) -> "_Answer":
+        self._check_process()
         req = pb.ReleaseSlotsRequest(arena=arena, slots=slots)
         return _Answer(self._stub.ReleaseSlots.future(req, metadata=self._metadata, timeout=self._timeout))
 
@@ -511,6 +537,7 @@ class Client:
             raise TypeError(f"get_clips_async() got unexpected keyword arguments {sorted(unknown)}")
         req = rq.get_clips_request(dataset, clips, **kwargs)
         finish = rq.finish_of(kwargs.get("dtype", "uint8"), kwargs.get("layout", "THWC"))
+        self._check_process()
         self._transport.prepare(req)
         call = self._stub.GetClips(req, metadata=self._metadata, timeout=self._timeout)
         return ClipsFuture(self._transport, call, finish)
@@ -630,6 +657,7 @@ class Client:
     def _open_stream(
         self, req: "pb.StreamBatchesRequest", finish: Optional[rq.Finish] = None, policy_error: bool = False
     ) -> BatchStream:
+        self._check_process()
         self._transport.prepare(req)
         messages = self._messages(self._stub.StreamBatches, req, None)
         batches = self._transport.batches(messages)

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -200,11 +202,31 @@ def _torch_available() -> bool:
     return True
 
 
+# The client of each (address, process) that VideoDecoder(address) uses.
+_CLIENTS: Dict[Tuple[str, int], "Client"] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _process_client(addr: str) -> "Client":
+    """This process's client for ``addr``, shared by every decoder given that address."""
+    from .client import Client
+
+    key = (addr, os.getpid())
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None or client.closed:
+            client = _CLIENTS[key] = Client(addr)
+        return client
+
+
 class VideoDecoder:
     """TorchCodec's ``VideoDecoder`` for one video of a dataset served by a vserve daemon.
 
     Args:
-        client: a :class:`~vserve_client.Client`, or the daemon's address (a client is then opened).
+        client: a :class:`~vserve_client.Client`, or the daemon's address: every decoder given the same
+            address in a process shares one client of that process (opened at the first, kept until the
+            process exits), so decoders need no ``close()``, as TorchCodec's, and one built before a fork
+            (a DataLoader's workers) reads through its own process's client after it.
         dataset, video: which video (path relative to the dataset root).
         stream_index: container stream index (None: FFmpeg's best video stream, as TorchCodec's default).
         dimension_order: "NCHW" (default) or "NHWC".
@@ -238,14 +260,8 @@ class VideoDecoder:
             raise InvalidArgument(f"seek_mode={seek_mode!r}: expected 'exact' or 'approximate'")
         # Both are exact here: the daemon indexes each video once and shares its table.
         self.seek_mode = seek_mode
-        if isinstance(client, str):
-            from .client import Client
-
-            client = Client(client)
-            self._own_client = True
-        else:
-            self._own_client = False
-        self._client = client
+        self._address = client if isinstance(client, str) else None
+        self._given = None if isinstance(client, str) else client
         self.dataset = dataset
         self.video = video
         if stream_index == -1:
@@ -258,12 +274,21 @@ class VideoDecoder:
 
         transform_msg(**self._transform)
         self._tensors = _torch_available() if tensors is None else bool(tensors)
-        self.metadata = client.metadata(dataset, video, stream=stream_index)
+        self.metadata = self._client.metadata(dataset, video, stream=stream_index)
+
+    @property
+    def _client(self) -> "Client":
+        if self._given is not None:
+            return self._given
+        assert self._address is not None
+        return _process_client(self._address)
 
     def close(self) -> None:
-        """Closes the client if this decoder opened it."""
-        if self._own_client:
-            self._client.close()
+        """Hands the shared-memory replies nothing views any more back to the daemon now. The client is
+        left open: a given one is its owner's, and an address's is shared by this process's decoders."""
+        client = self._client
+        if not client.closed:
+            client.flush()
 
     def __enter__(self) -> "VideoDecoder":
         return self

@@ -55,6 +55,10 @@ class Transport:
         """The batches of a StreamBatches reply, each as soon as it is complete."""
         raise NotImplementedError
 
+    def flush(self, wait: bool = False) -> None:
+        """Gives back to the daemon what nothing views any more (shared-memory slots); ``wait``: and waits
+        for its answers."""
+
     def close(self) -> None:
         """Releases what the transport holds (a shared-memory mapping)."""
 
@@ -77,8 +81,9 @@ PAGE = mmap.PAGESIZE
 #: released GetClips arena to a later reply, an ended stream's to the next stream of its shape).
 CACHED_MAPPINGS = 8
 #: Seconds between checks, on a background thread, for kept mappings of arenas the daemon has removed
-#: (it drops spare arenas unused for a minute): a client that stops calling does not keep their memory.
-PRUNE_PERIOD = 5.0
+#: (it drops spare arenas unused for a minute) and for replies garbage-collected since the last call: a
+#: client that stops calling keeps neither their memory nor the daemon's slots.
+PRUNE_PERIOD = 1.0
 
 
 class Mapping:
@@ -359,14 +364,24 @@ class ShmTransport(Transport):
         return mapping
 
     def _prune(self) -> bool:
-        """Drops kept mappings whose arena file is gone; whether any remain to watch."""
+        """Drops kept mappings whose arena file is gone, and releases the slots of replies garbage-collected
+        since (a client that makes no further call, such as the one a dropped VideoDecoder read through,
+        would otherwise hold them until the daemon's expiry); whether any mappings remain to watch."""
         with self._lock:
+            mine = self._pruner_pid == os.getpid()
             gone = [k for k in self._maps if not os.path.exists(k[0])]
             for k in gone:
                 del self._maps[k]
             if not self._maps:
                 self._pruner_pid = 0  # the next mapping starts a new thread
-            return bool(self._maps)
+            keep = bool(self._maps)
+            collected = bool(self._collected)
+        if collected and mine:
+            try:
+                self.flush()
+            except Exception:
+                pass  # the next call's flush sees it again; the daemon expires what stays unreleased
+        return keep
 
     def one(self, messages: Iterable[Any]) -> Batch:
         it = iter(messages)
