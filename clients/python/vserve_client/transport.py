@@ -284,6 +284,9 @@ class ShmTransport(Transport):
         self._checked = 0.0
         # The process whose pruning thread runs (a forked child starts its own).
         self._pruner_pid = 0
+        # When the last call was prepared: the pruning thread releases collected slots only for a client
+        # idle since (a calling client releases them with its next call, ahead of it).
+        self._last_call = 0.0
 
     def _collect(self, arena: str, slot: int) -> None:
         with self._lock:
@@ -330,6 +333,7 @@ class ShmTransport(Transport):
             self._maps.clear()  # unmapped once no batch views them
 
     def prepare(self, request: Any) -> None:
+        self._last_call = time.monotonic()
         self.flush()
         request.transport = pb.TRANSPORT_SHM
         if "reuse_arena" in request.DESCRIPTOR.fields_by_name:
@@ -376,7 +380,8 @@ class ShmTransport(Transport):
                 self._pruner_pid = 0  # the next mapping starts a new thread
             keep = bool(self._maps)
             collected = bool(self._collected)
-        if collected and mine:
+        idle = time.monotonic() - self._last_call >= PRUNE_PERIOD
+        if collected and mine and idle:
             try:
                 self.flush()
             except Exception:
