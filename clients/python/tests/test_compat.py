@@ -463,3 +463,16 @@ def test_resume_at_another_world_size_reads_the_rest_of_the_epoch(client):
                 assert (f, c["crop"]) == clips_of[(c["sample"], c["clip"])], "a resumed clip differs"
     assert sorted(set(rest)) == sorted(order[2:]) and len(rest) == 2 * len(order[2:])
     assert detached(client, start_sample=len(order), **kw) == []
+
+
+def test_decoder_takes_torchcodecs_device_and_thread_arguments(client, reference):
+    # TorchCodec code passes device="cpu" and num_ffmpeg_threads; both are accepted (the daemon's threads
+    # decode, frames arrive in host memory) and the frames are the same. Another device is refused by name.
+    dec = VideoDecoder(client, "media", BIKES, tensors=False, device="cpu", num_ffmpeg_threads=1)
+    want = reference(BIKES)
+    assert_array_equal(np.asarray(dec[3]), want[3].transpose(2, 0, 1), "frame 3 with TorchCodec's arguments")
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(vserve_client.InvalidArgument, match="host memory"):
+            VideoDecoder(client, "media", BIKES, tensors=False, device=device)
+    with pytest.raises(vserve_client.InvalidArgument, match="num_ffmpeg_threads"):
+        VideoDecoder(client, "media", BIKES, tensors=False, num_ffmpeg_threads=-1)

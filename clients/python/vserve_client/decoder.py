@@ -236,6 +236,9 @@ class VideoDecoder:
         tensors: torch tensors (True), numpy arrays (False), or torch when installed (None).
         seek_mode: "exact" or "approximate", accepted for TorchCodec's callers; both are exact (the daemon
             indexes each video once and shares the table).
+        device, num_ffmpeg_threads: accepted for TorchCodec's callers: ``device`` must be "cpu" (frames
+            arrive in host memory; the daemon's ``--gpus`` decides NVDEC), the thread count is the
+            daemon's (``--decode-threads``).
     """
 
     def __init__(
@@ -253,7 +256,19 @@ class VideoDecoder:
         rotate: bool = True,
         tensors: Optional[bool] = None,
         seek_mode: str = "exact",
+        device: Any = "cpu",
+        num_ffmpeg_threads: Optional[int] = None,
     ):
+        # TorchCodec's device and decoder threads: frames arrive in host memory, decoded by the daemon's
+        # threads (--decode-threads, --gpus); "cpu" and any thread count are accepted, so that TorchCodec
+        # code runs unchanged, another device is refused by name.
+        if str(device) != "cpu":
+            raise InvalidArgument(
+                f"device={device!r}: vserve's frames arrive in host memory (the daemon decodes, on NVDEC "
+                "with --gpus); use device='cpu' and move them with .to(device)"
+            )
+        if num_ffmpeg_threads is not None and (isinstance(num_ffmpeg_threads, bool) or int(num_ffmpeg_threads) < 0):
+            raise InvalidArgument(f"num_ffmpeg_threads={num_ffmpeg_threads!r}: expected an int >= 0")
         if dimension_order not in ("NCHW", "NHWC"):
             raise InvalidArgument(f"dimension_order={dimension_order!r}: expected 'NCHW' or 'NHWC'")
         if seek_mode not in ("exact", "approximate"):
