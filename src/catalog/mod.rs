@@ -42,6 +42,9 @@ mod listing;
 use listing::Listings;
 pub use listing::Reloaded;
 
+/// An index build that takes at least this long is logged (WARN) when it ends.
+const SLOW_INDEX_SECONDS: f64 = 10.0;
+
 /// A resolved, indexed video.
 pub type Resolved = (Arc<VideoId>, Arc<VideoIndex>, VideoSource);
 
@@ -482,14 +485,13 @@ impl Catalog {
                 if let Some(j) = journal {
                     j.leave();
                 }
-                if let Ok(ix) = &built {
-                    tracing::debug!(
-                        path = %path.display(),
-                        frames = ix.frame_count(),
-                        method = ?ix.method,
-                        ms = started.elapsed().as_millis() as u64,
-                        "indexed"
-                    );
+                let (seconds, ok) = (started.elapsed().as_secs_f64(), built.is_ok());
+                let frames = built.as_ref().map_or(0, |ix| ix.frame_count());
+                if seconds >= SLOW_INDEX_SECONDS {
+                    // It held an index slot (and a core) that long, whoever still waited for it.
+                    tracing::warn!(path = %path.display(), frames, ok, seconds, "slow index build");
+                } else if ok {
+                    tracing::debug!(path = %path.display(), frames, seconds, "indexed");
                 }
                 // Held packed (the record's columns, read in place): a few hundred bytes a table.
                 let built = built.map(|ix| Arc::new(crate::store::format::pack(ix)));
