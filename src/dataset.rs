@@ -73,7 +73,7 @@ impl FileNode {
 }
 
 /// Bytes read from each end of a file for its [`CheckedFile::content_sample`].
-pub const SAMPLE_BYTES: u64 = 64 << 10;
+pub const SAMPLE_BYTES: u64 = 16 << 10;
 
 impl CheckedFile {
     /// A 64-bit digest of the file's size and of its first and last [`SAMPLE_BYTES`] (the whole file when
@@ -81,7 +81,8 @@ impl CheckedFile {
     /// Two different videos of the same size and mtime differ there, so a stored frame table is checked
     /// against it before it serves another file that took the old one's path (renamed over it, or
     /// rewritten in place with the mtime set back, across restarts too). Not a hash of the whole file: an
-    /// edit of the middle alone goes unseen. Two reads of at most 64 KiB, ~20 µs from the page cache.
+    /// edit of the middle alone goes unseen. Two reads of at most 16 KiB: a recall of a stored table cost no
+    /// more with it (docs/BENCHMARKS.md, run s35; 64 KiB cost ~0.06 ms a recall).
     /// 0 when the file cannot be read (nothing is then concluded from it).
     pub fn content_sample(&self) -> u64 {
         use std::os::unix::fs::FileExt;
