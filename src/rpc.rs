@@ -446,6 +446,12 @@ mod tests {
         let in_time = tower::Service::call(&mut svc, request("1S")).await.unwrap();
         assert_eq!(code_of(&in_time), Some(tonic::Code::Ok));
         drop(in_time);
+        // The longest deadline the header can say (11,000 years) is no overflow.
+        let longest = tower::Service::call(&mut svc, request("99999999H"))
+            .await
+            .unwrap();
+        assert_eq!(code_of(&longest), Some(tonic::Code::Ok));
+        drop(longest);
         let count = |code| {
             metrics
                 .requests
@@ -456,7 +462,7 @@ mod tests {
                 .get()
         };
         assert_eq!(count("DEADLINE_EXCEEDED"), 1);
-        assert_eq!(count("OK"), 1);
+        assert_eq!(count("OK"), 2);
         assert_eq!(count("CANCELLED"), 0);
     }
 
