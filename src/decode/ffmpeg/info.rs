@@ -9,9 +9,6 @@ static INIT: Once = Once::new();
 
 /// Initialises FFmpeg once per process and quiets its own logging (errors are reported by vserve; set
 /// `VSERVE_FFMPEG_LOG=error|warning|info|debug` to see FFmpeg's messages).
-/// How [`stream_facts`] starts the reason of a stream whose frames are over the pixel bound.
-pub const TOO_LARGE: &str = "frames too large";
-
 pub fn init() {
     INIT.call_once(|| {
         if let Err(e) = ff::init() {
@@ -113,12 +110,7 @@ pub fn stream_facts(
             "stream {index} has no frame size ({width}x{height})"
         ));
     }
-    let limit = super::open::max_pixels();
-    if width as u64 * height as u64 > limit {
-        return Err(format!(
-            "{TOO_LARGE}: stream {index} has frames of {width}x{height}, over the {limit} pixels this daemon decodes (--max-side squared)"
-        ));
-    }
+
     let in_range = (0..ff::ffi::AVPixelFormat::AV_PIX_FMT_NB as i32).contains(&format);
     let pixel_format = if !in_range {
         "unknown".to_owned()

@@ -33,8 +33,8 @@ pub const PROTOCOLS: &str = "file";
 /// Pixels a video frame may have (`--max-side` squared; 8192² = 64 Mpx by default, 8K UHD is 33 Mpx),
 /// set once at start-up ([`set_max_side`]). Every decoder context gets it as `max_pixels`, those stream
 /// probing opens included, so a file whose headers claim frames of 16000x16000 fails at once instead
-/// of decoding 400 MB pictures for minutes; [`super::info::stream_facts`] refuses such a stream before
-/// anything is decoded.
+/// of decoding 400 MB pictures for minutes; the index build ([`super::scan::build_index_of`]) refuses
+/// such a stream before anything is decoded.
 static MAX_PIXELS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(8192 * 8192);
 
 /// Bounds the frames every later open decodes at `side` x `side` pixels.

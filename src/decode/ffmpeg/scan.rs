@@ -266,19 +266,21 @@ pub fn build_index_of(
         path: pstr.clone(),
         detail,
     })?;
-    let facts = stream_facts(&input, st_index).map_err(|reason| {
-        if reason.starts_with(super::info::TOO_LARGE) {
-            IndexError::TooLarge {
-                path: pstr.clone(),
-                reason,
-            }
-        } else {
-            IndexError::Corrupt {
-                path: pstr.clone(),
-                reason,
-            }
-        }
+    let facts = stream_facts(&input, st_index).map_err(|reason| IndexError::Corrupt {
+        path: pstr.clone(),
+        reason,
     })?;
+    // Refused before anything is decoded (the decoders' own `max_pixels` stops stream probing too).
+    let limit = super::open::max_pixels();
+    if u64::from(facts.width) * u64::from(facts.height) > limit {
+        return Err(IndexError::TooLarge {
+            path: pstr,
+            reason: format!(
+                "frames too large: stream {st_index} has frames of {}x{}, over the {limit} pixels this daemon decodes (--max-side squared)",
+                facts.width, facts.height
+            ),
+        });
+    }
     read_only_stream(&mut input, st_index);
     // Frames the decoder may hold back to reorder (0: it outputs each frame as decoded, in packet order).
     let reorder_delay = input.stream(st_index).map_or(0, |st| {
