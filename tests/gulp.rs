@@ -7,7 +7,9 @@
 //!   those frames are the daemon's own decode of the source frames, up to JPEG loss;
 //! - an ingest SIGKILLed halfway and rerun leaves a complete dataset: gulp-check passes, every id once;
 //! - a truncated .gulp, a broken .gmeta and a bad JPEG record give DATA_LOSS for their videos only, and
-//!   gulp-check reports each.
+//!   gulp-check reports each;
+//! - a .gulp truncated in place while served fails only the frames it lost (it took the daemon down with
+//!   SIGBUS when chunks were memory-mapped), and one renamed over fails its videos by name.
 
 mod common;
 
@@ -564,6 +566,127 @@ fn corrupt_chunks_are_data_loss_for_their_videos_only() {
         assert!(err.to_string().contains("frame"), "{err}");
     });
     assert!(d.is_running());
+}
+
+/// `cp` or `rsync --inplace` over a served chunk truncates it in place. Read through a memory map, the
+/// next read past the new end faulted (SIGBUS) and the daemon died with every tenant's calls; read with
+/// `pread`, only the frames that are gone fail, DATA_LOSS naming the truncation, and the frames still
+/// there keep their pixels. A chunk renamed over is no longer what the start-up meta data describes: its
+/// videos are DATA_LOSS, named so.
+#[test]
+fn a_chunk_truncated_while_served_fails_only_the_frames_it_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for name in ["a", "b", "c"] {
+        std::fs::copy(
+            media_path("gulpio/test.mp4"),
+            src.join(format!("{name}.mp4")),
+        )
+        .unwrap();
+    }
+    let out = dir.path().join("gulp");
+    let run = vserve(&[
+        "ingest",
+        "--dataset-dir",
+        src.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--videos-per-chunk",
+        "1",
+        "--jobs",
+        "1",
+        "--fps",
+        "5",
+        "--quiet",
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // Chunk k holds video k (one job, in order).
+    let meta = |k: u64| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(out.join(format!("meta_{k}.gmeta"))).unwrap())
+            .unwrap()
+    };
+    let id_of = |k: u64| meta(k).as_object().unwrap().keys().next().unwrap().clone();
+    let (cut_id, replaced, other) = (id_of(0), id_of(1), id_of(2));
+    let records = meta(0)[&cut_id]["frame_info"].as_array().unwrap().clone();
+    let t = records.len();
+    assert!(t >= 8, "{t} frames");
+    // Cut the data file at the start of frame t/2: frames before it stay whole.
+    let keep = t / 2;
+    let cut_at = records[keep][0].as_u64().unwrap();
+    let (cut_id, replaced, other) = (cut_id.as_str(), replaced.as_str(), other.as_str());
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // No cache: every request below reads the chunk again.
+    let mut d = rt.block_on(Daemon::start_with(&[
+        "--dataset",
+        &format!("g={}", out.display()),
+        "--cache-bytes",
+        "0",
+    ]));
+    rt.block_on(async {
+        let mut c = d.client().await;
+        let (before, h, w) = all_frames(&mut c, "g", cut_id, t).await;
+        let (other_before, _, _) = all_frames(&mut c, "g", other, t).await;
+        all_frames(&mut c, "g", replaced, t).await;
+        let frame_bytes = h * w * 3;
+
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(out.join("data_0.gulp"))
+            .unwrap()
+            .set_len(cut_at)
+            .unwrap();
+        let copy = out.join("data_1.gulp.new");
+        std::fs::copy(out.join("data_1.gulp"), &copy).unwrap();
+        std::fs::rename(&copy, out.join("data_1.gulp")).unwrap();
+
+        for k in keep..t {
+            let err = c
+                .get_clips(clips_req(
+                    "g",
+                    vec![frames_clip(cut_id, &[k as u64], None)],
+                    None,
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code_name(), "DATA_LOSS", "frame {k}: {err}");
+            assert!(
+                err.to_string().contains("truncated while served"),
+                "frame {k}: {err}"
+            );
+        }
+        let kept: Vec<u64> = (0..keep as u64).collect();
+        let b = get(
+            &mut c,
+            clips_req("g", vec![frames_clip(cut_id, &kept, None)], None),
+        )
+        .await;
+        assert!(
+            b.data == before[..keep * frame_bytes],
+            "the frames before the cut changed"
+        );
+        let (other_after, _, _) = all_frames(&mut c, "g", other, t).await;
+        assert!(
+            other_after == other_before,
+            "the other chunk's frames changed"
+        );
+        let err = c
+            .get_clips(clips_req(
+                "g",
+                vec![frames_clip(replaced, &[0], None)],
+                None,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code_name(), "DATA_LOSS", "{err}");
+        assert!(err.to_string().contains("replaced while served"), "{err}");
+    });
+    assert!(d.is_running(), "the daemon died");
 }
 
 #[test]

@@ -14,6 +14,8 @@ use crate::gulp::jpeg::Decoder;
 pub struct GulpBackend {
     /// Created on first use, kept for the thread's lifetime.
     decoder: Option<Decoder>,
+    /// The record being decoded, reused across frames.
+    record: Vec<u8>,
 }
 
 impl GulpBackend {
@@ -43,13 +45,17 @@ impl GulpBackend {
         };
         let (w, h) = (geometry.scaled_width, geometry.scaled_height);
         let mut frames = Vec::with_capacity(run.wanted.len());
+        let first = run.wanted.first().copied().unwrap_or(0);
+        let records = video
+            .dataset
+            .records(&video.id)
+            .map_err(|e| missing(first, e.to_string()))?;
         for &k in &run.wanted {
-            let bytes = video
-                .dataset
-                .jpeg(&video.id, k)
+            records
+                .read(k, &mut self.record)
                 .map_err(|e| missing(k, e.to_string()))?;
             let rgb = decoder
-                .decode(bytes)
+                .decode(&self.record)
                 .map_err(|e| missing(k, format!("not a valid JPEG: {e}")))?;
             let frame = if (rgb.width, rgb.height) == (w, h) {
                 Frame {

@@ -1,4 +1,5 @@
-//! Reading a GulpIO directory: chunk meta files parsed once, data files mapped read-only (memmap2).
+//! Reading a GulpIO directory: chunk meta files parsed once at start-up; data files opened for each run
+//! of frames and read a record at a time (`pread`).
 //!
 //! Input: a directory of `data_<k>.gulp`/`meta_<k>.gmeta` pairs (and optionally `label2idx.json`).
 //! Output: a [`GulpDataset`]: per video id its chunk, frame records and `meta_data[0]`; a frame's JPEG bytes
@@ -10,8 +11,13 @@
 //! or an id present in two chunks marks those videos corrupt; a record that is not valid JPEG fails the
 //! frames that need it. Everything else keeps serving.
 //!
-//! Invariant: the files do not change while mapped. A dataset is read at start-up; replacing or truncating
-//! a served chunk under the daemon is unsupported (a mapped file shrinking would fault the reader).
+//! Records are read with `pread` into the caller's buffer, not through a memory map: a data file truncated
+//! in place while served (`cp` or `rsync --inplace` over a chunk) would make a mapped read fault (SIGBUS)
+//! and take the daemon down with it; a read answers short instead, and only the frames past the new end
+//! fail. Files are opened per run, not held: a dataset of thousands of chunks would otherwise hold
+//! thousands of descriptors. A chunk whose path names another file than at start-up (renamed over) is
+//! refused, since the start-up meta data no longer describes it. A record is at most [`MAX_RECORD`]
+//! bytes, so no meta file can make a read allocate more.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +29,10 @@ use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
 
 /// Frame rate assumed for videos whose meta data stores none (GulpIO itself stores no frame rate).
 pub const DEFAULT_FPS: f64 = 25.0;
+
+/// The longest record read: 256 MiB, several times any JPEG of an 8192x8192 picture at quality 100. A
+/// meta file naming a longer record makes its video unreadable rather than make each read allocate it.
+pub const MAX_RECORD: u64 = 256 << 20;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum GulpError {
@@ -38,10 +48,19 @@ pub enum GulpError {
 struct Chunk {
     number: u64,
     data_path: PathBuf,
-    /// The mapped data file; Err says why it is unusable (missing, unreadable).
-    map: Result<Arc<memmap2::Mmap>, String>,
+    /// The data file's (device, inode) at start-up; Err says why it is unusable (missing, unreadable,
+    /// empty).
+    file: Result<(u64, u64), String>,
     size: u64,
     mtime_ns: i128,
+}
+
+/// One video's data file, open for a run of reads.
+pub struct Records<'a> {
+    id: &'a str,
+    entry: &'a Entry,
+    chunk: &'a Chunk,
+    file: std::fs::File,
 }
 
 /// One video: where its records are and its meta data.
@@ -134,7 +153,8 @@ pub fn list_chunks(dir: &Path) -> std::io::Result<(Vec<u64>, Vec<u64>)> {
     Ok((data, meta))
 }
 
-fn map_file(path: &Path) -> (Result<Arc<memmap2::Mmap>, String>, u64, i128) {
+fn open_data(path: &Path) -> (Result<(u64, u64), String>, u64, i128) {
+    use std::os::unix::fs::MetadataExt;
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) => return (Err(format!("{}: {e}", path.display())), 0, 0),
@@ -148,15 +168,17 @@ fn map_file(path: &Path) -> (Result<Arc<memmap2::Mmap>, String>, u64, i128) {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos() as i128);
+    if !meta.is_file() {
+        return (
+            Err(format!("{} is not a regular file", path.display())),
+            0,
+            mtime_ns,
+        );
+    }
     if meta.len() == 0 {
         return (Err(format!("{} is empty", path.display())), 0, mtime_ns);
     }
-    // SAFETY: the mapping is read-only and the dataset's files are not modified while served (module
-    // invariant, documented for users); every access is bounds-checked against the mapped length.
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .map(Arc::new)
-        .map_err(|e| format!("cannot map {}: {e}", path.display()));
-    (map, meta.len(), mtime_ns)
+    (Ok((meta.dev(), meta.ino())), meta.len(), mtime_ns)
 }
 
 impl GulpDataset {
@@ -185,14 +207,18 @@ impl GulpDataset {
                 }
             };
             let data_path = root.join(data_name(k));
-            let (map, size, mtime_ns) = map_file(&data_path);
+            let (file, size, mtime_ns) = open_data(&data_path);
             let chunk = chunks.len();
             for (id, frames, meta) in entries {
-                let problem = match &map {
+                let problem = match &file {
                     Err(e) => Some(format!("data file unusable: {e}")),
                     Ok(_) => frames.iter().enumerate().find_map(|(i, f)| {
                         match f.jpeg_range() {
                             None => Some(format!("frame {i} has an inconsistent record {:?}", (f.offset, f.pad, f.length))),
+                            Some(_) if f.length > MAX_RECORD => Some(format!(
+                                "frame {i}'s record is {} bytes, more than the {MAX_RECORD} any frame may take",
+                                f.length
+                            )),
                             Some(r) if r.end > size || f.offset + f.length > size => Some(format!(
                                 "frame {i} lies at bytes {}..{} but {} holds {size} bytes (truncated)",
                                 f.offset,
@@ -222,7 +248,7 @@ impl GulpDataset {
             chunks.push(Chunk {
                 number: k,
                 data_path,
-                map,
+                file,
                 size,
                 mtime_ns,
             });
@@ -285,26 +311,40 @@ impl GulpDataset {
         Ok((c.data_path.clone(), c.size, c.mtime_ns))
     }
 
-    /// The JPEG bytes of frame `k` of `id`.
-    pub fn jpeg(&self, id: &str, k: usize) -> Result<&[u8], GulpError> {
-        let e = self.entry(id)?;
+    /// The data file holding `id`'s frames, opened: the file the meta data described at start-up.
+    pub fn records<'a>(&'a self, id: &'a str) -> Result<Records<'a>, GulpError> {
+        use std::os::unix::fs::MetadataExt;
+        let entry = self.entry(id)?;
+        let chunk = &self.chunks[entry.chunk];
         let corrupt = |reason: String| GulpError::Corrupt {
             id: id.to_owned(),
             reason,
         };
-        let f = e
-            .frames
-            .get(k)
-            .ok_or_else(|| corrupt(format!("frame {k} of {} is not stored", e.frames.len())))?;
-        let map = self.chunks[e.chunk]
-            .map
-            .as_ref()
-            .map_err(|m| corrupt(m.clone()))?;
-        let r = f
-            .jpeg_range()
-            .ok_or_else(|| corrupt(format!("frame {k} has an inconsistent record")))?;
-        map.get(r.start as usize..r.end as usize)
-            .ok_or_else(|| corrupt(format!("frame {k} lies past the end of its data file")))
+        let identity = chunk.file.as_ref().map_err(|m| corrupt(m.clone()))?;
+        let file = std::fs::File::open(&chunk.data_path)
+            .map_err(|e| corrupt(format!("{}: {e}", chunk.data_path.display())))?;
+        let now = file
+            .metadata()
+            .map_err(|e| corrupt(format!("{}: {e}", chunk.data_path.display())))?;
+        if (now.dev(), now.ino()) != *identity {
+            return Err(corrupt(format!(
+                "{} was replaced while served; its meta data was read at start-up (restart the daemon to serve the new chunk)",
+                data_name(chunk.number)
+            )));
+        }
+        Ok(Records {
+            id,
+            entry,
+            chunk,
+            file,
+        })
+    }
+
+    /// The JPEG bytes of frame `k` of `id`, in a new buffer.
+    pub fn jpeg(&self, id: &str, k: usize) -> Result<Vec<u8>, GulpError> {
+        let mut buf = Vec::new();
+        self.records(id)?.read(k, &mut buf)?;
+        Ok(buf)
     }
 
     /// The frame table and stream facts of `id`: frame k has pts k in a time base of 1/fps (the stored
@@ -317,10 +357,12 @@ impl GulpDataset {
         })?;
         // The size is the first frame's whose JPEG header reads: one bad record fails the requests
         // that need it, as everywhere, not the whole video (a bad frame 0 made it unreadable).
+        let records = self.records(id)?;
         let mut first_error = None;
+        let mut bytes = Vec::new();
         let size = (0..e.frames.len()).find_map(|k| {
-            let read = self.jpeg(id, k).and_then(|bytes| {
-                decoder.header(bytes).map_err(|err| GulpError::Corrupt {
+            let read = records.read(k, &mut bytes).and_then(|()| {
+                decoder.header(&bytes).map_err(|err| GulpError::Corrupt {
                     id: id.to_owned(),
                     reason: format!("frame {k} is not a valid JPEG: {err}"),
                 })
@@ -394,6 +436,50 @@ impl GulpDataset {
         };
         tracing::warn!(root = %self.root.display(), problem = %why, "label2idx.json ignored: label indices follow the sorted labels");
         samples
+    }
+}
+
+impl Records<'_> {
+    /// The JPEG bytes of frame `k`, read into `buf` (replacing what it held).
+    pub fn read(&self, k: usize, buf: &mut Vec<u8>) -> Result<(), GulpError> {
+        use std::os::unix::fs::FileExt;
+        let corrupt = |reason: String| GulpError::Corrupt {
+            id: self.id.to_owned(),
+            reason,
+        };
+        let f = self.entry.frames.get(k).ok_or_else(|| {
+            corrupt(format!(
+                "frame {k} of {} is not stored",
+                self.entry.frames.len()
+            ))
+        })?;
+        let r = f
+            .jpeg_range()
+            .ok_or_else(|| corrupt(format!("frame {k} has an inconsistent record")))?;
+        // Checked at start-up against the size then; the file may have shrunk since (a short read).
+        if r.end > self.chunk.size || r.end - r.start > MAX_RECORD {
+            return Err(corrupt(format!(
+                "frame {k} lies past the end of its data file"
+            )));
+        }
+        buf.clear();
+        buf.resize((r.end - r.start) as usize, 0);
+        self.file.read_exact_at(buf, r.start).map_err(|err| {
+            corrupt(if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                let now = self.file.metadata().map_or(0, |m| m.len());
+                format!(
+                    "frame {k} lies at bytes {}..{} but {} now holds {now} bytes: it was truncated while served (the daemon serves the chunks as they were at start-up: restart it after changing the dataset)",
+                    r.start,
+                    r.end,
+                    data_name(self.chunk.number)
+                )
+            } else {
+                format!(
+                    "cannot read frame {k} from {}: {err}",
+                    self.chunk.data_path.display()
+                )
+            })
+        })
     }
 }
 
