@@ -173,6 +173,7 @@ impl From<crate::gulp::reader::GulpError> for Error {
             GulpError::NotFound { .. } => Error::NotFound(msg),
             GulpError::Corrupt { .. } => Error::DataLoss(msg),
             GulpError::Io { .. } => Error::Internal(msg),
+            GulpError::TooLarge { .. } => Error::InvalidArgument(msg),
         }
     }
 }

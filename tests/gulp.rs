@@ -725,3 +725,99 @@ fn ingest_reports_failures_and_a_rerun_retries_only_them() {
         serde_json::from_str(&gulp_ref(&["ids", out.to_str().unwrap()])).unwrap();
     assert_eq!(counts, serde_json::json!({"bad.mp4": 3, "good.mp4": 10}));
 }
+
+/// Ingest opens a manifest's paths as the daemon does: beneath the dataset directory, never through a
+/// symlink out of it (it stored, and the daemon then served, the frames of a file outside). It refuses
+/// an `--fps` outside what a gulp dataset may store (`1e9` grew its memory by 300 MB/s; 20000 was written
+/// and then read back as 25) and an `--out` that is the dataset directory (chunks beside the videos make
+/// it a gulp dataset whose videos are no longer served).
+#[test]
+fn ingest_stays_inside_its_dataset_and_refuses_what_it_cannot_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::copy(media_path("gulpio/test.mp4"), src.join("good.mp4")).unwrap();
+    std::fs::copy(
+        media_path("imageio/realshort.mp4"),
+        outside.join("secret.mp4"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.mp4"), src.join("link.mp4")).unwrap();
+    std::os::unix::fs::symlink(&outside, src.join("linkdir")).unwrap();
+    let manifest = dir.path().join("m.csv");
+    std::fs::write(&manifest, "path\ngood.mp4\nlink.mp4\nlinkdir/secret.mp4\n").unwrap();
+    let out = dir.path().join("gulp");
+    let ingest = |extra: &[&str]| {
+        let mut args = vec![
+            "ingest",
+            "--dataset-dir",
+            src.to_str().unwrap(),
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--fps",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        vserve(&args)
+    };
+    let run = ingest(&[]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1 videos stored"), "{stderr}");
+    for name in ["link.mp4", "linkdir/secret.mp4"] {
+        assert!(
+            stderr.contains(&format!("failed: \"{name}\"")) && stderr.contains("leaves dataset"),
+            "{name}: {stderr}"
+        );
+    }
+    let counts: serde_json::Value =
+        serde_json::from_str(&gulp_ref(&["ids", out.to_str().unwrap()])).unwrap();
+    assert_eq!(counts, serde_json::json!({"good.mp4": 10}));
+
+    for fps in ["1e9", "20000", "0.0001"] {
+        let other = dir.path().join(format!("fps-{fps}"));
+        let run = vserve(&[
+            "ingest",
+            "--dataset-dir",
+            src.to_str().unwrap(),
+            "--out",
+            other.to_str().unwrap(),
+            "--fps",
+            fps,
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(64), "--fps {fps}: {stderr}");
+        assert!(
+            stderr.contains("is outside 0.001..=1000"),
+            "--fps {fps}: {stderr}"
+        );
+    }
+    let run = vserve(&[
+        "ingest",
+        "--dataset-dir",
+        src.to_str().unwrap(),
+        "--out",
+        src.join(".").to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("is the dataset directory itself"),
+        "{stderr}"
+    );
+    assert!(
+        !crate_is_gulp_dir(&src),
+        "chunks were written beside the videos"
+    );
+}
+
+fn crate_is_gulp_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().flatten().any(|e| {
+        let n = e.file_name().to_string_lossy().into_owned();
+        n.ends_with(".gulp") || n.ends_with(".gmeta")
+    })
+}

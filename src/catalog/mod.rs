@@ -134,7 +134,8 @@ impl Catalog {
                 .map_err(|e| format!("dataset {:?}: root {:?}: {e}", d.name, d.root))?;
             if crate::gulp::is_gulp_dir(&ds.root) {
                 let g = GulpDataset::open(&ds.root)
-                    .map_err(|e| format!("dataset {:?}: {e}", d.name))?;
+                    .map_err(|e| format!("dataset {:?}: {e}", d.name))?
+                    .with_max_pixels(crate::decode::ffmpeg::open::max_pixels());
                 tracing::info!(dataset = %d.name, videos = g.len(), unreadable_chunks = g.broken.len(), "gulp dataset opened");
                 if d.manifest.is_none() {
                     manifests.insert(d.name.clone(), Arc::new(g.samples()));

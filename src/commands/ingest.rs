@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use crate::dataset::Dataset;
 use crate::decode::ffmpeg::FfmpegBackend;
 use crate::decode::{Backend, DecodeError, VideoSource};
 use crate::gulp::jpeg::Encoder;
@@ -114,7 +115,15 @@ fn prepare_out(out: &Path) -> Result<(BTreeSet<String>, Option<u64>), IngestErro
             std::fs::remove_file(entry.path()).map_err(io_err(&entry.path()))?;
         }
     }
-    let (datas, metas) = list_chunks(out).map_err(io_err(out))?;
+    let list = list_chunks(out).map_err(io_err(out))?;
+    if let Some(name) = list.misnamed.first() {
+        return Err(IngestError::Usage(format!(
+            "--out {}: {}; rename or remove it",
+            out.display(),
+            crate::gulp::reader::misnamed_reason(name)
+        )));
+    }
+    let (datas, metas) = (list.data, list.meta);
     for k in &datas {
         if metas.binary_search(k).is_err() {
             let p = out.join(data_name(*k));
@@ -172,26 +181,20 @@ fn select_frames(
 
 /// Decodes, resizes and encodes one sample's frames.
 fn encode_video(
-    dataset_dir: &Path,
+    dataset: &Dataset,
     sample: &Sample,
     id: &str,
     opts: &IngestOptions,
     backend: &mut FfmpegBackend,
     encoder: &mut Encoder,
 ) -> Result<Encoded, String> {
-    let rel = Path::new(&sample.video);
-    if rel.is_absolute()
-        || rel
-            .components()
-            .any(|c| matches!(c, std::path::Component::ParentDir))
-    {
-        return Err("path leaves the dataset directory".into());
-    }
-    let path = dataset_dir.join(rel);
+    // Opened as the daemon opens a client's path: beneath the root, no symlink out of it (a manifest
+    // naming a link to a file outside had that file's frames stored, and then served).
+    let file = Arc::new(dataset.open(sample.video).map_err(|e| e.to_string())?);
     let mut force_decode = false;
     loop {
         let index = Arc::new(
-            crate::decode::ffmpeg::build_index(&path, None, force_decode)
+            crate::decode::ffmpeg::build_index_of(&file, None, force_decode)
                 .map_err(|e| e.to_string())?,
         );
         let selected = select_frames(&index, sample, opts.fps);
@@ -206,10 +209,10 @@ fn encode_video(
             .geometry(&index, sample.video, &crate::config::Limits::default())
             .map_err(|e| e.to_string())?;
         let source = VideoSource {
-            path: path.clone(),
+            path: file.path.clone(),
             index: index.clone(),
             gulp: None,
-            file: None,
+            file: Some(file.clone()),
         };
         let wanted: BTreeSet<usize> = selected.iter().copied().collect();
         let mut encoded: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
@@ -349,8 +352,13 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
         )));
     }
     if let Some(f) = opts.fps {
-        if !(f.is_finite() && f > 0.0) {
-            return Err(IngestError::Usage(format!("--fps {f} must be positive")));
+        let range = crate::gulp::FPS_RANGE;
+        if !range.contains(&f) {
+            return Err(IngestError::Usage(format!(
+                "--fps {f} is outside {}..={} (frames a second a gulp dataset may store)",
+                range.start(),
+                range.end()
+            )));
         }
     }
     if opts.short_side == Some(0) {
@@ -360,6 +368,15 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
         .dataset_dir
         .canonicalize()
         .map_err(io_err(&opts.dataset_dir))?;
+    if opts.out.canonicalize().is_ok_and(|out| out == dataset_dir) {
+        // Chunks beside the videos make the directory a gulp dataset: its videos would no longer be served.
+        return Err(IngestError::Usage(format!(
+            "--out {} is the dataset directory itself; write the gulp dataset to a directory of its own",
+            opts.out.display()
+        )));
+    }
+    let dataset =
+        Arc::new(Dataset::new("ingest", &dataset_dir).map_err(io_err(&opts.dataset_dir))?);
     let samples = match &opts.manifest {
         Some(m) => Samples::from_manifest(m).map_err(|e| IngestError::Usage(e.to_string()))?,
         None => Samples::scan(&dataset_dir).map_err(IngestError::Usage)?,
@@ -406,7 +423,7 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
             ids.clone(),
             tx.clone(),
             opts.clone(),
-            dataset_dir.clone(),
+            dataset.clone(),
         );
         let handle = std::thread::Builder::new()
             .name(format!("vserve-ingest-{w}"))

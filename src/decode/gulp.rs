@@ -55,7 +55,7 @@ impl GulpBackend {
                 .read(k, &mut self.record)
                 .map_err(|e| missing(k, e.to_string()))?;
             let rgb = decoder
-                .decode(&self.record)
+                .decode(&self.record, video.dataset.max_pixels)
                 .map_err(|e| missing(k, format!("not a valid JPEG: {e}")))?;
             let frame = if (rgb.width, rgb.height) == (w, h) {
                 Frame {

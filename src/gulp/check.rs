@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::jpeg::Decoder;
-use super::reader::{list_chunks, parse_meta};
+use super::reader::{list_chunks, misnamed_reason, parse_meta, DEFAULT_MAX_PIXELS, MAX_RECORD};
 use super::{data_name, meta_name};
 
 #[derive(Debug, Default)]
@@ -31,7 +31,10 @@ impl Report {
 /// Runs every check on `dir`.
 pub fn check(dir: &Path) -> std::io::Result<Report> {
     let mut r = Report::default();
-    let (datas, metas) = list_chunks(dir)?;
+    let list = list_chunks(dir)?;
+    let (datas, metas) = (list.data, list.meta);
+    r.problems
+        .extend(list.misnamed.iter().map(|n| misnamed_reason(n)));
     for entry in std::fs::read_dir(dir)?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.ends_with(".tmp") {
@@ -71,16 +74,19 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
                 continue;
             }
         };
-        let data = match std::fs::read(dir.join(&dname)) {
+        // Read a record at a time: a data file may be gigabytes.
+        let data = match std::fs::File::open(dir.join(&dname)) {
             Ok(d) => d,
             Err(e) => {
                 r.problems.push(format!("{dname}: cannot read: {e}"));
                 continue;
             }
         };
-        if data.is_empty() {
+        let size = data.metadata().map_or(0, |m| m.len());
+        if size == 0 {
             r.problems.push(format!("{dname}: empty file"));
         }
+        let mut record = Vec::new();
         let mut sum = 0u64;
         let mut end = 0u64;
         for (id, frames, meta) in &entries {
@@ -96,7 +102,7 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
             }
             for (i, f) in frames.iter().enumerate() {
                 r.frames += 1;
-                sum += f.length;
+                sum = sum.saturating_add(f.length);
                 end = end.max(f.offset.saturating_add(f.length));
                 let what = format!("{dname}: video {id:?} frame {i}");
                 if f.pad > 3 || f.length % 4 != 0 {
@@ -113,26 +119,37 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
                     continue;
                 };
                 let rec_end = f.offset.saturating_add(f.length);
-                if rec_end > data.len() as u64 {
+                if rec_end > size {
                     r.problems.push(format!(
-                        "{what}: record ends at byte {rec_end} past the end of the file ({} bytes)",
-                        data.len()
+                        "{what}: record ends at byte {rec_end} past the end of the file ({size} bytes)"
                     ));
                     continue;
                 }
-                if data[range.end as usize..rec_end as usize]
-                    .iter()
-                    .any(|&b| b != 0)
+                if f.length > MAX_RECORD {
+                    r.problems.push(format!(
+                        "{what}: record of {} bytes, more than the {MAX_RECORD} a frame may take",
+                        f.length
+                    ));
+                    continue;
+                }
+                record.clear();
+                record.resize(f.length as usize, 0);
+                if let Err(e) =
+                    std::os::unix::fs::FileExt::read_exact_at(&data, &mut record, f.offset)
                 {
+                    r.problems.push(format!("{what}: cannot read: {e}"));
+                    continue;
+                }
+                let jpeg_len = (range.end - range.start) as usize;
+                if record[jpeg_len..].iter().any(|&b| b != 0) {
                     r.problems.push(format!("{what}: padding is not zero"));
                 }
-                if let Err(e) = decoder.decode(&data[range.start as usize..range.end as usize]) {
+                if let Err(e) = decoder.decode(&record[..jpeg_len], DEFAULT_MAX_PIXELS) {
                     r.problems.push(format!("{what}: not a valid JPEG: {e}"));
                 }
             }
         }
-        let size = data.len() as u64;
-        if !data.is_empty() && (sum != size || end != size) {
+        if size != 0 && (sum != size || end != size) {
             r.problems.push(format!(
                 "{dname}: file holds {size} bytes but its records' lengths sum to {sum} (last record ends at {end})"
             ));
@@ -196,5 +213,99 @@ mod tests {
         assert!(text.contains("data_7.gulp: no meta_7.gmeta"), "{text}");
         assert!(text.contains("frame 0: not a valid JPEG"), "{text}");
         assert!(text.contains("records' lengths sum to"), "{text}");
+    }
+
+    /// GulpIO numbers chunks without leading zeros. A `meta_007.gmeta` was read as `meta_7.gmeta` (a file
+    /// that is not there), and a stray `meta_00.gmeta` beside `meta_0.gmeta` read chunk 0 twice (every id
+    /// "in chunks 0 and 0"). Such names are now reported by name and not read.
+    #[test]
+    fn chunk_files_numbered_with_leading_zeros_are_reported_not_misread() {
+        let dir = tempfile::tempdir().unwrap();
+        let jpeg = Encoder::new(90)
+            .unwrap()
+            .encode(&[100u8; 8 * 8 * 3], 8, 8)
+            .unwrap();
+        let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
+        w.append("a", &serde_json::json!({}), std::slice::from_ref(&jpeg))
+            .unwrap();
+        w.finish().unwrap();
+        std::fs::copy(
+            dir.path().join("meta_0.gmeta"),
+            dir.path().join("meta_00.gmeta"),
+        )
+        .unwrap();
+        std::fs::copy(
+            dir.path().join("data_0.gulp"),
+            dir.path().join("data_007.gulp"),
+        )
+        .unwrap();
+        let r = check(dir.path()).unwrap();
+        let text = r.problems.join("\n");
+        assert_eq!(r.problems.len(), 2, "{text}");
+        assert!(
+            text.contains("data_007.gulp: not a GulpIO chunk name"),
+            "{text}"
+        );
+        assert!(
+            text.contains("meta_00.gmeta: not a GulpIO chunk name"),
+            "{text}"
+        );
+        assert!(!text.contains("chunks 0 and 0"), "{text}");
+        let ds = GulpDataset::open(dir.path()).unwrap();
+        assert!(ds.entry("a").is_ok());
+        assert_eq!(ds.broken.len(), 2, "{:?}", ds.broken);
+    }
+
+    /// A record's JPEG header claiming a picture over the bound is reported, not decoded (gulp-check took
+    /// 1.2 GB for a 12 KB record claiming 20000x20000); the index refuses a video whose frames are over the
+    /// daemon's bound (INVALID_ARGUMENT), and a data file is read a record at a time.
+    #[test]
+    fn records_claiming_enormous_pictures_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = Encoder::new(90)
+            .unwrap()
+            .encode(&[100u8; 16 * 8 * 3], 16, 8)
+            .unwrap();
+        let sof = good
+            .windows(2)
+            .position(|m| m[0] == 0xFF && (0xC0..=0xC2).contains(&m[1]))
+            .unwrap();
+        let mut huge = good.clone();
+        huge[sof + 5..sof + 9].copy_from_slice(&[0xFD, 0xE8, 0xFD, 0xE8]);
+        let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
+        let meta = serde_json::json!({});
+        w.append("huge_first", &meta, &[huge.clone(), good.clone()])
+            .unwrap();
+        w.append("fine", &meta, std::slice::from_ref(&good))
+            .unwrap();
+        w.finish().unwrap();
+        let r = check(dir.path()).unwrap();
+        let text = r.problems.join("\n");
+        assert_eq!(r.problems.len(), 1, "{text}");
+        assert!(
+            text.contains(
+                "\"huge_first\" frame 0: not a valid JPEG: its header claims 65000x65000"
+            ),
+            "{text}"
+        );
+        let ds = GulpDataset::open(dir.path()).unwrap();
+        let err = ds.index("huge_first").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GulpError::TooLarge {
+                    width: 65000,
+                    height: 65000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(ds.index("fine").unwrap().width, 16);
+        let small = GulpDataset::open(dir.path()).unwrap().with_max_pixels(100);
+        assert!(matches!(
+            small.index("fine"),
+            Err(GulpError::TooLarge { .. })
+        ));
     }
 }

@@ -11,6 +11,7 @@
 use turbojpeg_sys as tj;
 
 /// Decoded RGB24 image.
+#[derive(Debug)]
 pub struct Rgb {
     pub width: u32,
     pub height: u32,
@@ -93,9 +94,15 @@ impl Decoder {
         Ok((w as u32, h as u32))
     }
 
-    /// Decodes to packed RGB24.
-    pub fn decode(&mut self, jpeg: &[u8]) -> Result<Rgb, JpegError> {
+    /// Decodes to packed RGB24, refusing (before allocating anything) a picture whose header claims more
+    /// than `max_pixels` pixels: a 12 KB record claiming 65000x65000 asked for 12.7 GB.
+    pub fn decode(&mut self, jpeg: &[u8], max_pixels: u64) -> Result<Rgb, JpegError> {
         let (w, h) = self.header(jpeg)?;
+        if w as u64 * h as u64 > max_pixels {
+            return Err(JpegError(format!(
+                "its header claims {w}x{h}, more than the {max_pixels} pixels a frame may have (--max-side squared)"
+            )));
+        }
         let pitch = w as usize * 3;
         let mut data = vec![0u8; pitch * h as usize];
         let flags = (tj::TJFLAG_FASTDCT | tj::TJFLAG_FASTUPSAMPLE) as libc::c_int;
@@ -227,7 +234,7 @@ mod tests {
         assert_eq!(&jpeg[..2], &[0xFF, 0xD8]);
         let mut d = Decoder::new().unwrap();
         assert_eq!(d.header(&jpeg).unwrap(), (w, h));
-        let back = d.decode(&jpeg).unwrap();
+        let back = d.decode(&jpeg, u64::MAX).unwrap();
         assert_eq!((back.width, back.height), (w, h));
         let worst = rgb
             .iter()
@@ -236,8 +243,8 @@ mod tests {
             .max()
             .unwrap();
         assert!(worst <= 12, "worst difference {worst}");
-        assert!(d.decode(&jpeg[..jpeg.len() / 2]).is_err());
-        assert!(d.decode(b"not a jpeg").is_err());
+        assert!(d.decode(&jpeg[..jpeg.len() / 2], u64::MAX).is_err());
+        assert!(d.decode(b"not a jpeg", u64::MAX).is_err());
         assert!(Encoder::new(0).is_err());
     }
 
@@ -253,7 +260,7 @@ mod tests {
             .collect();
         let good = Encoder::new(90).unwrap().encode(&rgb, w, h).unwrap();
         let mut d = Decoder::new().unwrap();
-        let first = d.decode(&good).unwrap().data;
+        let first = d.decode(&good, u64::MAX).unwrap().data;
         // Random runs over the header's tables and the scan (as the record found poisoning the decoder:
         // 800 random bytes from offset 600, in its Huffman tables).
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -267,12 +274,41 @@ mod tests {
                 *b = seed as u8;
             }
             // Garbage in the scan may still decode (to other pixels); either way the next record is fine.
-            let _ = d.decode(&bad);
+            let _ = d.decode(&bad, u64::MAX);
             let again = d
-                .decode(&good)
+                .decode(&good, u64::MAX)
                 .unwrap_or_else(|e| panic!("after garbage at {at}: {e}"));
             assert_eq!(again.data, first, "after garbage at {at}");
             assert_eq!(d.header(&good).unwrap(), (w, h));
         }
+    }
+
+    /// A record whose header claims a picture over the bound is refused before its pixels are allocated
+    /// (a 12 KB record claiming 65000x65000 made a decode thread ask for 12.7 GB and abort the daemon).
+    #[test]
+    fn a_header_claiming_more_pixels_than_the_bound_is_refused() {
+        let (w, h) = (16u32, 8u32);
+        let good = Encoder::new(90)
+            .unwrap()
+            .encode(&vec![77u8; (w * h * 3) as usize], w, h)
+            .unwrap();
+        let mut d = Decoder::new().unwrap();
+        assert!(d.decode(&good, (w * h) as u64).is_ok());
+        let err = d.decode(&good, (w * h) as u64 - 1).unwrap_err().to_string();
+        assert!(err.contains("claims 16x8"), "{err}");
+        // The frame header (SOF): FF Cx, length, precision, height, width.
+        let sof = good
+            .windows(2)
+            .position(|m| m[0] == 0xFF && (0xC0..=0xC2).contains(&m[1]))
+            .unwrap();
+        let mut huge = good.clone();
+        huge[sof + 5..sof + 9].copy_from_slice(&[0xFD, 0xE8, 0xFD, 0xE8]);
+        assert_eq!(d.header(&huge).unwrap(), (65000, 65000));
+        let err = d.decode(&huge, 8192 * 8192).unwrap_err().to_string();
+        assert!(err.contains("claims 65000x65000"), "{err}");
+        assert_eq!(
+            d.decode(&good, u64::MAX).unwrap().data,
+            d.decode(&good, 128).unwrap().data
+        );
     }
 }

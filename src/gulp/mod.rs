@@ -52,8 +52,23 @@ pub fn meta_name(k: u64) -> String {
     format!("meta_{k}.gmeta")
 }
 
-/// `k` of `data_<k>.gulp` or `meta_<k>.gmeta`; None for any other name.
+/// `k` of `data_<k>.gulp` or `meta_<k>.gmeta`, `k` written as GulpIO writes it (no leading zeros); None
+/// for any other name.
 pub fn chunk_number(name: &str) -> Option<(ChunkFile, u64)> {
+    let (kind, digits) = chunk_digits(name)?;
+    if digits.len() > 1 && digits.starts_with('0') {
+        return None;
+    }
+    Some((kind, digits.parse().ok()?))
+}
+
+/// Whether `name` looks like a chunk file but is not one GulpIO names (`meta_007.gmeta`, or a number
+/// too long for u64): chunks are paired by their number, so such a file was read as another chunk's.
+pub fn misnamed_chunk(name: &str) -> bool {
+    chunk_digits(name).is_some() && chunk_number(name).is_none()
+}
+
+fn chunk_digits(name: &str) -> Option<(ChunkFile, &str)> {
     let (kind, rest) = if let Some(r) = name.strip_prefix("data_") {
         (ChunkFile::Data, r.strip_suffix(".gulp")?)
     } else if let Some(r) = name.strip_prefix("meta_") {
@@ -61,10 +76,7 @@ pub fn chunk_number(name: &str) -> Option<(ChunkFile, u64)> {
     } else {
         return None;
     };
-    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((kind, rest.parse().ok()?))
+    (!rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())).then_some((kind, rest))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,16 +91,22 @@ pub fn is_gulp_dir(dir: &Path) -> bool {
         entries.flatten().any(|e| {
             e.file_name()
                 .to_str()
-                .is_some_and(|n| chunk_number(n).is_some())
+                .is_some_and(|n| chunk_digits(n).is_some())
         })
     })
 }
 
-/// Frame rate stored in a video's meta data (`fps`, as vserve's ingest writes it), when present and sane.
+/// The frame rates a gulp dataset may store (`fps` in its meta data) and `vserve ingest --fps` may ask
+/// for: one frame a thousand seconds to a thousand a second. Outside them a stored rate is ignored (the
+/// video is served at [`reader::DEFAULT_FPS`]) and ingest refuses it.
+pub const FPS_RANGE: std::ops::RangeInclusive<f64> = 0.001..=1000.0;
+
+/// Frame rate stored in a video's meta data (`fps`, as vserve's ingest writes it), when present and in
+/// [`FPS_RANGE`].
 pub fn stored_fps(meta: &serde_json::Value) -> Option<f64> {
     meta.get("fps")
         .and_then(|v| v.as_f64())
-        .filter(|f| f.is_finite() && *f > 0.0 && *f < 10_000.0)
+        .filter(|f| FPS_RANGE.contains(f))
 }
 
 /// A video's label in its meta data (`label`, a string or a number), as text.
@@ -114,8 +132,23 @@ mod tests {
             "meta_x.gmeta",
             "data_1.gulp.tmp",
             "label2idx.json",
+            "meta_007.gmeta",
+            "data_00.gulp",
+            "data_99999999999999999999999.gulp",
         ] {
             assert_eq!(chunk_number(bad), None, "{bad}");
+        }
+        assert!(misnamed_chunk("meta_007.gmeta"));
+        assert!(misnamed_chunk("data_00.gulp"));
+        assert!(!misnamed_chunk("data_0.gulp"));
+        assert!(!misnamed_chunk("data_x.gulp"));
+        assert_eq!(stored_fps(&serde_json::json!({"fps": 29.97})), Some(29.97));
+        for bad in [0.0004, 0.0, -5.0, 1000.5, 20000.0] {
+            assert_eq!(
+                stored_fps(&serde_json::json!({ "fps": bad })),
+                None,
+                "{bad}"
+            );
         }
         assert_eq!(pad_for(8), 0);
         assert_eq!(pad_for(9), 3);

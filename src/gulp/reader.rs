@@ -24,11 +24,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::jpeg::Decoder;
-use super::{chunk_number, data_name, meta_name, ChunkFile, FrameInfo};
+use super::{chunk_number, data_name, meta_name, misnamed_chunk, ChunkFile, FrameInfo};
 use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
 
 /// Frame rate assumed for videos whose meta data stores none (GulpIO itself stores no frame rate).
 pub const DEFAULT_FPS: f64 = 25.0;
+
+/// [`GulpDataset::max_pixels`] unless set: `--max-side`'s default, squared.
+pub const DEFAULT_MAX_PIXELS: u64 = 8192 * 8192;
 
 /// The longest record read: 256 MiB, several times any JPEG of an 8192x8192 picture at quality 100. A
 /// meta file naming a longer record makes its video unreadable rather than make each read allocate it.
@@ -42,6 +45,13 @@ pub enum GulpError {
     Corrupt { id: String, reason: String },
     #[error("cannot read gulp dataset {path:?}: {reason}")]
     Io { path: String, reason: String },
+    #[error("video {id:?} has frames of {width}x{height}, more than the {max_pixels} pixels a frame may have (--max-side squared)")]
+    TooLarge {
+        id: String,
+        width: u32,
+        height: u32,
+        max_pixels: u64,
+    },
 }
 
 /// One chunk's data file.
@@ -76,6 +86,9 @@ pub struct Entry {
 
 pub struct GulpDataset {
     pub root: PathBuf,
+    /// The most pixels a stored frame may have (`--max-side` squared): a record whose JPEG header claims
+    /// more is refused before anything is allocated for it.
+    pub max_pixels: u64,
     chunks: Vec<Chunk>,
     videos: BTreeMap<String, Entry>,
     /// Meta files that could not be read or parsed, with the reason.
@@ -136,21 +149,41 @@ pub fn parse_meta(text: &str) -> Result<Vec<(String, Vec<FrameInfo>, serde_json:
         .collect())
 }
 
-/// Chunk numbers present in `dir`: (data files, meta files), each sorted.
-pub fn list_chunks(dir: &Path) -> std::io::Result<(Vec<u64>, Vec<u64>)> {
-    let (mut data, mut meta) = (Vec::new(), Vec::new());
+/// The chunk files of a directory.
+#[derive(Debug, Default)]
+pub struct ChunkList {
+    /// Numbers of the `data_<k>.gulp` files, sorted.
+    pub data: Vec<u64>,
+    /// Numbers of the `meta_<k>.gmeta` files, sorted.
+    pub meta: Vec<u64>,
+    /// Names that look like chunk files but are not GulpIO's (`meta_007.gmeta`), sorted.
+    pub misnamed: Vec<String>,
+}
+
+/// The chunk files present in `dir`.
+pub fn list_chunks(dir: &Path) -> std::io::Result<ChunkList> {
+    let mut list = ChunkList::default();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if let Some((kind, k)) = entry.file_name().to_str().and_then(chunk_number) {
-            match kind {
-                ChunkFile::Data => data.push(k),
-                ChunkFile::Meta => meta.push(k),
-            }
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        match chunk_number(&name) {
+            Some((ChunkFile::Data, k)) => list.data.push(k),
+            Some((ChunkFile::Meta, k)) => list.meta.push(k),
+            None if misnamed_chunk(&name) => list.misnamed.push(name),
+            None => {}
         }
     }
-    data.sort_unstable();
-    meta.sort_unstable();
-    Ok((data, meta))
+    list.data.sort_unstable();
+    list.meta.sort_unstable();
+    list.misnamed.sort_unstable();
+    Ok(list)
+}
+
+/// Why a misnamed chunk file is not read.
+pub fn misnamed_reason(name: &str) -> String {
+    format!("{name}: not a GulpIO chunk name (chunks are numbered without leading zeros, as meta_7.gmeta and data_7.gulp); it is not read")
 }
 
 fn open_data(path: &Path) -> (Result<(u64, u64), String>, u64, i128) {
@@ -189,11 +222,16 @@ impl GulpDataset {
             path: root.display().to_string(),
             reason: e.to_string(),
         };
-        let (_, metas) = list_chunks(root).map_err(io)?;
+        let list = list_chunks(root).map_err(io)?;
         let mut chunks = Vec::new();
         let mut videos: BTreeMap<String, Entry> = BTreeMap::new();
         let mut broken = Vec::new();
-        for k in metas {
+        for name in &list.misnamed {
+            let reason = misnamed_reason(name);
+            tracing::warn!(root = %root.display(), %reason, "misnamed gulp chunk file; its videos are not served");
+            broken.push(reason);
+        }
+        for k in list.meta {
             let meta_path = root.join(meta_name(k));
             let parsed = std::fs::read_to_string(&meta_path)
                 .map_err(|e| e.to_string())
@@ -258,11 +296,18 @@ impl GulpDataset {
             .map(|t| parse_label2idx(&t));
         Ok(GulpDataset {
             root: root.to_path_buf(),
+            max_pixels: DEFAULT_MAX_PIXELS,
             chunks,
             videos,
             broken,
             label2idx,
         })
+    }
+
+    /// Bounds stored frames to `max_pixels` pixels (the daemon's `--max-side` squared).
+    pub fn with_max_pixels(mut self, max_pixels: u64) -> GulpDataset {
+        self.max_pixels = max_pixels;
+        self
     }
 
     /// Video ids, sorted.
@@ -378,12 +423,21 @@ impl GulpDataset {
                 }))
             }
         };
+        if width as u64 * height as u64 > self.max_pixels {
+            return Err(GulpError::TooLarge {
+                id: id.to_owned(),
+                width,
+                height,
+                max_pixels: self.max_pixels,
+            });
+        }
         let fps = super::stored_fps(&e.meta).unwrap_or(DEFAULT_FPS);
-        // pts k → k / fps seconds, exactly for integral rates, to 1/1000 frame otherwise.
+        // pts k → k / fps seconds: exactly for integral rates, else to a millionth of a frame (fps lies
+        // in FPS_RANGE, so fps * 10^6 fits an i32 and is at least 1000).
         let time_base = if fps.fract() == 0.0 {
             (1, fps as i32)
         } else {
-            (1000, (fps * 1000.0).round() as i32)
+            (1_000_000, (fps * 1e6).round() as i32)
         };
         let n = e.frames.len();
         Ok(VideoIndex {
