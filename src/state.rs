@@ -82,12 +82,62 @@ impl StateDir {
 
     /// The bytes of `name`, or `None` when it does not exist.
     pub fn read(&self, name: &str) -> std::io::Result<Option<Vec<u8>>> {
-        match std::fs::read(self.path(name)) {
+        match read_regular(&self.path(name)) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
     }
+}
+
+/// Opens `path` with `options` as a regular file only: `O_NONBLOCK` so that a FIFO (or a device) put in
+/// the state directory cannot block the open, then refused by `fstat` unless it is a regular file. A FIFO
+/// at a journal slot or `quarantine.json` held the daemon before it bound its socket, forever and silently;
+/// one in place of a stored table held a request for the whole index deadline and a thread for good.
+pub fn open_regular(
+    options: &mut std::fs::OpenOptions,
+    path: &Path,
+) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = options
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                // A FIFO opened for writing with no reader.
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} is a FIFO, not a regular file", path.display()),
+                )
+            } else {
+                e
+            }
+        })?;
+    let t = file.metadata()?.file_type();
+    if !t.is_file() {
+        let kind = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_dir() {
+            "a directory"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is {kind}, not a regular file", path.display()),
+        ));
+    }
+    Ok(file)
+}
+
+/// The whole contents of the regular file at `path` ([`open_regular`]).
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file = open_regular(std::fs::OpenOptions::new().read(true), path)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut bytes)?;
+    Ok(bytes)
 }
 
 #[cfg(test)]

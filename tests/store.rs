@@ -242,6 +242,27 @@ async fn corrupt_or_foreign_records_are_ignored_with_a_warning_and_the_right_fra
         // ... and the record is replaced by a good one.
         assert_eq!(std::fs::read(&file).unwrap().len(), good.len(), "{what}");
     }
+
+    // A FIFO in the record's place held the request until --index-deadline (10 minutes by default) and
+    // a thread for good; it is now an unreadable record like the others.
+    std::fs::remove_file(&file).unwrap();
+    let c_path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo reads it only.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    let d = Daemon::start_with(&[
+        "--dataset",
+        &format!("d={}", dir.path().display()),
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "--index-deadline",
+        "20",
+    ])
+    .await;
+    let mut c = d.client().await;
+    frames_right(
+        &get(&mut c, req.clone()).await,
+        "a FIFO in the record's place",
+    );
 }
 
 #[tokio::test]

@@ -154,12 +154,14 @@ impl Journal {
             Some(t) => t,
             None => {
                 let n = pool.next.fetch_add(1, Ordering::Relaxed);
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(pool.dir.join(format!("slot-{n}")))?;
+                let file = crate::state::open_regular(
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(true),
+                    &pool.dir.join(format!("slot-{n}")),
+                )?;
                 // The new name must survive a host crash for its records to be found.
                 sync_dir(&pool.dir)?;
                 (n, file)
@@ -623,11 +625,13 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
     let dir = state.path(JOURNAL_DIR);
     std::fs::create_dir_all(&dir)?;
     let quarantine = Quarantine::load(state);
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("lock"))?;
+    let lock = crate::state::open_regular(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true),
+        &dir.join("lock"),
+    )?;
     // SAFETY: flock on a descriptor this function owns; no memory is involved.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
@@ -648,8 +652,12 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
             continue;
         }
         slots.push(e.path());
-        let Ok(bytes) = std::fs::read(e.path()) else {
-            continue;
+        let bytes = match crate::state::read_regular(&e.path()) {
+            Ok(b) => b,
+            Err(err) => {
+                tracing::warn!(slot = %e.path().display(), error = %err, "journal slot unreadable (a damaged state directory); ignored and removed");
+                continue;
+            }
         };
         match FileKey::parse_record(&bytes) {
             Some((state @ (b'B' | b'D' | b'C'), key)) => inside.push((state, key)),

@@ -341,3 +341,56 @@ fn a_changed_file_leaves_the_listing() {
     let on_disk = Quarantine::read_persisted(dir.path()).unwrap().unwrap();
     assert_eq!(paths(&on_disk), [gone]);
 }
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo reads it only.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
+        0,
+        "mkfifo {path:?}"
+    );
+}
+
+/// `recover` on a thread, answered within 20 s (or the test fails rather than hangs).
+fn recover_soon(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Quarantine>)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let state = state.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(recover(&state));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("recover blocked on a FIFO in the state directory")
+}
+
+/// A FIFO at a journal slot or at the quarantine file blocked `recover`, so the daemon never bound its
+/// socket, forever and without a log line. They are now read as the unreadable files they are: the slot
+/// is ignored and removed, the quarantine file moved aside, and the journal works.
+#[test]
+fn fifos_in_the_state_directory_block_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    std::fs::create_dir_all(state.path(JOURNAL_DIR)).unwrap();
+    mkfifo(&state.path("journal/slot-0"));
+    mkfifo(&state.path(QUARANTINE_FILE));
+    let (journal, q) = recover_soon(&state).unwrap();
+    let journal = journal.expect("a journal");
+    assert!(q.is_empty());
+    assert!(
+        !state.path("journal/slot-0").exists(),
+        "the FIFO slot is removed"
+    );
+    let slot = journal.slot().unwrap();
+    slot.enter(&key("/data/a.mp4", 1), true).unwrap();
+    slot.leave();
+    drop(slot);
+    drop(journal);
+
+    // A FIFO where the lock goes: no journal (as for any lock that cannot be taken), but no hang.
+    let other = tempfile::tempdir().unwrap();
+    let state = StateDir::open(other.path()).unwrap();
+    std::fs::create_dir_all(state.path(JOURNAL_DIR)).unwrap();
+    mkfifo(&state.path("journal/lock"));
+    let err = recover_soon(&state).err().expect("an error");
+    assert!(err.to_string().contains("FIFO"), "{err}");
+}

@@ -180,7 +180,7 @@ pub fn on_disk(len: u64) -> u64 {
 
 /// A record file's bytes: mapped read-only when long, else read. None when there is no such file.
 fn read_record(path: &Path) -> io::Result<Option<TableBytes>> {
-    let file = match std::fs::File::open(path) {
+    let file = match crate::state::open_regular(std::fs::OpenOptions::new().read(true), path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
