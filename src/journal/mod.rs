@@ -652,12 +652,9 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
             continue;
         }
         slots.push(e.path());
-        let bytes = match crate::state::read_regular(&e.path()) {
-            Ok(b) => b,
-            Err(err) => {
-                tracing::warn!(slot = %e.path().display(), error = %err, "journal slot unreadable (a damaged state directory); ignored and removed");
-                continue;
-            }
+        let read = crate::state::read_regular(&e.path());
+        let Some(bytes) = read.map_err(|err| tracing::warn!(slot = %e.path().display(), error = %err, "journal slot unreadable (a damaged state directory); ignored and removed")).ok() else {
+            continue;
         };
         match FileKey::parse_record(&bytes) {
             Some((state @ (b'B' | b'D' | b'C'), key)) => inside.push((state, key)),
