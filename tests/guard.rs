@@ -671,7 +671,13 @@ async fn a_dataset_root_made_again_is_the_one_served() {
     let clip = |v: &str| clips_req("r", vec![frames_clip(v, &frames, None)], None);
     let old_ref = Ffmpeg::default().frames(&media_path(OLD), 640, 272, Some(&frames));
     let new_ref = Ffmpeg::default().frames(&media_path(NEW), 640, 360, Some(&frames));
-    assert_frames_eq(&get(&mut c, clip("a.mp4")).await, &frames, &old_ref, (640, 272), "before");
+    assert_frames_eq(
+        &get(&mut c, clip("a.mp4")).await,
+        &frames,
+        &old_ref,
+        (640, 272),
+        "before",
+    );
 
     for (round, how) in ["renamed away", "removed"].into_iter().enumerate() {
         if round == 0 {
@@ -709,4 +715,3 @@ async fn a_dataset_root_made_again_is_the_one_served() {
         d.log_text()
     );
 }
-

@@ -28,8 +28,6 @@
 //!   the top level) are removed when that pid is not running.
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -40,6 +38,7 @@ use parking_lot::Mutex;
 use crate::peer::{Peer, PeerKey};
 
 mod arena;
+mod dir;
 #[cfg(test)]
 mod lease_tests;
 mod pending;
@@ -127,8 +126,9 @@ pub struct ShmRegistry {
     dir: PathBuf,
     /// The configured shm directory (where other instances' directories are).
     parent: PathBuf,
-    /// Held for the registry's life: its `flock` tells other instances this directory is in use.
-    _lock: Option<std::fs::File>,
+    /// Held for the registry's life: its `flock` tells other instances this directory is in use
+    /// (replaced when the directory is made again, `dir.rs`).
+    lock: Mutex<Option<std::fs::File>>,
     ttl: Duration,
     budget: ShmBudget,
     /// Bytes of every arena file alive.
@@ -184,43 +184,14 @@ impl ShmRegistry {
     pub fn new(parent: PathBuf, ttl: Duration, budget: ShmBudget) -> Result<ShmRegistry, ShmError> {
         let name = format!("vserve-{}-{}", std::process::id(), random_hex());
         let dir = parent.join(&name);
-        // Set up under a name no sweep considers, locked, then renamed into place: another instance
-        // never sees this directory without its lock held.
-        let setup = parent.join(format!(".{name}.setup"));
-        let err = |e: std::io::Error| ShmError::Create {
+        let lock = dir::make_locked(&parent, &dir).map_err(|e| ShmError::Create {
             path: dir.display().to_string(),
             reason: e.to_string(),
-        };
-        std::fs::DirBuilder::new()
-            .mode(0o710)
-            .create(&setup)
-            .map_err(err)?;
-        let locked = (|| {
-            let lock = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(setup.join(".lock"))?;
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            std::fs::rename(&setup, &dir)?;
-            Ok(lock)
-        })();
-        let lock = match locked {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&setup);
-                return Err(err(e));
-            }
-        };
+        })?;
         Ok(ShmRegistry {
             dir,
             parent,
-            _lock: Some(lock),
+            lock: Mutex::new(Some(lock)),
             ttl,
             budget,
             live: Arc::new(AtomicUsize::new(0)),

@@ -97,6 +97,7 @@ impl ShmRegistry {
         owner: &crate::peer::Peer,
     ) -> Result<PendingReply, super::ShmError> {
         self.expire();
+        self.ensure_dir()?;
         let arena = match reusable.then(|| self.take_spare(nbytes, owner)).flatten() {
             Some(a) => a,
             None => {

@@ -29,6 +29,7 @@ impl ShmRegistry {
         owner: &Peer,
     ) -> Result<Arc<Arena>, ShmError> {
         self.expire();
+        self.ensure_dir()?;
         let arena = match self.take_stream_spare(slot_bytes, slots, owner) {
             Some(a) => a,
             None => Arc::new(self.create(slot_bytes, slots, owner)?),

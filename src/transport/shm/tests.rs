@@ -632,3 +632,44 @@ fn spare_arenas_go_only_to_clients_of_the_same_user() {
     let same = reg.stream_arena(70, 2, &tcp_user(1000)).unwrap();
     assert_eq!(same.name(), name, "the same loopback user's pooled arena");
 }
+
+/// This instance's directory removed under the daemon (a cleanup script): every later reply failed
+/// INTERNAL until a restart, and the first was lent a pooled arena whose file had gone with it. The
+/// directory is made again, locked (another instance's sweep leaves it alone), the pools are emptied,
+/// and replies and streams are served; a directory at the path that is not this daemon's is refused.
+#[test]
+fn a_directory_removed_under_the_daemon_is_made_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path(), Duration::from_secs(60));
+    let fill = |v: u8| {
+        reg.one_shot_with(1000, true, &me(), |b| {
+            b.fill(v);
+            Ok::<_, ShmError>(())
+        })
+        .map(|r| r.1)
+    };
+    let a = fill(1).unwrap();
+    reg.release(&a.arena, &[0], &me()).unwrap();
+    assert_eq!(reg.spare_arenas(), 1);
+    std::fs::remove_dir_all(reg.dir()).unwrap();
+    let b = fill(2).unwrap();
+    assert_ne!(
+        b.arena, a.arena,
+        "a pooled arena whose file is gone was lent"
+    );
+    assert_eq!(std::fs::read(&b.path).unwrap()[..1000], [2u8; 1000][..]);
+    let stream = reg.stream_arena(4096, 2, &me()).unwrap();
+    assert!(reg.dir().join(&stream.name).exists());
+    // The lock is held again: a sweep by another instance keeps the directory.
+    let other = registry(dir.path(), Duration::from_secs(60));
+    other.remove_stale();
+    assert!(b.path.exists());
+    // Something else at the path (here: our directory made writable by others) is not used.
+    std::fs::set_permissions(reg.dir(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = fill(3).unwrap_err();
+    assert!(
+        err.to_string().contains("other than this daemon's own"),
+        "{err}"
+    );
+}
