@@ -284,3 +284,25 @@ async fn serves_tcp_and_unix_from_a_config_file_and_stops_on_sigterm() {
     assert!(!sock.exists(), "socket file left behind; log:\n{log}");
     assert!(log.contains("stopped"), "log:\n{log}");
 }
+
+/// `--dataset` takes its value whole, so a directory may hold a comma (it was split there, and
+/// "d=/data/co,mma" failed as a dataset "mma"); `VSERVE_DATASET` is still a comma-separated list, and a
+/// flag still wins over it.
+#[test]
+fn a_dataset_flag_is_taken_whole_and_the_env_list_is_split() {
+    let (code, out, err) = config(&["--dataset", "d=/data/co,mma"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(line(&out, "dataset"), "dataset = [\"d=/data/co,mma\"]");
+    let (code, out, err) = config(&[], &[("VSERVE_DATASET", "a=/data/a,b=/data/b")]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        line(&out, "dataset"),
+        "dataset = [\"a=/data/a\", \"b=/data/b\"]"
+    );
+    let (code, out, err) = config(
+        &["--dataset", "f=/data/f"],
+        &[("VSERVE_DATASET", "a=/data/a,b=/data/b")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(line(&out, "dataset"), "dataset = [\"f=/data/f\"]");
+}

@@ -34,13 +34,9 @@ pub struct ServeArgs {
         value_name = "ADDR"
     )]
     pub listen: Vec<String>,
-    /// A dataset as NAME=DIR, or NAME=DIR:manifest=FILE to stream from a manifest (repeatable).
-    #[arg(
-        long,
-        env = "VSERVE_DATASET",
-        value_delimiter = ',',
-        value_name = "NAME=DIR"
-    )]
+    /// A dataset as NAME=DIR, or NAME=DIR:manifest=FILE to stream from a manifest (repeatable; env
+    /// VSERVE_DATASET, comma-separated). A flag's value is taken whole: a directory may hold a comma.
+    #[arg(long, value_name = "NAME=DIR")]
     pub dataset: Vec<String>,
     /// Decoded-frame cache size (e.g. 8GiB).
     #[arg(long, env = "VSERVE_CACHE_BYTES", value_name = "SIZE")]
@@ -244,8 +240,16 @@ impl ServeArgs {
                 vserve_client::default_socket_path(),
             ));
         }
+        // VSERVE_DATASET is split at commas, a flag is not ("d=/data/a,b" is one dataset): clap's
+        // delimiter would split both.
+        let env_datasets = std::env::var("VSERVE_DATASET")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| v.split(',').map(str::to_owned).collect::<Vec<_>>());
         let dataset_raw = if !self.dataset.is_empty() {
             self.dataset.clone()
+        } else if let Some(from_env) = env_datasets {
+            from_env
         } else {
             file.dataset.clone().unwrap_or_default()
         };
