@@ -35,7 +35,21 @@ pub struct Dataset {
     /// The root, held open (`O_PATH`): every video is opened beneath this descriptor, so a symlink put
     /// on the way cannot redirect opens elsewhere. Shared by clones; replaced when the root's path names
     /// another directory ([`Dataset::root_dir`]).
-    dir: Arc<parking_lot::RwLock<Arc<OwnedFd>>>,
+    dir: Arc<parking_lot::RwLock<Arc<HeldRoot>>>,
+}
+
+/// The root's descriptor and the (device, inode) it names.
+#[derive(Debug)]
+struct HeldRoot {
+    fd: OwnedFd,
+    node: Option<(u64, u64)>,
+}
+
+impl HeldRoot {
+    fn new(fd: OwnedFd) -> Arc<HeldRoot> {
+        let node = node_of(fd.as_raw_fd());
+        Arc::new(HeldRoot { fd, node })
+    }
 }
 
 /// A video file opened by [`Dataset::open`]: the descriptor of the regular file that was checked, and
@@ -226,21 +240,21 @@ impl Dataset {
         Ok(Dataset {
             name: name.to_owned(),
             root,
-            dir: Arc::new(parking_lot::RwLock::new(Arc::new(dir))),
+            dir: Arc::new(parking_lot::RwLock::new(HeldRoot::new(dir))),
         })
     }
 
     /// The root's descriptor, opened again when the root's path now names another directory: renamed
     /// and made again, removed and made again, or mounted over. Holding the first one for good split the
     /// daemon in two: walks (by path) listed the new directory while opens (beneath the descriptor) read
-    /// the old one, serving its pixels for names both held, silently. A root gone, or now a symlink or
-    /// not a directory, keeps the held descriptor (opens beneath it find what is left). Costs an `fstat`
-    /// and an `lstat` per open.
-    pub fn root_dir(&self) -> Arc<OwnedFd> {
+    /// the old one, serving its pixels for names both held, silently. The new one is opened from `/`
+    /// without following any symlink ([`open_root`]); a root gone, now a symlink or not a directory, or
+    /// reached through a symlink keeps the held descriptor (opens beneath it find what is left). Costs an
+    /// `lstat` per open.
+    fn root_dir(&self) -> Arc<HeldRoot> {
         use std::os::unix::fs::MetadataExt;
         let held = self.dir.read().clone();
-        let held_node = node_of(held.as_raw_fd());
-        let replaced = match (held_node, std::fs::symlink_metadata(&self.root)) {
+        let replaced = match (held.node, std::fs::symlink_metadata(&self.root)) {
             (Some(node), Ok(m)) => m.is_dir() && (m.dev(), m.ino()) != node,
             _ => false,
         };
@@ -248,16 +262,19 @@ impl Dataset {
             return held;
         }
         let fresh = match open_root(&self.root) {
-            Ok(fd) => fd,
+            Ok(fd) => HeldRoot::new(fd),
             Err(e) => {
-                tracing::warn!(dataset = %self.name, root = %self.root.display(), error = %e, "the dataset root names another directory now, which cannot be opened; still reading the one opened before");
+                tracing::warn!(dataset = %self.name, root = %self.root.display(), error = %e, "the dataset root names another directory now, which cannot be opened without following a symlink; still reading the one opened before");
                 return held;
             }
         };
+        if fresh.node == held.node {
+            return held;
+        }
         let mut w = self.dir.write();
         if Arc::ptr_eq(&w, &held) {
             tracing::warn!(dataset = %self.name, root = %self.root.display(), "the dataset root names another directory now (renamed over, made again or mounted over); serving the new one");
-            *w = Arc::new(fresh);
+            *w = fresh;
         }
         w.clone()
     }
@@ -310,17 +327,17 @@ impl Dataset {
         }
         let dir = self.root_dir();
         let opened = if use_openat2 {
-            match openat2_beneath(dir.as_raw_fd(), rel) {
+            match openat2_beneath(dir.fd.as_raw_fd(), rel) {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
                     // No openat2 (kernel before 5.6, or a seccomp filter that refuses it).
                     OPENAT2_MISSING.store(true, Ordering::Relaxed);
                     tracing::info!(error = %e, "openat2 unavailable; opening videos by an O_NOFOLLOW walk");
-                    walk_beneath(dir.as_raw_fd(), &normal)
+                    walk_beneath(dir.fd.as_raw_fd(), &normal)
                 }
                 other => other,
             }
         } else {
-            walk_beneath(dir.as_raw_fd(), &normal)
+            walk_beneath(dir.fd.as_raw_fd(), &normal)
         };
         let file = opened.map_err(|e| match e.raw_os_error() {
             // A symlink (or magic link) on the way, or a path leaving the root.
@@ -629,5 +646,38 @@ mod tests {
         // A symlink inside the root to a file inside it still opens (through its canonical path).
         std::os::unix::fs::symlink(root.join("sub/a.mp4"), root.join("alias.mp4")).unwrap();
         assert_eq!(contents(&ds.open("alias.mp4").unwrap()), b"inside");
+    }
+
+    /// The root is opened again when its path names another directory, but never through a symlink: a
+    /// parent of the root swapped for a link to elsewhere is not followed (an open that skips the path
+    /// check still reads the held root, never the outside file).
+    #[test]
+    fn a_replaced_root_is_opened_again_but_never_through_a_symlink() {
+        let top = tempfile::tempdir().unwrap();
+        let base = top.path().join("base");
+        let root = base.join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("v.mp4"), b"first").unwrap();
+        let ds = Dataset::new("d", &root).unwrap();
+        let root = ds.root.clone();
+        let read = |ds: &Dataset| {
+            let f = ds.open_resolved("v.mp4", &root.join("v.mp4"));
+            f.map(|f| std::fs::read(f.proc_path()).unwrap())
+        };
+        assert_eq!(read(&ds).unwrap(), b"first");
+        // Made again: the new directory is served.
+        std::fs::rename(&root, base.join("old")).unwrap();
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("v.mp4"), b"second").unwrap();
+        assert_eq!(read(&ds).unwrap(), b"second");
+        // A parent swapped for a symlink to a tree holding a root of its own: not followed.
+        let evil = top.path().join("evil");
+        std::fs::create_dir_all(evil.join("root")).unwrap();
+        std::fs::write(evil.join("root/v.mp4"), b"outside").unwrap();
+        std::fs::rename(&base, top.path().join("base.real")).unwrap();
+        std::os::unix::fs::symlink(&evil, &base).unwrap();
+        assert_eq!(read(&ds).unwrap(), b"second", "the held root is kept");
+        assert!(open_root(&root).is_err(), "open_root followed a symlink");
+        assert!(ds.open("v.mp4").is_err(), "resolve still refuses the path");
     }
 }

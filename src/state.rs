@@ -104,10 +104,13 @@ pub fn open_regular(
         .open(path)
         .map_err(|e| {
             if e.raw_os_error() == Some(libc::ENXIO) {
-                // A FIFO opened for writing with no reader.
+                // A FIFO opened for writing with no reader, or a socket.
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
-                    format!("{} is a FIFO, not a regular file", path.display()),
+                    format!(
+                        "{} is a FIFO or a socket, not a regular file",
+                        path.display()
+                    ),
                 )
             } else {
                 e

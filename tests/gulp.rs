@@ -792,7 +792,7 @@ fn ingest_stays_inside_its_dataset_and_refuses_what_it_cannot_store() {
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert_eq!(run.status.code(), Some(64), "--fps {fps}: {stderr}");
         assert!(
-            stderr.contains("is outside 0.001..=1000"),
+            stderr.contains("is outside 0.001..=10000"),
             "--fps {fps}: {stderr}"
         );
     }

@@ -146,6 +146,7 @@ pub(super) fn shm_to_proto(r: &ShmRef) -> pb::ShmSlot {
         slot: r.slot,
         offset: r.offset,
         arena_bytes: r.arena_bytes,
+        slots: r.slots,
     }
 }
 

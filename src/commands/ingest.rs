@@ -252,6 +252,15 @@ fn encode_video(
             })
             .collect::<Result<Vec<_>, _>>()?;
         let out_fps = opts.fps.unwrap_or(index.avg_fps);
+        let range = crate::gulp::FPS_RANGE;
+        if !range.contains(&out_fps) {
+            // A gulp reader ignores a rate outside the range (and serves the video at 25 fps).
+            return Err(format!(
+                "its frame rate {out_fps} is outside {}..={}, what a gulp dataset may store; give --fps",
+                range.start(),
+                range.end()
+            ));
+        }
         let mut meta = serde_json::json!({
             "path": sample.video,
             "fps": out_fps,

@@ -22,23 +22,48 @@ pub(super) fn node_of(fd: libc::c_int) -> Option<(u64, u64)> {
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
-/// The canonical root `root` opened `O_PATH`, not following a symlink at its last component.
+/// The canonical root `root` opened `O_PATH`, walking from `/` one component at a time with
+/// `O_NOFOLLOW | O_DIRECTORY`: a symlink anywhere on the way (a parent swapped for a link to elsewhere)
+/// fails the open instead of being followed.
 pub(super) fn open_root(root: &Path) -> std::io::Result<OwnedFd> {
-    let c = std::ffi::CString::new(root.as_os_str().as_bytes()).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "root path holds a NUL")
-    })?;
-    // SAFETY: `c` is a valid NUL-terminated path; open has no other preconditions.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
+    let step = |at: libc::c_int, name: &[u8]| -> std::io::Result<OwnedFd> {
+        let c = std::ffi::CString::new(name).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "root path holds a NUL")
+        })?;
+        // SAFETY: `at` is an open descriptor (or AT_FDCWD), `c` a valid NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                at,
+                c.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by openat and is owned by nothing else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+    if !root.is_absolute() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "root path is not absolute",
+        ));
     }
-    // SAFETY: `fd` was just returned by open and is owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let mut dir = step(libc::AT_FDCWD, b"/")?;
+    for comp in root.components() {
+        match comp {
+            std::path::Component::RootDir => {}
+            std::path::Component::Normal(name) => dir = step(dir.as_raw_fd(), name.as_bytes())?,
+            _ => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "root path is not canonical",
+                ))
+            }
+        }
+    }
+    Ok(dir)
 }
 
 /// `openat2(dir, rel, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`.

@@ -74,6 +74,10 @@ impl GulpBackend {
             };
             frames.push((k, Arc::new(frame)));
         }
+        if self.record.capacity() > 16 << 20 {
+            // One outsized record does not keep its buffer for the thread's life.
+            self.record = Vec::new();
+        }
         Ok(RunOutput {
             frames,
             sunk: Vec::new(),

@@ -55,7 +55,9 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
     for k in metas {
         r.chunks += 1;
         let (dname, mname) = (data_name(k), meta_name(k));
-        let text = match std::fs::read_to_string(dir.join(&mname)) {
+        let read = crate::state::read_regular(&dir.join(&mname))
+            .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other));
+        let text = match read {
             Ok(t) => t,
             Err(e) => {
                 r.problems.push(format!("{mname}: cannot read: {e}"));
@@ -75,7 +77,10 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
             }
         };
         // Read a record at a time: a data file may be gigabytes.
-        let data = match std::fs::File::open(dir.join(&dname)) {
+        let data = match crate::state::open_regular(
+            std::fs::OpenOptions::new().read(true),
+            &dir.join(&dname),
+        ) {
             Ok(d) => d,
             Err(e) => {
                 r.problems.push(format!("{dname}: cannot read: {e}"));
@@ -307,5 +312,97 @@ mod tests {
             small.index("fine"),
             Err(GulpError::TooLarge { .. })
         ));
+    }
+
+    /// A FIFO at a chunk's path (at start-up, or renamed over a served chunk) fails its videos at once:
+    /// data files are opened per run, and a blocking open of a FIFO held the thread forever.
+    #[test]
+    fn a_fifo_in_place_of_a_chunk_blocks_nothing() {
+        let fifo = |p: &Path| {
+            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a NUL-terminated path; mkfifo reads it only.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let jpeg = Encoder::new(90)
+            .unwrap()
+            .encode(&[100u8; 8 * 8 * 3], 8, 8)
+            .unwrap();
+        for k in 0..2 {
+            let mut w = ChunkWriter::create(dir.path(), k).unwrap();
+            w.append(
+                &format!("v{k}"),
+                &serde_json::json!({}),
+                std::slice::from_ref(&jpeg),
+            )
+            .unwrap();
+            w.finish().unwrap();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            std::fs::remove_file(path.join("data_0.gulp")).unwrap();
+            fifo(&path.join("data_0.gulp"));
+            let ds = GulpDataset::open(&path).unwrap();
+            let at_start = ds.jpeg("v0", 0).map(|_| ());
+            let served = ds.jpeg("v1", 0).map(|b| b.len());
+            std::fs::remove_file(path.join("data_1.gulp")).unwrap();
+            fifo(&path.join("data_1.gulp"));
+            let renamed_over = ds.jpeg("v1", 0).map(|_| ());
+            let report = check(&path).unwrap();
+            let _ = tx.send((at_start, served, renamed_over, report.problems));
+        });
+        let (at_start, served, renamed_over, problems) = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("a FIFO chunk blocked a read");
+        assert!(
+            matches!(at_start, Err(GulpError::Corrupt { .. })),
+            "{at_start:?}"
+        );
+        assert_eq!(served.unwrap(), jpeg.len());
+        let err = renamed_over.unwrap_err().to_string();
+        assert!(err.contains("FIFO"), "{err}");
+        assert!(
+            problems.iter().any(|p| p.contains("data_0.gulp")),
+            "{problems:?}"
+        );
+    }
+
+    /// A stored frame rate maps time to frames as ⌊t·fps⌋ across the whole range a dataset may store
+    /// (0.0004 gave the time base 1000/0, every time frame 0; 20000 was read back as 25), in a reduced
+    /// time base; a rate outside the range is served at 25.
+    #[test]
+    fn stored_frame_rates_give_exact_time_bases() {
+        let dir = tempfile::tempdir().unwrap();
+        let jpeg = Encoder::new(90)
+            .unwrap()
+            .encode(&[100u8; 8 * 8 * 3], 8, 8)
+            .unwrap();
+        let cases: [(f64, (i32, i32)); 6] = [
+            (25.0, (1, 25)),
+            (29.97, (100, 2997)),
+            (0.0015, (2000, 3)),
+            (2500.5, (2, 5001)),
+            (10_000.0, (1, 10_000)),
+            (0.0004, (1, 25)),
+        ];
+        let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
+        for (i, (fps, _)) in cases.iter().enumerate() {
+            w.append(
+                &format!("v{i}"),
+                &serde_json::json!({ "fps": fps }),
+                std::slice::from_ref(&jpeg),
+            )
+            .unwrap();
+        }
+        w.finish().unwrap();
+        let ds = GulpDataset::open(dir.path()).unwrap();
+        for (i, (fps, tb)) in cases.iter().enumerate() {
+            assert_eq!(
+                ds.index(&format!("v{i}")).unwrap().time_base,
+                *tb,
+                "fps {fps}"
+            );
+        }
     }
 }

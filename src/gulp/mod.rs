@@ -97,9 +97,9 @@ pub fn is_gulp_dir(dir: &Path) -> bool {
 }
 
 /// The frame rates a gulp dataset may store (`fps` in its meta data) and `vserve ingest --fps` may ask
-/// for: one frame a thousand seconds to a thousand a second. Outside them a stored rate is ignored (the
-/// video is served at [`reader::DEFAULT_FPS`]) and ingest refuses it.
-pub const FPS_RANGE: std::ops::RangeInclusive<f64> = 0.001..=1000.0;
+/// for: one frame a thousand seconds to ten thousand a second. Outside them a stored rate is ignored
+/// (the video is served at [`reader::DEFAULT_FPS`]) and ingest refuses it.
+pub const FPS_RANGE: std::ops::RangeInclusive<f64> = 0.001..=10_000.0;
 
 /// Frame rate stored in a video's meta data (`fps`, as vserve's ingest writes it), when present and in
 /// [`FPS_RANGE`].
@@ -143,7 +143,8 @@ mod tests {
         assert!(!misnamed_chunk("data_0.gulp"));
         assert!(!misnamed_chunk("data_x.gulp"));
         assert_eq!(stored_fps(&serde_json::json!({"fps": 29.97})), Some(29.97));
-        for bad in [0.0004, 0.0, -5.0, 1000.5, 20000.0] {
+        assert_eq!(stored_fps(&serde_json::json!({"fps": 2000})), Some(2000.0));
+        for bad in [0.0004, 0.0, -5.0, 10000.5, 20000.0] {
             assert_eq!(
                 stored_fps(&serde_json::json!({ "fps": bad })),
                 None,

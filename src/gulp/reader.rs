@@ -45,7 +45,7 @@ pub enum GulpError {
     Corrupt { id: String, reason: String },
     #[error("cannot read gulp dataset {path:?}: {reason}")]
     Io { path: String, reason: String },
-    #[error("video {id:?} has frames of {width}x{height}, more than the {max_pixels} pixels a frame may have (--max-side squared)")]
+    #[error("video {id:?}: frames too large: {width}x{height} is more than the {max_pixels} pixels a frame may have (--max-side squared)")]
     TooLarge {
         id: String,
         width: u32,
@@ -188,7 +188,7 @@ pub fn misnamed_reason(name: &str) -> String {
 
 fn open_data(path: &Path) -> (Result<(u64, u64), String>, u64, i128) {
     use std::os::unix::fs::MetadataExt;
-    let file = match std::fs::File::open(path) {
+    let file = match crate::state::open_regular(std::fs::OpenOptions::new().read(true), path) {
         Ok(f) => f,
         Err(e) => return (Err(format!("{}: {e}", path.display())), 0, 0),
     };
@@ -233,8 +233,9 @@ impl GulpDataset {
         }
         for k in list.meta {
             let meta_path = root.join(meta_name(k));
-            let parsed = std::fs::read_to_string(&meta_path)
+            let parsed = crate::state::read_regular(&meta_path)
                 .map_err(|e| e.to_string())
+                .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()))
                 .and_then(|text| parse_meta(&text));
             let entries = match parsed {
                 Ok(e) => e,
@@ -291,8 +292,9 @@ impl GulpDataset {
                 mtime_ns,
             });
         }
-        let label2idx = std::fs::read_to_string(root.join("label2idx.json"))
+        let label2idx = crate::state::read_regular(&root.join("label2idx.json"))
             .ok()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
             .map(|t| parse_label2idx(&t));
         Ok(GulpDataset {
             root: root.to_path_buf(),
@@ -366,8 +368,19 @@ impl GulpDataset {
             reason,
         };
         let identity = chunk.file.as_ref().map_err(|m| corrupt(m.clone()))?;
-        let file = std::fs::File::open(&chunk.data_path)
-            .map_err(|e| corrupt(format!("{}: {e}", chunk.data_path.display())))?;
+        // Non-blocking and regular files only: a FIFO renamed over a chunk held the decode thread in
+        // open(2). Gone or not a file is the data lost; anything else (EMFILE, EACCES) the daemon's.
+        let file =
+            crate::state::open_regular(std::fs::OpenOptions::new().read(true), &chunk.data_path)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidData => {
+                        corrupt(format!("{}: {e}", chunk.data_path.display()))
+                    }
+                    _ => GulpError::Io {
+                        path: chunk.data_path.display().to_string(),
+                        reason: e.to_string(),
+                    },
+                })?;
         let now = file
             .metadata()
             .map_err(|e| corrupt(format!("{}: {e}", chunk.data_path.display())))?;
@@ -432,12 +445,15 @@ impl GulpDataset {
             });
         }
         let fps = super::stored_fps(&e.meta).unwrap_or(DEFAULT_FPS);
-        // pts k → k / fps seconds: exactly for integral rates, else to a millionth of a frame (fps lies
-        // in FPS_RANGE, so fps * 10^6 fits an i32 and is at least 1000).
+        // pts k → k / fps seconds: exactly for integral rates, else to 10^-6 of a frame below 1000 fps
+        // and 10^-5 above (fps lies in FPS_RANGE: fps * scale fits an i32 and is at least 1000), reduced.
         let time_base = if fps.fract() == 0.0 {
             (1, fps as i32)
         } else {
-            (1_000_000, (fps * 1e6).round() as i32)
+            let scale: i64 = if fps < 1000.0 { 1_000_000 } else { 100_000 };
+            let den = (fps * scale as f64).round() as i64;
+            let g = gcd(scale, den).max(1);
+            ((scale / g) as i32, (den / g) as i32)
         };
         let n = e.frames.len();
         Ok(VideoIndex {
@@ -534,6 +550,14 @@ impl Records<'_> {
                 )
             })
         })
+    }
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 

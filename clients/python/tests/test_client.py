@@ -122,7 +122,12 @@ def test_clips_given_as_dicts_are_the_same_clips(client, reference):
     assert_array_equal(as_dicts.array, as_tuples.array, "dict clips")
     assert_array_equal(as_dicts.array[0], reference(video)[[3, 4]], "dict clip 0")
     assert as_dicts.frames.tolist() == as_tuples.frames.tolist()
-    for bad in ({"frames": [0]}, {"video": video}, {"video": video, "frames": [0], "times": [0.0]}):
+    for bad in (
+        {"frames": [0]},
+        {"video": video},
+        {"video": video, "frames": [0], "times": [0.0]},
+        {"video": video, "frames": [0], "label": 3},
+    ):
         with pytest.raises(vserve_client.InvalidArgument) as e:
             client.get_clips("media", [bad])
         assert "'frames' or 'times'" in e.value.message, e.value.message

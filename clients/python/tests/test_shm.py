@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -116,6 +117,39 @@ def test_kept_batches_stay_valid_and_released_slots_are_reused(daemon):
             # Released slots are reused (prefetch 1: a few slots serve the whole epoch).
             assert len(set(rest)) < len(rest)
             first.release()
+
+
+def test_keeping_every_slot_of_a_stream_raises_instead_of_waiting_forever(daemon):
+    # keep() on every batch: once every slot of the arena held a kept batch the next read waited forever
+    # (the daemon had nowhere to write). It now raises, naming the fix; releasing one lets the stream go on.
+    with daemon.client(transport="shm") as c:
+        with c.stream("clips", prefetch=1, **dict(KW, num_clips=12)) as stream:
+            held = []
+            # Without the check the read below waits forever: cancel it after a minute instead.
+            watchdog = threading.Timer(60, stream.close)
+            watchdog.start()
+            try:
+                with pytest.raises(vserve_client.ResourceExhausted) as e:
+                    for b in stream:
+                        held.append(b.keep())
+            finally:
+                watchdog.cancel()
+            slots = held[-1].header.shm.slots
+            assert slots == 1 + 3, f"prefetch 1: {slots} slots"
+            assert len(held) == slots, [b.batch for b in held]
+            assert "release kept batches" in e.value.message
+            # The kept batches stay valid and distinct.
+            assert len({b.array.__array_interface__["data"][0] for b in held}) == slots
+        # Released, the same stream shape reads to its end with one batch kept at a time.
+        with c.stream("clips", prefetch=1, **dict(KW, num_clips=12)) as stream:
+            n = 0
+            for b in stream:
+                b.keep()
+                b.release()
+                n += 1
+            assert n == held[0].batches_total
+        for b in held:
+            b.release()
 
 
 KILLED = textwrap.dedent(

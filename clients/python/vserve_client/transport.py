@@ -33,7 +33,7 @@ import numpy as np
 
 from ._proto import vserve_pb2 as pb
 from .batch import WIRE_DTYPES, Batch, assemble_batches, assemble_one
-from .errors import InvalidArgument, NotFound, ProtocolError
+from .errors import InvalidArgument, NotFound, ProtocolError, ResourceExhausted
 
 TRANSPORTS = ("auto", "shm", "inline")
 
@@ -426,6 +426,7 @@ class ShmTransport(Transport):
         # ended stream's arena to the next stream of the same shape (the next epoch), whose batches then
         # land in pages this process has already mapped.
         previous = None
+        kept: List[Batch] = []
         try:
             for msg in messages:
                 if not msg.HasField("header"):
@@ -441,12 +442,30 @@ class ShmTransport(Transport):
                     previous.release()
                 previous = batch
                 yield batch
+                _check_kept(kept, batch, h.shm.slots)
         finally:
             if previous is not None and not previous._kept:
                 try:
                     previous.release()
                 except Exception:
                     pass  # the call is being torn down; the daemon removes the arena with the stream
+
+
+def _check_kept(kept: "List[Batch]", batch: Batch, slots: int) -> None:
+    """Before a stream's next batch is read: every slot of its arena is held by a kept batch (``keep()``
+    without ``release()``), so the daemon has nowhere to write the next one and the read would wait
+    forever. Raises ResourceExhausted naming the fix instead. Nothing to check when the daemon does not
+    say its slot count, or when ``batch`` was the last (the stream then ends without a slot)."""
+    if batch._kept:
+        kept.append(batch)
+    kept[:] = [b for b in kept if b._releaser is not None]
+    last = batch.batches_total is not None and batch.batch + 1 >= batch.batches_total
+    if slots and len(kept) >= slots and not last:
+        raise ResourceExhausted(
+            f"every slot of this stream's shared-memory arena ({slots}) holds a kept batch, so the next "
+            "batch has nowhere to go: release kept batches (Batch.release(), or Batch.detach() to keep a "
+            "copy) before reading on, or keep fewer at once (a stream has prefetch + 3 slots)"
+        )
 
 
 def _prune(transport: "weakref.ReferenceType[ShmTransport]") -> None:

@@ -196,6 +196,17 @@ impl Arena {
         Some(slots[i].lease << SLOT_BITS | i as u32)
     }
 
+    /// Whether the arena's file is still in the directory (it goes with the directory when someone
+    /// removes that, `dir.rs`): an arena whose file is gone is never lent again.
+    pub(super) fn linked(&self) -> bool {
+        std::fs::symlink_metadata(&self.path).is_ok()
+    }
+
+    /// How many slots the arena has (its file is that many slots long).
+    pub(super) fn slot_count(&self) -> u32 {
+        (self.map.len() / self.slot_bytes.max(1)) as u32
+    }
+
     /// Byte offset in the file of the slot a token names.
     pub(super) fn offset(&self, token: u32) -> usize {
         index(token) * self.slot_bytes
@@ -232,6 +243,7 @@ impl Arena {
             slot,
             offset: offset as u64,
             arena_bytes: self.map.len() as u64,
+            slots: self.slot_count(),
         })
     }
 
@@ -269,6 +281,7 @@ impl Arena {
                     slot,
                     offset: offset as u64,
                     arena_bytes: self.map.len() as u64,
+                    slots: self.slot_count(),
                 },
             )),
             Err(e) => {

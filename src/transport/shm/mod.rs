@@ -75,6 +75,8 @@ pub struct ShmRef {
     pub slot: u32,
     pub offset: u64,
     pub arena_bytes: u64,
+    /// How many slots the arena has.
+    pub slots: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -378,6 +380,9 @@ impl ShmRegistry {
 
     /// Keeps a released reusable arena for later replies, within the pool's bounds (the newest stay).
     fn put_spare(&self, arena: Arc<Arena>) {
+        if !arena.linked() {
+            return;
+        }
         let (most, most_bytes) = self.spare_bounds();
         keep_newest(&self.spare, arena, most, most_bytes);
     }

@@ -60,6 +60,7 @@ impl PendingReply {
             slot: self.slot,
             offset: offset as u64,
             arena_bytes: self.arena.map.len() as u64,
+            slots: self.arena.slot_count(),
         }
     }
 }

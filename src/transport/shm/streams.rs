@@ -79,6 +79,7 @@ impl ShmRegistry {
         if !arena.all_free()
             || Arc::strong_count(&arena) != 1
             || arena.owner.lock().is_alive() == Some(false)
+            || !arena.linked()
         {
             return;
         }

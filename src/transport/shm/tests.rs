@@ -652,19 +652,34 @@ fn a_directory_removed_under_the_daemon_is_made_again() {
     let a = fill(1).unwrap();
     reg.release(&a.arena, &[0], &me()).unwrap();
     assert_eq!(reg.spare_arenas(), 1);
+    // One reply pooled, one in flight when the directory goes.
+    let in_flight = fill(9).unwrap();
+    assert_eq!(in_flight.arena, a.arena, "the pooled arena is lent again");
+    let pooled = fill(8).unwrap();
+    reg.release(&pooled.arena, &[pooled.slot], &me()).unwrap();
+    assert_eq!(reg.spare_arenas(), 1);
     std::fs::remove_dir_all(reg.dir()).unwrap();
     let b = fill(2).unwrap();
     assert_ne!(
-        b.arena, a.arena,
+        b.arena, pooled.arena,
         "a pooled arena whose file is gone was lent"
     );
     assert_eq!(std::fs::read(&b.path).unwrap()[..1000], [2u8; 1000][..]);
+    // Released after the directory was made again, the in-flight one is not pooled either.
+    reg.release(&in_flight.arena, &[in_flight.slot], &me())
+        .unwrap();
+    let c = fill(4).unwrap();
+    assert_ne!(
+        c.arena, in_flight.arena,
+        "an arena whose file is gone was lent"
+    );
+    assert!(c.path.exists());
     let stream = reg.stream_arena(4096, 2, &me()).unwrap();
     assert!(reg.dir().join(&stream.name).exists());
     // The lock is held again: a sweep by another instance keeps the directory.
     let other = registry(dir.path(), Duration::from_secs(60));
     other.remove_stale();
-    assert!(b.path.exists());
+    assert!(c.path.exists());
     // Something else at the path (here: our directory made writable by others) is not used.
     std::fs::set_permissions(reg.dir(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let err = fill(3).unwrap_err();

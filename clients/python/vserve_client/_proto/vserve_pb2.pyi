@@ -318,18 +318,20 @@ class BatchHeader(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., layout: _Optional[_Union[Layout, str]] = ..., clips: _Optional[_Iterable[_Union[ClipInfo, _Mapping]]] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[RequestStats, _Mapping]] = ..., batch: _Optional[int] = ..., batches_total: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., shm: _Optional[_Union[ShmSlot, _Mapping]] = ..., samples_fingerprint: _Optional[int] = ...) -> None: ...
 
 class ShmSlot(_message.Message):
-    __slots__ = ("path", "arena", "slot", "offset", "arena_bytes")
+    __slots__ = ("path", "arena", "slot", "offset", "arena_bytes", "slots")
     PATH_FIELD_NUMBER: _ClassVar[int]
     ARENA_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
     path: str
     arena: str
     slot: int
     offset: int
     arena_bytes: int
-    def __init__(self, path: _Optional[str] = ..., arena: _Optional[str] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., arena_bytes: _Optional[int] = ...) -> None: ...
+    slots: int
+    def __init__(self, path: _Optional[str] = ..., arena: _Optional[str] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., arena_bytes: _Optional[int] = ..., slots: _Optional[int] = ...) -> None: ...
 
 class ReleaseSlotsRequest(_message.Message):
     __slots__ = ("arena", "slots")
