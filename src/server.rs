@@ -297,8 +297,17 @@ pub async fn serve_engine(
             }
         }
     };
+    let drained = async {
+        drain.await;
+        // Connections the drain closed linger until their clients have read every byte
+        // (`conns.rs`): the process exiting now would reset them, and a client lose a reply's tail.
+        let until = std::time::Instant::now() + conns::LINGER;
+        while gate.open() > 0 && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
     tokio::select! {
-        _ = drain => {}
+        _ = drained => {}
         _ = tokio::time::sleep(grace) => {
             tracing::warn!(grace_s = grace.as_secs_f64(), "grace period over; closing remaining connections");
         }

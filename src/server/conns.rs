@@ -12,6 +12,16 @@
 //!   arenas and the state directory);
 //! - an accept that fails for want of descriptors is logged (once a minute) and the listener pauses
 //!   [`EMFILE_PAUSE`] instead of spinning.
+//!
+//! A closed connection lingers ([`LINGER`]): hyper drops a connection as soon as its last stream has
+//! sent its last frame, but the client may still be reading that stream's tail and sending flow-control
+//! updates. Closing a socket that receives data answers with a reset, and a reset makes the client's
+//! kernel drop what it had received and not yet read: a reply the daemon finished sending during a
+//! graceful shutdown ended "broken pipe" on the client, a few bytes short (about 1 in 8 drains in
+//! `ops::health_turns_not_serving_on_sigterm_while_a_stream_finishes`). So a dropped connection is
+//! handed to a task that shuts down its writing side (the client reads to the end, then EOF) and reads
+//! and discards until the client closes, for at most [`LINGER`]; it keeps its place in the counts
+//! meanwhile, so shutdown can wait for it ([`Gate::open`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -35,6 +45,8 @@ pub const PER_ADDRESS: usize = 1024;
 pub const RESERVED_FDS: usize = 512;
 /// How long a listener waits after an accept failed for want of descriptors.
 pub const EMFILE_PAUSE: Duration = Duration::from_millis(100);
+/// How long a closed connection waits for its client to close its side (module docs).
+pub const LINGER: Duration = Duration::from_secs(5);
 
 /// Who holds a connection.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -115,8 +127,7 @@ impl Gate {
         }
     }
 
-    /// Connections open now.
-    #[cfg(test)]
+    /// Connections open now, lingering ones included.
     pub fn open(&self) -> usize {
         self.inner.lock().total
     }
@@ -163,9 +174,41 @@ impl Drop for Ticket {
 }
 
 /// An accepted connection counted by a [`Gate`].
-pub struct Counted<IO> {
-    io: IO,
-    _ticket: Ticket,
+pub struct Counted<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
+    /// Taken by the linger task when the connection is dropped.
+    io: Option<IO>,
+    ticket: Option<Ticket>,
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Counted<IO> {
+    fn io(&mut self) -> Pin<&mut IO> {
+        Pin::new(
+            self.io
+                .as_mut()
+                .expect("a connection in use has its socket"),
+        )
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Drop for Counted<IO> {
+    fn drop(&mut self) {
+        let (Some(mut io), ticket) = (self.io.take(), self.ticket.take()) else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let _ticket = ticket;
+            let drain = async {
+                let _ = io.shutdown().await;
+                let mut buf = [0u8; 4096];
+                while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+            };
+            let _ = tokio::time::timeout(LINGER, drain).await;
+        });
+    }
 }
 
 /// Passes `incoming` through `gate`: connections over a bound are closed at once, failed accepts are
@@ -177,15 +220,19 @@ pub fn gated<IO, S>(
 ) -> impl Stream<Item = std::io::Result<Counted<IO>>>
 where
     S: Stream<Item = std::io::Result<IO>>,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     incoming
         .then(move |accepted| {
             let gate = gate.clone();
             async move {
                 match accepted {
-                    Ok(io) => gate
-                        .admit(holder(&io))
-                        .map(|t| Ok(Counted { io, _ticket: t })),
+                    Ok(io) => gate.admit(holder(&io)).map(|t| {
+                        Ok(Counted {
+                            io: Some(io),
+                            ticket: Some(t),
+                        })
+                    }),
                     Err(e) => {
                         Gate::accept_failed(&e);
                         if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
@@ -215,39 +262,42 @@ pub fn tcp_holder(s: &tokio::net::TcpStream) -> Holder {
     }
 }
 
-impl<IO: Connected> Connected for Counted<IO> {
+impl<IO: Connected + AsyncRead + AsyncWrite + Unpin + Send + 'static> Connected for Counted<IO> {
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        self.io
+            .as_ref()
+            .expect("a connection in use has its socket")
+            .connect_info()
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncRead for Counted<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        self.io().poll_read(cx, buf)
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Counted<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        self.io().poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        self.io().poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        self.io().poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -255,11 +305,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        self.io().poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        self.io.as_ref().is_some_and(|io| io.is_write_vectored())
     }
 }
 

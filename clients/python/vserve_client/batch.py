@@ -243,7 +243,7 @@ class Batch:
     def keep(self) -> "Batch":
         """Keeps this batch's shared-memory slot past the next read of its stream (which otherwise releases
         it): call :meth:`release` when done with ``array``, or take ``array.copy()`` and release. A stream
-        whose slots are all kept waits until one is released."""
+        whose slots are all kept has nowhere to put its next batch: reading on raises ResourceExhausted."""
         self._kept = True
         return self
 
