@@ -238,7 +238,19 @@ impl Daemon {
                     Ok(mut c) => match c.list_datasets().await {
                         Ok(r) if r.datasets.iter().all(|d| !d.building) => {
                             self.admin = self.logged_addr("admin listening");
-                            return Ok(c);
+                            // The daemon answers on its first listener a moment before it marks itself
+                            // ready (after every listener is up): wait for /readyz too, so a test's
+                            // first look at it does not race start-up.
+                            let ready = match &self.admin {
+                                Some(a) => {
+                                    http_get(a, "/readyz").is_ok_and(|(code, _)| code == 200)
+                                }
+                                None => true,
+                            };
+                            if ready {
+                                return Ok(c);
+                            }
+                            last_err = "/readyz not 200 yet".into();
                         }
                         Ok(_) => last_err = "datasets still being listed".into(),
                         Err(e) => last_err = e.to_string(),
