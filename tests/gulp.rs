@@ -447,15 +447,16 @@ fn ingest_killed_halfway_then_rerun_is_complete() {
     assert_eq!(counts, serde_json::Value::Object(expected_counts));
 }
 
-#[test]
-fn corrupt_chunks_are_data_loss_for_their_videos_only() {
+/// `n` copies of gulpio/test.mp4 ingested at 5 fps, one video per chunk (chunk k holds video k: one
+/// job, in order): (the temporary directory, the gulp directory inside it).
+fn ingest_one_per_chunk(n: usize) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    for name in ["a", "b", "c", "d"] {
+    for i in 0..n {
         std::fs::copy(
             media_path("gulpio/test.mp4"),
-            src.join(format!("{name}.mp4")),
+            src.join(format!("{}.mp4", (b'a' + i as u8) as char)),
         )
         .unwrap();
     }
@@ -479,11 +480,19 @@ fn corrupt_chunks_are_data_loss_for_their_videos_only() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    // Chunk k holds video k (one job, in order).
-    let meta = |k: u64| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(out.join(format!("meta_{k}.gmeta"))).unwrap())
-            .unwrap()
-    };
+    (dir, out)
+}
+
+/// Chunk `k`'s meta file, parsed.
+fn chunk_meta(out: &Path, k: u64) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join(format!("meta_{k}.gmeta"))).unwrap())
+        .unwrap()
+}
+
+#[test]
+fn corrupt_chunks_are_data_loss_for_their_videos_only() {
+    let (_dir, out) = ingest_one_per_chunk(4);
+    let meta = |k: u64| chunk_meta(&out, k);
     let id_of = |k: u64| meta(k).as_object().unwrap().keys().next().unwrap().clone();
     let (truncated, broken, bad_jpeg, intact) = (id_of(0), id_of(1), id_of(2), id_of(3));
     // Truncated .gulp: cut chunk 0's data file in half.
@@ -575,41 +584,8 @@ fn corrupt_chunks_are_data_loss_for_their_videos_only() {
 /// videos are DATA_LOSS, named so.
 #[test]
 fn a_chunk_truncated_while_served_fails_only_the_frames_it_lost() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    for name in ["a", "b", "c"] {
-        std::fs::copy(
-            media_path("gulpio/test.mp4"),
-            src.join(format!("{name}.mp4")),
-        )
-        .unwrap();
-    }
-    let out = dir.path().join("gulp");
-    let run = vserve(&[
-        "ingest",
-        "--dataset-dir",
-        src.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--videos-per-chunk",
-        "1",
-        "--jobs",
-        "1",
-        "--fps",
-        "5",
-        "--quiet",
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    // Chunk k holds video k (one job, in order).
-    let meta = |k: u64| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(out.join(format!("meta_{k}.gmeta"))).unwrap())
-            .unwrap()
-    };
+    let (_dir, out) = ingest_one_per_chunk(3);
+    let meta = |k: u64| chunk_meta(&out, k);
     let id_of = |k: u64| meta(k).as_object().unwrap().keys().next().unwrap().clone();
     let (cut_id, replaced, other) = (id_of(0), id_of(1), id_of(2));
     let records = meta(0)[&cut_id]["frame_info"].as_array().unwrap().clone();

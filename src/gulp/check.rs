@@ -271,12 +271,7 @@ mod tests {
             .unwrap()
             .encode(&[100u8; 16 * 8 * 3], 16, 8)
             .unwrap();
-        let sof = good
-            .windows(2)
-            .position(|m| m[0] == 0xFF && (0xC0..=0xC2).contains(&m[1]))
-            .unwrap();
-        let mut huge = good.clone();
-        huge[sof + 5..sof + 9].copy_from_slice(&[0xFD, 0xE8, 0xFD, 0xE8]);
+        let huge = crate::gulp::jpeg::tests::claiming_65000(&good);
         let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
         let meta = serde_json::json!({});
         w.append("huge_first", &meta, &[huge.clone(), good.clone()])

@@ -218,8 +218,19 @@ impl Drop for Encoder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// `jpeg` with its frame header (SOF: FF Cx, length, precision, height, width) claiming 65000x65000.
+    pub(crate) fn claiming_65000(jpeg: &[u8]) -> Vec<u8> {
+        let sof = jpeg
+            .windows(2)
+            .position(|m| m[0] == 0xFF && (0xC0..=0xC2).contains(&m[1]))
+            .unwrap();
+        let mut huge = jpeg.to_vec();
+        huge[sof + 5..sof + 9].copy_from_slice(&[0xFD, 0xE8, 0xFD, 0xE8]);
+        huge
+    }
 
     #[test]
     fn round_trip_is_close_and_damage_is_reported() {
@@ -296,13 +307,7 @@ mod tests {
         assert!(d.decode(&good, (w * h) as u64).is_ok());
         let err = d.decode(&good, (w * h) as u64 - 1).unwrap_err().to_string();
         assert!(err.contains("claims 16x8"), "{err}");
-        // The frame header (SOF): FF Cx, length, precision, height, width.
-        let sof = good
-            .windows(2)
-            .position(|m| m[0] == 0xFF && (0xC0..=0xC2).contains(&m[1]))
-            .unwrap();
-        let mut huge = good.clone();
-        huge[sof + 5..sof + 9].copy_from_slice(&[0xFD, 0xE8, 0xFD, 0xE8]);
+        let huge = claiming_65000(&good);
         assert_eq!(d.header(&huge).unwrap(), (65000, 65000));
         let err = d.decode(&huge, 8192 * 8192).unwrap_err().to_string();
         assert!(err.contains("claims 65000x65000"), "{err}");
