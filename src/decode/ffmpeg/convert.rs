@@ -105,6 +105,12 @@ fn colour_details(
 }
 
 impl Converter {
+    /// Bytes of its buffers: the RGB output and the resize's frame (counted at 3 bytes a pixel).
+    pub(super) fn bytes(&self) -> usize {
+        let (w, h) = (self.key.5 as usize, self.key.6 as usize);
+        w * h * 3 * (1 + self.pre.is_some() as usize)
+    }
+
     /// Converts `frame` into `place` when given and of the output's size (None comes back), else into a
     /// new [`Frame`] from the buffer pool. swscale writes its own padded buffer either way (its SIMD
     /// paths write whole 8-pixel groups and skip a row's tail when the stride has no room for them, so it

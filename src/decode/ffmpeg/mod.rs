@@ -25,6 +25,7 @@ mod convert;
 pub mod h264;
 mod hw;
 pub mod info;
+mod keep;
 pub mod open;
 mod palette;
 mod reuse;
@@ -50,6 +51,7 @@ pub use info::{
     cuda_decoder, decoders_of, hwaccel_types, init, library_versions, pick_stream,
     read_only_stream, release, stream_facts, DecoderInfo, StreamFacts,
 };
+use keep::{open_bytes, to_close, CONVERTER_BYTES};
 use open::open_input;
 use reuse::{announce_extradata, DecoderKey, Spares};
 pub use scan::{build_index, build_index_of, scan_by_decoding, DecodeScan};
@@ -289,14 +291,22 @@ impl FfmpegBackend {
 
     /// Keeps `video` open as the most recent; the least recent beyond [`OPEN_VIDEOS`] closes, its decoder
     /// kept as a spare when it may be reused.
-    fn keep(&mut self, video: OpenVideo) {
+    fn keep(&mut self, mut video: OpenVideo) {
+        if video
+            .converter
+            .as_ref()
+            .is_some_and(|c| c.bytes() > CONVERTER_BYTES)
+        {
+            video.converter = None;
+        }
         self.open.push_front(video);
-        while self.open.len() > OPEN_VIDEOS {
+        let estimates: Vec<usize> = self.open.iter().map(open_bytes).collect();
+        for _ in 0..to_close(&estimates) {
             let Some(old) = self.open.pop_back() else {
                 break;
             };
             if let Some(key) = old.key {
-                self.spares.keep(key, old.decoder);
+                self.spares.keep(key, old.decoder); // within the spares' own byte bounds
             }
         }
     }
