@@ -260,9 +260,9 @@ def clip_msg(clip: Any) -> "pb.ClipSpec":
     if isinstance(clip, Mapping):
         # Unpacked as a tuple, a dict gives its keys: ("video", "frames") read as a video named "video"
         # with the frame indices "frames", refused with a message that hid the mistake.
-        unknown = sorted(map(str, set(clip) - {"video", "frames", "times", "stream"}))
-        if "video" not in clip or unknown or ("frames" in clip) == ("times" in clip):
-            extra = f" (unknown: {', '.join(unknown)})" if unknown else ""
+        odd = sorted(map(str, set(clip) - {"video", "frames", "times", "stream"}))
+        if "video" not in clip or odd or ("frames" in clip) == ("times" in clip):
+            extra = f" (unknown: {', '.join(odd)})" if odd else ""
             raise InvalidArgument(
                 f"clip {clip!r}: a dict clip needs 'video' and one of 'frames' or 'times' (and optionally 'stream'){extra}"
             )
