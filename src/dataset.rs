@@ -183,26 +183,7 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
         .map_or(0, |d| d.as_nanos() as i128)
 }
 
-/// What a file is, for messages ("a directory", "a symlink", ...).
-pub fn kind_of(meta: &std::fs::Metadata) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    let t = meta.file_type();
-    if t.is_file() {
-        "a regular file"
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_char_device() || t.is_block_device() {
-        "a device"
-    } else if t.is_symlink() {
-        "a symlink"
-    } else {
-        "not a regular file"
-    }
-}
+pub use crate::state::kind_of;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DatasetError {

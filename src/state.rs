@@ -94,11 +94,12 @@ impl StateDir {
 /// the state directory cannot block the open, then refused by `fstat` unless it is a regular file. A FIFO
 /// at a journal slot or `quarantine.json` held the daemon before it bound its socket, forever and silently;
 /// one in place of a stored table held a request for the whole index deadline and a thread for good.
+/// Returns the file with what `fstat` said of it.
 pub fn open_regular(
     options: &mut std::fs::OpenOptions,
     path: &Path,
-) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
     let file = options
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
@@ -116,28 +117,44 @@ pub fn open_regular(
                 e
             }
         })?;
-    let t = file.metadata()?.file_type();
-    if !t.is_file() {
-        let kind = if t.is_fifo() {
-            "a FIFO"
-        } else if t.is_dir() {
-            "a directory"
-        } else if t.is_socket() {
-            "a socket"
-        } else {
-            "a device"
-        };
+    let meta = file.metadata()?;
+    if !meta.is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("{} is {kind}, not a regular file", path.display()),
+            format!(
+                "{} is {}, not a regular file",
+                path.display(),
+                kind_of(&meta)
+            ),
         ));
     }
-    Ok(file)
+    Ok((file, meta))
+}
+
+/// What a file is, for messages ("a directory", "a symlink", ...).
+pub fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_symlink() {
+        "a symlink"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// The whole contents of the regular file at `path` ([`open_regular`]).
 pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut file = open_regular(std::fs::OpenOptions::new().read(true), path)?;
+    let (mut file, _) = open_regular(std::fs::OpenOptions::new().read(true), path)?;
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut file, &mut bytes)?;
     Ok(bytes)

@@ -77,7 +77,7 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
             }
         };
         // Read a record at a time: a data file may be gigabytes.
-        let data = match crate::state::open_regular(
+        let (data, meta) = match crate::state::open_regular(
             std::fs::OpenOptions::new().read(true),
             &dir.join(&dname),
         ) {
@@ -87,7 +87,7 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
                 continue;
             }
         };
-        let size = data.metadata().map_or(0, |m| m.len());
+        let size = meta.len();
         if size == 0 {
             r.problems.push(format!("{dname}: empty file"));
         }
@@ -184,13 +184,18 @@ mod tests {
     use crate::gulp::reader::{GulpDataset, GulpError};
     use crate::gulp::writer::ChunkWriter;
 
+    /// An 8x8 grey JPEG record.
+    fn grey_8x8() -> Vec<u8> {
+        Encoder::new(90)
+            .unwrap()
+            .encode(&[100u8; 8 * 8 * 3], 8, 8)
+            .unwrap()
+    }
+
     #[test]
     fn duplicates_orphans_and_bad_records_are_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let jpeg = Encoder::new(90)
-            .unwrap()
-            .encode(&[100u8; 8 * 8 * 3], 8, 8)
-            .unwrap();
+        let jpeg = grey_8x8();
         let meta = serde_json::json!({});
         for k in 0..2 {
             let mut w = ChunkWriter::create(dir.path(), k).unwrap();
@@ -226,10 +231,7 @@ mod tests {
     #[test]
     fn chunk_files_numbered_with_leading_zeros_are_reported_not_misread() {
         let dir = tempfile::tempdir().unwrap();
-        let jpeg = Encoder::new(90)
-            .unwrap()
-            .encode(&[100u8; 8 * 8 * 3], 8, 8)
-            .unwrap();
+        let jpeg = grey_8x8();
         let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
         w.append("a", &serde_json::json!({}), std::slice::from_ref(&jpeg))
             .unwrap();
@@ -319,10 +321,7 @@ mod tests {
             assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         };
         let dir = tempfile::tempdir().unwrap();
-        let jpeg = Encoder::new(90)
-            .unwrap()
-            .encode(&[100u8; 8 * 8 * 3], 8, 8)
-            .unwrap();
+        let jpeg = grey_8x8();
         for k in 0..2 {
             let mut w = ChunkWriter::create(dir.path(), k).unwrap();
             w.append(
@@ -369,10 +368,7 @@ mod tests {
     #[test]
     fn stored_frame_rates_give_exact_time_bases() {
         let dir = tempfile::tempdir().unwrap();
-        let jpeg = Encoder::new(90)
-            .unwrap()
-            .encode(&[100u8; 8 * 8 * 3], 8, 8)
-            .unwrap();
+        let jpeg = grey_8x8();
         let cases: [(f64, (i32, i32)); 6] = [
             (25.0, (1, 25)),
             (29.97, (100, 2997)),

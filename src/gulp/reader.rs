@@ -188,26 +188,11 @@ pub fn misnamed_reason(name: &str) -> String {
 
 fn open_data(path: &Path) -> (Result<(u64, u64), String>, u64, i128) {
     use std::os::unix::fs::MetadataExt;
-    let file = match crate::state::open_regular(std::fs::OpenOptions::new().read(true), path) {
-        Ok(f) => f,
+    let meta = match crate::state::open_regular(std::fs::OpenOptions::new().read(true), path) {
+        Ok((_, m)) => m,
         Err(e) => return (Err(format!("{}: {e}", path.display())), 0, 0),
     };
-    let meta = match file.metadata() {
-        Ok(m) => m,
-        Err(e) => return (Err(format!("{}: {e}", path.display())), 0, 0),
-    };
-    let mtime_ns = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as i128);
-    if !meta.is_file() {
-        return (
-            Err(format!("{} is not a regular file", path.display())),
-            0,
-            mtime_ns,
-        );
-    }
+    let mtime_ns = crate::dataset::mtime_ns(&meta);
     if meta.len() == 0 {
         return (Err(format!("{} is empty", path.display())), 0, mtime_ns);
     }
@@ -215,7 +200,7 @@ fn open_data(path: &Path) -> (Result<(u64, u64), String>, u64, i128) {
 }
 
 impl GulpDataset {
-    /// Reads every meta file and maps every data file of `root`. Fails only when the directory itself
+    /// Reads every meta file of `root` and notes which file each data file is. Fails only when the directory itself
     /// cannot be listed; damaged chunks are recorded and affect their own videos.
     pub fn open(root: &Path) -> Result<GulpDataset, GulpError> {
         let io = |e: std::io::Error| GulpError::Io {
@@ -370,7 +355,7 @@ impl GulpDataset {
         let identity = chunk.file.as_ref().map_err(|m| corrupt(m.clone()))?;
         // Non-blocking and regular files only: a FIFO renamed over a chunk held the decode thread in
         // open(2). Gone or not a file is the data lost; anything else (EMFILE, EACCES) the daemon's.
-        let file =
+        let (file, now) =
             crate::state::open_regular(std::fs::OpenOptions::new().read(true), &chunk.data_path)
                 .map_err(|e| match e.kind() {
                     std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidData => {
@@ -381,9 +366,6 @@ impl GulpDataset {
                         reason: e.to_string(),
                     },
                 })?;
-        let now = file
-            .metadata()
-            .map_err(|e| corrupt(format!("{}: {e}", chunk.data_path.display())))?;
         if (now.dev(), now.ino()) != *identity {
             return Err(corrupt(format!(
                 "{} was replaced while served; its meta data was read at start-up (restart the daemon to serve the new chunk)",

@@ -154,7 +154,7 @@ impl Journal {
             Some(t) => t,
             None => {
                 let n = pool.next.fetch_add(1, Ordering::Relaxed);
-                let file = crate::state::open_regular(
+                let (file, _) = crate::state::open_regular(
                     std::fs::OpenOptions::new()
                         .read(true)
                         .write(true)
@@ -625,7 +625,7 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
     let dir = state.path(JOURNAL_DIR);
     std::fs::create_dir_all(&dir)?;
     let quarantine = Quarantine::load(state);
-    let lock = crate::state::open_regular(
+    let (lock, _) = crate::state::open_regular(
         std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)

@@ -180,12 +180,13 @@ pub fn on_disk(len: u64) -> u64 {
 
 /// A record file's bytes: mapped read-only when long, else read. None when there is no such file.
 fn read_record(path: &Path) -> io::Result<Option<TableBytes>> {
-    let file = match crate::state::open_regular(std::fs::OpenOptions::new().read(true), path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let len = file.metadata()?.len();
+    let (file, meta) =
+        match crate::state::open_regular(std::fs::OpenOptions::new().read(true), path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+    let len = meta.len();
     if len >= MAP_AT {
         // SAFETY: the map is read-only and outlives no borrow of it. vserve never writes or truncates a
         // record file in place (writes go to a temporary file renamed over the old name; eviction deletes
