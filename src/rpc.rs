@@ -10,20 +10,26 @@
 //! Request bodies are bounded while they arrive, in time and in bytes per client and in all
 //! ([`bodies`]).
 //!
+//! A reply's end (its trailers, and with them the call's count, its stream slot and the budget its
+//! handler kept) waits until the transport has written the reply's bytes, not only taken them; a reply
+//! whose bytes make no progress for `--stream-idle-timeout` is reset ([`crate::budget::sent`]).
+//!
 //! Invariants: every call is counted exactly once, when its reply ends (code from the trailers, or from the
 //! headers of a trailers-only reply) or is dropped unfinished (`CANCELLED`); the method label is one of
 //! [`METHODS`] or `other`, so labels stay bounded whatever paths clients send.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
 
 use crate::admission::{Admission, Class, Permit};
+use crate::budget::sent;
 use crate::metrics::{MethodCodeLabels, MethodLabel, RpcMetrics, TransportLabel};
 use crate::peer::Peer;
 
@@ -95,11 +101,23 @@ fn classify(path: &str) -> (&'static str, Kind) {
 pub struct RpcLayer {
     metrics: RpcMetrics,
     admission: Admission,
+    send_idle: Duration,
 }
 
 impl RpcLayer {
     pub fn new(metrics: RpcMetrics, admission: Admission) -> RpcLayer {
-        RpcLayer { metrics, admission }
+        RpcLayer {
+            metrics,
+            admission,
+            send_idle: Duration::ZERO,
+        }
+    }
+
+    /// Resets a reply whose bytes make no progress for `idle` once its handler is done (never with
+    /// zero, the default): `--stream-idle-timeout` ([`sent`]).
+    pub fn with_send_idle(mut self, idle: Duration) -> RpcLayer {
+        self.send_idle = idle;
+        self
     }
 }
 
@@ -111,6 +129,7 @@ impl<S> tower::Layer<S> for RpcLayer {
             inner,
             metrics: self.metrics.clone(),
             admission: self.admission.clone(),
+            send_idle: self.send_idle,
         }
     }
 }
@@ -120,6 +139,7 @@ pub struct RpcService<S> {
     inner: S,
     metrics: RpcMetrics,
     admission: Admission,
+    send_idle: Duration,
 }
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -178,6 +198,9 @@ where
         // tonic's does; a reply stream past its deadline is ended by the client resetting it.
         let deadline = grpc_timeout(req.headers()).map(|d| tokio::time::Instant::now() + d);
         let call = Call::start(self.metrics.clone(), method, kind, permit);
+        let sent = sent::Sent::new();
+        req.extensions_mut().insert(sent.keep());
+        let send_idle = self.send_idle;
         let req = req.map(|b| {
             Body::new(bodies::Guarded::new(
                 b,
@@ -218,7 +241,17 @@ where
                 }
             }
             let (parts, body) = response.into_parts();
-            let body = Body::new(ObservedBody { inner: body, call });
+            let body = Body::new(ObservedBody {
+                inner: body,
+                call,
+                sent,
+                ending: None,
+                ended: false,
+                idle: send_idle,
+                timer: None,
+                seen: 0,
+                peer,
+            });
             Ok(http::Response::from_parts(parts, body))
         })
     }
@@ -321,10 +354,90 @@ impl Drop for Call {
     }
 }
 
-/// The reply body, observed: data bytes, and the grpc-status of the trailers.
+/// The reply body, observed: data bytes, and the grpc-status of the trailers. Its data frames are
+/// counted until the transport drops them, and its end is held back until it has ([`sent`]).
 struct ObservedBody {
     inner: Body,
     call: Call,
+    sent: Arc<sent::Sent>,
+    /// The inner body's end (trailers, or None for a plain end), held until every piece is written.
+    ending: Option<Option<Frame<Bytes>>>,
+    /// The end was handed on: nothing follows.
+    ended: bool,
+    /// `--stream-idle-timeout` for the wait on the last pieces (zero: no limit).
+    idle: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The pieces' progress when the timer was last set.
+    seen: u64,
+    peer: Peer,
+}
+
+impl ObservedBody {
+    /// Waits for the held end's pieces to be written; resets the reply when they make no progress for
+    /// `idle` (see [`sent`]).
+    fn poll_end(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        loop {
+            if self.sent.poll_sent(cx).is_ready() {
+                let end = self.ending.take().flatten();
+                match &end {
+                    Some(trailers) => {
+                        if let Some(status) = trailers
+                            .trailers_ref()
+                            .and_then(tonic::Status::from_header_map)
+                        {
+                            self.call.code = Some(status.code());
+                        }
+                    }
+                    // Ended without trailers: a plain end of a successful stream.
+                    None => {
+                        self.call.code.get_or_insert(tonic::Code::Ok);
+                    }
+                }
+                self.call.finish();
+                self.ended = true;
+                return Poll::Ready(end.map(Ok));
+            }
+            if self.idle.is_zero() {
+                return Poll::Pending;
+            }
+            let idle = self.idle;
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let progress = self.sent.progress();
+            if progress != self.seen {
+                self.seen = progress;
+                timer.as_mut().reset(tokio::time::Instant::now() + idle);
+                continue;
+            }
+            let unsent = self.sent.unsent();
+            tracing::warn!(
+                client = %self.peer.describe(),
+                method = self.call.method,
+                seconds = idle.as_secs_f64(),
+                bytes = unsent,
+                "reply not read: reset, its bytes and budget released (--stream-idle-timeout)"
+            );
+            self.ending = None;
+            self.ended = true;
+            self.call.code = Some(tonic::Code::Cancelled);
+            self.call.finish();
+            // The reset (RST_STREAM CANCEL, which gRPC clients read as CANCELLED) makes h2 drop the
+            // bytes it holds; the error alone would say INTERNAL_ERROR.
+            let mut status = tonic::Status::cancelled(format!(
+                "the reply was not read for {} s (--stream-idle-timeout)",
+                idle.as_secs_f64()
+            ));
+            status.set_source(Arc::new(h2::Error::from(h2::Reason::CANCEL)));
+            return Poll::Ready(Some(Err(status)));
+        }
+    }
 }
 
 impl HttpBody for ObservedBody {
@@ -336,10 +449,22 @@ impl HttpBody for ObservedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
         let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            if this.ending.is_some() {
+                return this.poll_end(cx);
+            }
+            match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if frame.is_trailers() {
+                        this.ending = Some(Some(frame));
+                        continue;
+                    }
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
                     if this.call.kind == Kind::DataStream {
                         this.call.first_data.get_or_insert_with(Instant::now);
                         this.call
@@ -348,32 +473,29 @@ impl HttpBody for ObservedBody {
                             .get_or_create(&TransportLabel::INLINE)
                             .inc_by(data.len() as u64);
                     }
-                } else if let Some(trailers) = frame.trailers_ref() {
-                    if let Some(status) = tonic::Status::from_header_map(trailers) {
-                        this.call.code = Some(status.code());
-                    }
+                    return Poll::Ready(Some(Ok(Frame::data(this.sent.wrap(data)))));
+                }
+                Some(Err(status)) => {
+                    this.call.code = Some(status.code());
                     this.call.finish();
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(status)));
+                }
+                None => {
+                    this.ending = Some(None);
                 }
             }
-            Poll::Ready(Some(Err(status))) => {
-                this.call.code = Some(status.code());
-                this.call.finish();
-            }
-            Poll::Ready(None) => {
-                // Ended without trailers: a plain end of a successful stream.
-                this.call.code.get_or_insert(tonic::Code::Ok);
-                this.call.finish();
-            }
-            Poll::Pending => {}
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ended || self.ending.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.ended {
+            return SizeHint::with_exact(0);
+        }
         self.inner.size_hint()
     }
 }

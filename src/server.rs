@@ -124,7 +124,8 @@ pub async fn serve_engine(
                 reserved: 0,
             },
         ),
-    );
+    )
+    .with_send_idle(engine.stream_idle());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<VServeServer<Api>>().await;
     let reflection = tonic_reflection::server::Builder::configure()

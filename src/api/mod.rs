@@ -250,6 +250,7 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::GetClipsRequest>,
     ) -> Result<Response<Self::GetClipsStream>, Status> {
         let peer = peer_of(&request);
+        let keep = request.extensions().get::<crate::budget::Keep>().cloned();
         let raw = request.into_inner();
         let transport = transport_from_proto(raw.transport)
             .map_err(|e| fail_for("GetClips", Some(&peer), e))?;
@@ -301,6 +302,7 @@ impl pb::v_serve_server::VServe for Api {
         Ok(Response::new(Box::pin(reply::Reply::new(
             messages,
             reservation,
+            keep,
             idle,
             &peer,
         ))))

@@ -6,8 +6,13 @@
 //! when the client's HTTP/2 window has room, so a client that stops reading (a frozen process, a
 //! client with a one-byte window) used to hold both until its connection closed, and other tenants got
 //! RESOURCE_EXHAUSTED meanwhile. [`Reply`] gives them up after `--stream-idle-timeout` without a message
-//! taken (the StreamBatches rule): the bytes and the reservation are dropped at once, with a log line,
-//! and the call ends DEADLINE_EXCEEDED if its client ever reads on.
+//! taken (the StreamBatches rule): the bytes not yet taken and the reservation are dropped at once, with
+//! a log line, and the call ends DEADLINE_EXCEEDED if its client ever reads on.
+//!
+//! A message taken is not yet sent: the transport holds the last one or two taken until the client's
+//! window lets them out. So the reservation is not dropped when the last message is taken but handed to
+//! the RPC layer's [`Keep`], which holds it until those bytes are written ([`crate::budget::sent`]); a
+//! watchdog giving the reply up keeps the part that covers the messages the transport may still hold.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -20,6 +25,7 @@ use tokio_stream::Stream;
 use tonic::Status;
 
 use super::pb;
+use crate::budget::Keep;
 use crate::budget::Reservation;
 use crate::peer::Peer;
 
@@ -47,14 +53,35 @@ struct Held {
     taken: u64,
     /// Given up for want of a reader: the next poll ends the call.
     expired: Option<Duration>,
+    /// Bytes of the last two messages taken: what the transport may still hold.
+    recent: [u64; 2],
+    /// Where the reservation goes when the reply is done with it (dropped without one).
+    keep: Option<Keep>,
+}
+
+impl Held {
+    /// Hands the reservation, cut to `bytes`, to the RPC layer (or drops it).
+    fn release(&mut self, bytes: u64) {
+        let Some(mut r) = self.reservation.take() else {
+            return;
+        };
+        if let Some(keep) = &self.keep {
+            if bytes > 0 {
+                r.shrink_to(bytes.min(r.bytes()));
+                keep.hold(r);
+            }
+        }
+    }
 }
 
 impl Reply {
-    /// The reply `messages`, holding `reservation` until the last is taken; given up after `idle`
-    /// without one taken (never with a zero `idle`). Spawns its watchdog: call within the runtime.
+    /// The reply `messages`, holding `reservation` until the last is taken and then handing it to `keep`
+    /// (until the bytes are written); given up after `idle` without one taken (never with a zero
+    /// `idle`). Spawns its watchdog: call within the runtime.
     pub fn new(
         messages: Vec<Message>,
         reservation: Option<Reservation>,
+        keep: Option<Keep>,
         idle: Duration,
         peer: &Peer,
     ) -> Reply {
@@ -63,6 +90,8 @@ impl Reply {
             reservation,
             taken: 0,
             expired: None,
+            recent: [0; 2],
+            keep,
         }));
         let watchdog = (!idle.is_zero()).then(|| {
             tokio::spawn(watch(Arc::downgrade(&held), idle, peer.describe())).abort_handle()
@@ -89,7 +118,8 @@ async fn watch(held: Weak<Mutex<Held>>, idle: Duration, client: String) {
                 .map(|m| m.data.len())
                 .sum();
             h.messages.clear();
-            h.reservation = None;
+            let in_transport = h.recent.iter().sum();
+            h.release(in_transport);
             h.expired = Some(idle);
             tracing::warn!(
                 %client,
@@ -116,9 +146,17 @@ impl Stream for Reply {
         }
         let next = h.messages.pop_front();
         h.taken += 1;
-        if next.is_none() {
-            // The transport asks past the last message once it has sent the last: the bytes are out.
-            h.reservation = None;
+        match &next {
+            Some(m) => {
+                let bytes = m.as_ref().map_or(0, |m| m.data.len() as u64 + 64);
+                h.recent = [h.recent[1], bytes];
+            }
+            // The transport asks past the last message as soon as it has taken the last (not sent it):
+            // the reservation lasts as long as the bytes (module comment).
+            None => {
+                let whole = h.reservation.as_ref().map_or(0, Reservation::bytes);
+                h.release(whole);
+            }
         }
         Poll::Ready(next)
     }
@@ -157,7 +195,13 @@ mod tests {
     /// of GetClips a minute keeps no sleeping task per call.
     #[tokio::test]
     async fn the_watchdog_ends_with_its_reply() {
-        let reply = Reply::new(Vec::new(), None, Duration::from_secs(3600), &Peer::local());
+        let reply = Reply::new(
+            Vec::new(),
+            None,
+            None,
+            Duration::from_secs(3600),
+            &Peer::local(),
+        );
         let watchdog = reply.watchdog.clone().expect("a watchdog");
         assert!(!watchdog.is_finished());
         drop(reply);
