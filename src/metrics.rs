@@ -10,8 +10,8 @@
 //! take a bounded set of values (method names, status code names, stage, backend, transport), never a path,
 //! a dataset or a request id.
 
-use std::sync::atomic::AtomicU64;
-
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -236,6 +236,35 @@ pub struct RpcMetrics {
     pub send: Histogram,
     /// Reply bytes written for array-carrying calls, by transport.
     pub bytes_sent: Family<TransportLabel, Counter>,
+    /// Calls that do work (all but health watches and reflection), in flight and finished: not
+    /// exported, read by the idle heap trim.
+    pub calls: CallActivity,
+}
+
+/// Calls that do work in flight, and finished so far (see [`RpcMetrics::calls`]).
+#[derive(Clone, Debug, Default)]
+pub struct CallActivity {
+    active: Arc<AtomicI64>,
+    finished: Arc<AtomicU64>,
+}
+
+impl CallActivity {
+    pub fn started(&self) {
+        self.active.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn ended(&self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+        self.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn active(&self) -> i64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    pub fn finished(&self) -> u64 {
+        self.finished.load(Ordering::Relaxed)
+    }
 }
 
 impl RpcMetrics {
@@ -249,6 +278,7 @@ impl RpcMetrics {
             in_flight_streams: Gauge::default(),
             send: seconds_histogram(),
             bytes_sent,
+            calls: CallActivity::default(),
         }
     }
 }

@@ -304,6 +304,9 @@ impl Call {
                 metrics.in_flight_streams.inc()
             }
         };
+        if kind != Kind::OtherStream {
+            metrics.calls.started();
+        }
         Call {
             metrics,
             method,
@@ -327,6 +330,9 @@ impl Call {
             Kind::Unary | Kind::Work => m.in_flight_requests.dec(),
             Kind::DataStream | Kind::WorkStream | Kind::OtherStream => m.in_flight_streams.dec(),
         };
+        if self.kind != Kind::OtherStream {
+            m.calls.ended();
+        }
         let code = self.code.unwrap_or(tonic::Code::Cancelled);
         m.requests
             .get_or_create(&MethodCodeLabels {

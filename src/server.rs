@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 use crate::rpc::RpcLayer;
 
 mod conns;
+mod trim;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -138,6 +139,7 @@ pub async fn serve_engine(
         move || live.upgrade().map_or(Ok(()), |e| e.liveness()),
     )));
     // SIGHUP: list the directory datasets again now (new and removed videos), without a restart.
+    let trim_task = tokio::spawn(trim::run(metrics.rpc.calls.clone()));
     let rescan_task = crate::shutdown::on_hangup({
         let weak = Arc::downgrade(&engine);
         move || {
@@ -333,6 +335,7 @@ pub async fn serve_engine(
     if let Some(t) = rescan_task {
         t.abort();
     }
+    trim_task.abort();
     tracing::info!("stopped");
     result
 }
