@@ -402,6 +402,11 @@ impl Engine {
                 self.frames.stats().stuck_threads,
             ),
             Scraped::gauge(
+                "index_waiting_builds",
+                "Index builds waiting for a place (as many as decode threads; places go round the clients).",
+                self.catalog.builds_waiting().0 as u64,
+            ),
+            Scraped::gauge(
                 "index_stuck_builds",
                 "Index builds abandoned past their deadline whose threads have not returned.",
                 self.catalog.stuck_builds().0,

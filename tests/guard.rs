@@ -340,7 +340,10 @@ async fn what_was_checked_is_what_is_decoded_after_a_swap() {
     let want: Vec<Vec<u8>> = control_reference().into_values().collect();
 
     // Checked and opened; then `sub` becomes a symlink to the outside directory.
-    let (_, _, source) = cat.resolve("d", "sub/v.mov", None).await.unwrap();
+    let (_, _, source) = cat
+        .resolve("d", "sub/v.mov", None, &vserve::peer::PeerKey::Local)
+        .await
+        .unwrap();
     std::fs::rename(root.join("sub"), dir.path().join("moved")).unwrap();
     std::os::unix::fs::symlink(dir.path().join("outside"), root.join("sub")).unwrap();
     let got = decode_all(source)
@@ -351,11 +354,17 @@ async fn what_was_checked_is_what_is_decoded_after_a_swap() {
         assert_bytes_eq(g, w, Some((50, 50)), &format!("swapped dir: frame {k}"));
     }
     // A new request is refused: the path leaves the dataset now.
-    let e = cat.resolve("d", "sub/v.mov", None).await.unwrap_err();
+    let e = cat
+        .resolve("d", "sub/v.mov", None, &vserve::peer::PeerKey::Local)
+        .await
+        .unwrap_err();
     assert_eq!(e.code().name(), "PERMISSION_DENIED", "{e}");
 
     // Checked and opened; then the file is replaced by a FIFO nobody writes.
-    let (_, _, source) = cat.resolve("d", "fifo/v.mov", None).await.unwrap();
+    let (_, _, source) = cat
+        .resolve("d", "fifo/v.mov", None, &vserve::peer::PeerKey::Local)
+        .await
+        .unwrap();
     let v = root.join("fifo/v.mov");
     std::fs::remove_file(&v).unwrap();
     let cpath = std::ffi::CString::new(v.to_str().unwrap()).unwrap();
@@ -373,7 +382,10 @@ async fn what_was_checked_is_what_is_decoded_after_a_swap() {
         );
     }
     let t = Instant::now();
-    let e = cat.resolve("d", "fifo/v.mov", None).await.unwrap_err();
+    let e = cat
+        .resolve("d", "fifo/v.mov", None, &vserve::peer::PeerKey::Local)
+        .await
+        .unwrap_err();
     assert_eq!(e.code().name(), "INVALID_ARGUMENT", "{e}");
     assert!(t.elapsed() < Duration::from_secs(1));
 }

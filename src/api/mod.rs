@@ -200,7 +200,7 @@ impl pb::v_serve_server::VServe for Api {
     ) -> Result<Response<pb::ProbeResponse>, Status> {
         let peer = peer_of(&request);
         let req = request.into_inner();
-        let index = handle::probe::probe(&self.engine, &req.dataset, &req.video, req.stream)
+        let index = handle::probe::probe(&self.engine, &req.dataset, &req.video, req.stream, &peer)
             .await
             .map_err(|e| fail_for("Probe", Some(&peer), e))?;
         let (dw, dh) = index.display_size();

@@ -8,8 +8,9 @@
 //!
 //! Invariants: a path is resolved inside its dataset's root and opened beneath it once
 //! ([`Dataset::open`]); the index build and every decode read that descriptor, never the path again.
-//! Index builds run on blocking threads, at most one per decode thread at a time, each within the index
-//! deadline: past it the request fails with DEADLINE_EXCEEDED and the permit is released (the stuck
+//! A lookup first finds tables already cached or stored; index builds run on blocking threads, at most
+//! one per decode thread at a time, the places going round the waiting clients (`builds.rs`), each
+//! within the index deadline: past it the request fails with DEADLINE_EXCEEDED and the permit is released (the stuck
 //! thread is left to finish on its own). A failed file is not scanned again for 30 s unless it changes
 //! (identity includes size and mtime); a stalled one (index or decode past its deadline) for 5 minutes;
 //! a quarantined one (it crashed a daemon, [`crate::journal`]) never, until it changes: DATA_LOSS. A file
@@ -21,7 +22,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -33,12 +34,16 @@ use crate::decode::VideoSource;
 use crate::error::Error;
 use crate::gulp::reader::{GulpDataset, GulpVideo};
 use crate::index::{IndexError, VideoIndex};
-use crate::journal::{FileKey, Journal, JournalSlot, Quarantine};
+use crate::journal::{FileKey, Journal, Quarantine};
 use crate::manifest::Samples;
-use crate::metrics::{EngineMetrics, Timer};
+use crate::metrics::EngineMetrics;
 use crate::store::{Health, Key, Record, Store};
 
+mod builds;
+mod gate;
 mod listing;
+use builds::BuildProbe;
+use gate::Gate;
 use listing::Listings;
 pub use listing::Reloaded;
 
@@ -55,35 +60,6 @@ pub const STALLED_FOR: Duration = Duration::from_secs(300);
 /// "best stream" marker (`u32::MAX`), which a named stream must never alias.
 pub const MAX_STREAM_INDEX: u32 = 1 << 16;
 
-/// Where an index build stands, shared by its blocking thread and the request awaiting it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BuildState {
-    Running,
-    Done,
-    /// The request gave up at the deadline; the thread is still inside the build.
-    Abandoned,
-}
-
-/// What an index build tells the request awaiting it as it goes: the file's identity once opened, and
-/// the crash-journal slot it recorded the file in (marked stalled if the request gives up).
-#[derive(Default)]
-struct BuildProbe {
-    key: OnceLock<FileKey>,
-    journal: Mutex<Option<Arc<JournalSlot>>>,
-}
-
-/// An index build under way on a blocking thread.
-struct Build {
-    handle: tokio::task::JoinHandle<Result<Resolved, Error>>,
-    /// Released by whichever ends first: the build, or the request at the deadline.
-    permit: Arc<Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>,
-    state: Arc<Mutex<BuildState>>,
-    probe: Arc<BuildProbe>,
-    started: Instant,
-    dataset: String,
-    video: String,
-}
-
 pub struct Catalog {
     datasets: BTreeMap<String, Dataset>,
     /// Datasets whose root holds GulpIO chunks: videos are ids, frames stored JPEGs.
@@ -99,8 +75,11 @@ pub struct Catalog {
     /// built in the background at start, refreshed on reload, swapped whole ([`listing`]).
     listings: Listings,
     /// Bounds concurrent index builds (file scans, and full decodes for irregular files) to the decode
-    /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool.
-    index_permits: Arc<tokio::sync::Semaphore>,
+    /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool;
+    /// places go round the waiting clients (`gate.rs`).
+    build_places: Arc<Gate>,
+    /// Bounds concurrent lookups (a file open and a cache or store read, `builds.rs`).
+    lookups: Arc<tokio::sync::Semaphore>,
     index_builds: AtomicU64,
     metrics: EngineMetrics,
     /// How long one index build may take before its request fails (`--index-deadline`).
@@ -181,7 +160,10 @@ impl Catalog {
                 .build(),
             damaged: Mutex::new(HashSet::new()),
             listings,
-            index_permits: Arc::new(tokio::sync::Semaphore::new(config.decode.threads.max(1))),
+            build_places: Gate::new(config.decode.threads.max(1)),
+            lookups: Arc::new(tokio::sync::Semaphore::new(
+                config.decode.threads.max(1) * builds::LOOKUPS_PER_THREAD,
+            )),
             index_builds: AtomicU64::new(0),
             metrics,
             index_deadline: config.decode.index_deadline,
@@ -271,121 +253,6 @@ impl Catalog {
             .ok_or_else(|| Error::NotFound(format!("dataset {name:?} not served here")))
     }
 
-    /// Resolves and indexes one video on a blocking thread, within the index-build bound and deadline.
-    pub async fn resolve(
-        self: &Arc<Self>,
-        dataset: &str,
-        video: &str,
-        stream: Option<u32>,
-    ) -> Result<Resolved, Error> {
-        let permit = self.index_permit().await?;
-        let build = self.spawn_build(permit, dataset, video, stream);
-        self.finish(build).await
-    }
-
-    /// Resolves and indexes several videos in parallel (each within the index-build bound), in order.
-    pub async fn resolve_all(
-        self: &Arc<Self>,
-        dataset: &str,
-        videos: &[(String, Option<u32>)],
-    ) -> Result<Vec<Resolved>, Error> {
-        let timer = Timer::start();
-        let mut builds = Vec::with_capacity(videos.len());
-        for (video, stream) in videos {
-            let permit = self.index_permit().await?;
-            builds.push(self.spawn_build(permit, dataset, video, *stream));
-        }
-        let mut out = Vec::with_capacity(builds.len());
-        for b in builds {
-            out.push(self.finish(b).await?);
-        }
-        timer.observe(&self.metrics.index);
-        Ok(out)
-    }
-
-    /// Resolves and indexes one video on the calling (blocking) thread, outside the index permits: the
-    /// builds a stream runs ahead of its fill, on its own low-priority threads.
-    pub fn index_ahead(&self, dataset: &str, video: &str) -> Result<(), Error> {
-        self.resolve_blocking(dataset, video, None, &BuildProbe::default())
-            .map(|_| ())
-    }
-
-    /// Starts resolving one video on a blocking thread, holding `permit` until the build ends.
-    fn spawn_build(
-        self: &Arc<Self>,
-        permit: tokio::sync::OwnedSemaphorePermit,
-        dataset: &str,
-        video: &str,
-        stream: Option<u32>,
-    ) -> Build {
-        let permit = Arc::new(Mutex::new(Some(permit)));
-        let state = Arc::new(Mutex::new(BuildState::Running));
-        let probe = Arc::new(BuildProbe::default());
-        let (this, d, v) = (self.clone(), dataset.to_owned(), video.to_owned());
-        let (p, st, k) = (permit.clone(), state.clone(), probe.clone());
-        let handle = tokio::task::spawn_blocking(move || {
-            let result = this.resolve_blocking(&d, &v, stream, &k);
-            p.lock().take();
-            let mut state = st.lock();
-            if *state == BuildState::Abandoned {
-                this.stuck_builds.fetch_sub(1, Ordering::Relaxed);
-                tracing::warn!(dataset = %d, video = %v, ok = result.is_ok(), "an index build abandoned past its deadline returned");
-                if let (Ok(_), Some(k)) = (&result, k.key.get()) {
-                    // It was slow, not stuck: the table is cached now, so the file is served again.
-                    this.stalled.invalidate(k);
-                }
-            }
-            *state = BuildState::Done;
-            result
-        });
-        Build {
-            handle,
-            permit,
-            state,
-            probe,
-            started: Instant::now(),
-            dataset: dataset.to_owned(),
-            video: video.to_owned(),
-        }
-    }
-
-    /// Awaits a build until its deadline. Past it the request fails with DEADLINE_EXCEEDED, the permit
-    /// is released, the file is remembered as stalled, and the thread is left to return on its own.
-    async fn finish(&self, b: Build) -> Result<Resolved, Error> {
-        let deadline = tokio::time::Instant::from_std(b.started + self.index_deadline);
-        match tokio::time::timeout_at(deadline, b.handle).await {
-            Ok(joined) => joined.map_err(|e| Error::Internal(format!("index task failed: {e}")))?,
-            Err(_) => {
-                b.permit.lock().take();
-                {
-                    let mut state = b.state.lock();
-                    if *state == BuildState::Running {
-                        *state = BuildState::Abandoned;
-                        self.stuck_builds.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                self.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
-                let msg = format!(
-                    "indexing video {:?} in dataset {:?} took longer than the {} s deadline (--index-deadline): its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); it is not tried again for {} s unless it changes",
-                    b.video,
-                    b.dataset,
-                    self.index_deadline.as_secs_f64(),
-                    STALLED_FOR.as_secs()
-                );
-                if let Some(k) = b.probe.key.get() {
-                    self.stalled
-                        .insert(k.clone(), (Instant::now(), msg.clone()));
-                }
-                if let Some(j) = b.probe.journal.lock().as_ref() {
-                    // A stall, not a crash: not quarantined should the daemon die later.
-                    j.mark_stalled();
-                }
-                tracing::error!(dataset = %b.dataset, video = %b.video, deadline_s = self.index_deadline.as_secs_f64(), "index build past its deadline; request failed, thread abandoned");
-                Err(Error::DeadlineExceeded(msg))
-            }
-        }
-    }
-
     /// Records that a video's coded data is damaged, so its next index comes from a decode.
     pub fn mark_damaged(&self, id: &VideoId, detail: &str) {
         if self.damaged.lock().insert(id.plain()) {
@@ -394,24 +261,18 @@ impl Catalog {
         }
     }
 
-    async fn index_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
-        self.index_permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Error::ShuttingDown)
-    }
-
     /// Resolves and indexes one video. Blocking (FFmpeg); call from a blocking thread. `probe` gets the
     /// file's identity as soon as it is opened, and the journal slot of its index build (for the
-    /// deadline's bookkeeping).
+    /// deadline's bookkeeping). Without `may_build`, a video whose table is neither cached nor stored is
+    /// `Ok(None)` (a lookup, `builds.rs`).
     fn resolve_blocking(
         &self,
         dataset: &str,
         video: &str,
         stream: Option<u32>,
         probe: &BuildProbe,
-    ) -> Result<Resolved, Error> {
+        may_build: bool,
+    ) -> Result<Option<Resolved>, Error> {
         if let Some(s) = stream.filter(|&s| s >= MAX_STREAM_INDEX) {
             return Err(Error::InvalidArgument(format!(
                 "stream {s} of {video:?} does not exist: stream indices are below {MAX_STREAM_INDEX}"
@@ -419,7 +280,7 @@ impl Catalog {
         }
         let ds = self.dataset(dataset)?;
         if let Some(g) = self.gulps.get(dataset) {
-            return self.index_stored(g, video);
+            return self.index_stored(g, video).map(Some);
         }
         let file = Arc::new(ds.open(video)?);
         let key = FileKey::of(&file);
@@ -460,6 +321,9 @@ impl Catalog {
             return Err(e);
         }
         let id = Arc::new(id);
+        if !may_build && stored.is_none() && !self.indexes.contains_key(&id) {
+            return Ok(None);
+        }
         let force_decode = id.decode_table;
         let index = self
             .indexes
@@ -510,7 +374,7 @@ impl Catalog {
             gulp: None,
             file: Some(file),
         };
-        Ok((id, index, source))
+        Ok(Some((id, index, source)))
     }
 
     /// The stored table for `id` when the index cache lacks it, learning the video's health on the way
@@ -626,33 +490,6 @@ impl Catalog {
             ))),
             _ => None,
         }
-    }
-
-    /// [`Catalog::resolve`] as a sampler needs it: a damaged video's table stops before its first bad
-    /// frame (decoding still uses the whole table), one with no good frame is refused.
-    pub async fn resolve_for_sampling(
-        self: &Arc<Self>,
-        dataset: &str,
-        video: &str,
-        stream: Option<u32>,
-    ) -> Result<Resolved, Error> {
-        let (id, index, source) = self.resolve(dataset, video, stream).await?;
-        let usable = match self.health.lock().get(&id.plain()) {
-            Some(h) => h.decodable_frames(index.frame_count() as u64) as usize,
-            None => return Ok((id, index, source)),
-        };
-        if usable >= index.frame_count() {
-            return Ok((id, index, source));
-        }
-        if usable == 0 {
-            return Err(Error::DataLoss(format!(
-                "{video:?} has no frame that decodes without errors"
-            )));
-        }
-        let mut view = (*index).clone();
-        view.frames.truncate(usable);
-        view.keyframes.keep_below(usable);
-        Ok((id, Arc::new(view), source))
     }
 
     /// A video of a gulp dataset, by id: its table comes from the meta file, its identity (cache key) is

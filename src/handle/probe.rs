@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::index::VideoIndex;
+use crate::peer::Peer;
 
 /// The index of `video` in `dataset` (`stream`: a container stream index, else FFmpeg's best video
 /// stream).
@@ -13,8 +14,12 @@ pub async fn probe(
     dataset: &str,
     video: &str,
     stream: Option<u32>,
+    peer: &Peer,
 ) -> Result<Arc<VideoIndex>, Error> {
     let _inflight = engine.request_started();
-    let (_, index, _) = engine.catalog().resolve(dataset, video, stream).await?;
+    let (_, index, _) = engine
+        .catalog()
+        .resolve(dataset, video, stream, &peer.key)
+        .await?;
     Ok(index)
 }

@@ -71,7 +71,7 @@ async fn get_clips_once(
         .collect();
     let videos = engine
         .catalog()
-        .resolve_all(&req.dataset, &distinct)
+        .resolve_all(&req.dataset, &distinct, &peer.key)
         .await?;
 
     // Positions → frame numbers.

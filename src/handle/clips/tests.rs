@@ -92,7 +92,7 @@ async fn joined_runs_start_at_the_joiners_turn() {
     let e = engine_with(30, 1);
     let (id, _, source) = e
         .catalog()
-        .resolve("demo", "nasa_13013.mp4", None)
+        .resolve("demo", "nasa_13013.mp4", None, &crate::peer::PeerKey::Local)
         .await
         .unwrap();
     let a = e.frames().new_tenant(false);

@@ -202,7 +202,7 @@ async fn ready_uncached(
     let (id, index, source) = ctx
         .engine
         .catalog()
-        .resolve_for_sampling(&ctx.req.dataset, s.video, None)
+        .resolve_for_sampling(&ctx.req.dataset, s.video, None, &ctx.peer.key)
         .await
         .map_err(|e| Failure::from_error(&e, true))?;
     // Placing clips is as large as the sampler makes it (bounded by sample::MAX_SAMPLE_POSITIONS):

@@ -148,7 +148,11 @@ async fn collect(e: &Arc<Engine>, req: StreamRequest) -> Vec<StreamBatch> {
 async fn frame_counts(e: &Arc<Engine>) -> Vec<u64> {
     let mut n = Vec::new();
     for v in VIDEOS {
-        let (_, index, _) = e.catalog().resolve("demo", v, None).await.unwrap();
+        let (_, index, _) = e
+            .catalog()
+            .resolve("demo", v, None, &crate::peer::PeerKey::Local)
+            .await
+            .unwrap();
         n.push(index.frame_count() as u64);
     }
     n
@@ -499,7 +503,7 @@ async fn a_native_size_window_is_admitted_at_the_first_batch() {
     let dir = tempfile::tempdir().unwrap();
     let (_, index, _) = engine(dir.path())
         .catalog()
-        .resolve("demo", VIDEOS[0], None)
+        .resolve("demo", VIDEOS[0], None, &crate::peer::PeerKey::Local)
         .await
         .unwrap();
     let (w, h) = index.display_size();
