@@ -199,11 +199,24 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::ProbeRequest>,
     ) -> Result<Response<pb::ProbeResponse>, Status> {
         let peer = peer_of(&request);
+        let keep = request.extensions().get::<crate::budget::Keep>().cloned();
         let req = request.into_inner();
-        let index = handle::probe::probe(&self.engine, &req.dataset, &req.video, req.stream, &peer)
-            .await
-            .map_err(|e| fail_for("Probe", Some(&peer), e))?;
+        let probed = handle::probe::probe(
+            &self.engine,
+            &req.dataset,
+            &req.video,
+            req.stream,
+            req.include_pts,
+            &peer,
+        )
+        .await
+        .map_err(|e| fail_for("Probe", Some(&peer), e))?;
+        let index = probed.index;
         let (dw, dh) = index.display_size();
+        // The reply's bytes stay reserved until it is written.
+        if let (Some(r), Some(keep)) = (probed.reservation, keep) {
+            keep.hold(r);
+        }
         Ok(Response::new(pb::ProbeResponse {
             codec: index.codec.clone(),
             width: index.width,
