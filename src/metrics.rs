@@ -236,8 +236,8 @@ pub struct RpcMetrics {
     pub send: Histogram,
     /// Reply bytes written for array-carrying calls, by transport.
     pub bytes_sent: Family<TransportLabel, Counter>,
-    /// Calls that do work (all but health watches and reflection), in flight and finished: not
-    /// exported, read by the idle heap trim.
+    /// Calls that do work (Probe, ListDatasets, Reload and the reply streams; not health checks,
+    /// GetStats or releases), in flight and finished: not exported, read by the idle heap trim.
     pub calls: CallActivity,
 }
 

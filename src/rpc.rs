@@ -52,6 +52,14 @@ pub enum Kind {
     OtherStream,
 }
 
+impl Kind {
+    /// Calls that do work (Probe, ListDatasets, Reload, GetClips, StreamBatches, CheckDataset): what the
+    /// idle heap trim waits for (`server/trim.rs`); health checks, GetStats and releases do not count.
+    pub fn does_work(self) -> bool {
+        matches!(self, Kind::Work | Kind::DataStream | Kind::WorkStream)
+    }
+}
+
 /// The methods the server answers: (path, label, kind).
 pub const METHODS: &[(&str, &str, Kind)] = &[
     ("/vserve.v1.VServe/Probe", "Probe", Kind::Work),
@@ -304,7 +312,7 @@ impl Call {
                 metrics.in_flight_streams.inc()
             }
         };
-        if kind != Kind::OtherStream {
+        if kind.does_work() {
             metrics.calls.started();
         }
         Call {
@@ -330,7 +338,7 @@ impl Call {
             Kind::Unary | Kind::Work => m.in_flight_requests.dec(),
             Kind::DataStream | Kind::WorkStream | Kind::OtherStream => m.in_flight_streams.dec(),
         };
-        if self.kind != Kind::OtherStream {
+        if self.kind.does_work() {
             m.calls.ended();
         }
         let code = self.code.unwrap_or(tonic::Code::Cancelled);

@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::rpc::RpcLayer;
 
 mod conns;
-mod trim;
+pub mod trim;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {

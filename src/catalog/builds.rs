@@ -9,8 +9,10 @@
 //!   threads, at most [`LOOKUPS_PER_THREAD`] per decode thread at a time, under the index deadline.
 //! - A build takes one of the [`Gate`]'s places (as many as decode threads), which go round the waiting
 //!   clients, so one client's many unindexed videos do not queue another's behind them all.
-//! - Both run within `--index-deadline`: past it the request fails with DEADLINE_EXCEEDED, the place is
-//!   released, the file is remembered as stalled and the thread is left to return on its own.
+//! - Each runs within `--index-deadline` (the lookup and the build each; waiting for a place does not
+//!   count): past it the request fails with DEADLINE_EXCEEDED, the permit or place is released, the
+//!   file is remembered as stalled and the thread is left to return on its own (counted with the stuck
+//!   index builds: a lookup stuck in `open` holds a blocking thread as surely).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -61,6 +63,8 @@ struct Build {
     started: Instant,
     dataset: String,
     video: String,
+    /// A lookup (no build): worded so in a refusal past the deadline.
+    lookup: bool,
 }
 
 impl Catalog {
@@ -161,6 +165,7 @@ impl Catalog {
             started: Instant::now(),
             dataset: dataset.to_owned(),
             video: video.to_owned(),
+            lookup: !may_build,
         }
     }
 
@@ -181,7 +186,8 @@ impl Catalog {
                 }
                 self.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
                 let msg = format!(
-                    "indexing video {:?} in dataset {:?} took longer than the {} s deadline (--index-deadline): its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); it is not tried again for {} s unless it changes",
+                    "{} video {:?} in dataset {:?} took longer than the {} s deadline (--index-deadline): its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); it is not tried again for {} s unless it changes",
+                    if b.lookup { "opening" } else { "indexing" },
                     b.video,
                     b.dataset,
                     self.index_deadline.as_secs_f64(),
@@ -195,7 +201,7 @@ impl Catalog {
                     // A stall, not a crash: not quarantined should the daemon die later.
                     j.mark_stalled();
                 }
-                tracing::error!(dataset = %b.dataset, video = %b.video, deadline_s = self.index_deadline.as_secs_f64(), "index build past its deadline; request failed, thread abandoned");
+                tracing::error!(dataset = %b.dataset, video = %b.video, lookup = b.lookup, deadline_s = self.index_deadline.as_secs_f64(), "index build past its deadline; request failed, thread abandoned");
                 Err(Error::DeadlineExceeded(msg))
             }
         }

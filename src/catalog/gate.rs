@@ -11,7 +11,9 @@
 //! Input: a client asking for a place. Output: a [`Place`], held until the build ends (dropping it
 //! hands it to the next client's first waiter). Invariants: places out ≤ capacity; a place freed while
 //! anyone waits goes straight to a waiter (never back to the pool), so a newcomer cannot overtake the
-//! queue; a waiter that gave up (its request went away) is skipped and holds nothing.
+//! queue; a waiter that gives up (its request went away) leaves the queue at once, and a place sent to
+//! it as it went is passed on. A client is a process (its [`PeerKey`]): a job of several processes has a
+//! turn for each.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,8 +32,37 @@ pub struct Gate {
 #[derive(Debug)]
 struct State {
     free: usize,
-    /// Clients with waiters, in the order their turns come; each with its waiters, oldest first.
-    queue: VecDeque<(PeerKey, VecDeque<oneshot::Sender<Place>>)>,
+    /// Clients with waiters, in the order their turns come; each with its waiters (by number), oldest
+    /// first.
+    queue: VecDeque<(PeerKey, VecDeque<Waiter>)>,
+    next: u64,
+}
+
+/// A waiter in the queue: its number and where its place goes.
+type Waiter = (u64, oneshot::Sender<Place>);
+
+/// A waiter's entry in the queue, taken out if the waiter gives up before its turn.
+struct Waiting<'a> {
+    gate: &'a Gate,
+    who: &'a PeerKey,
+    number: u64,
+    done: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut s = self.gate.state.lock();
+        if let Some(at) = s.queue.iter().position(|(k, _)| k == self.who) {
+            let waiters = &mut s.queue[at].1;
+            waiters.retain(|(n, _)| *n != self.number);
+            if waiters.is_empty() {
+                s.queue.remove(at);
+            }
+        }
+    }
 }
 
 /// One place, held for the length of a build; dropping it passes it on.
@@ -54,6 +85,7 @@ impl Gate {
             state: Mutex::new(State {
                 free: places.max(1),
                 queue: VecDeque::new(),
+                next: 0,
             }),
         })
     }
@@ -61,7 +93,7 @@ impl Gate {
     /// A place for `who`: at once when one is free, else when its turn comes. None only if the gate
     /// was dropped while waiting.
     pub async fn acquire(self: &Arc<Self>, who: &PeerKey) -> Option<Place> {
-        let rx = {
+        let (number, rx) = {
             let mut s = self.state.lock();
             if s.free > 0 {
                 s.free -= 1;
@@ -70,15 +102,27 @@ impl Gate {
                 });
             }
             let (tx, rx) = oneshot::channel();
+            let number = s.next;
+            s.next += 1;
             match s.queue.iter_mut().find(|(k, _)| k == who) {
-                Some((_, waiters)) => waiters.push_back(tx),
-                None => s.queue.push_back((who.clone(), VecDeque::from([tx]))),
+                Some((_, waiters)) => waiters.push_back((number, tx)),
+                None => s
+                    .queue
+                    .push_back((who.clone(), VecDeque::from([(number, tx)]))),
             }
-            rx
+            (number, rx)
         };
-        // Dropped before its turn, the receiver closes and the waiter is skipped; dropped after, the
-        // place inside it is dropped with it and passed on.
-        rx.await.ok()
+        // Dropped before its turn, `waiting` takes the entry out (before `rx` goes, so a place sent
+        // meanwhile is dropped with `rx` and passed on, outside the lock).
+        let mut waiting = Waiting {
+            gate: self,
+            who,
+            number,
+            done: false,
+        };
+        let place = rx.await.ok();
+        waiting.done = true;
+        place
     }
 
     /// Waiters, and places free.
@@ -99,7 +143,7 @@ impl Gate {
                 // Its next waiter's turn comes after every other waiting client's.
                 s.queue.push_back((who, waiters));
             }
-            let Some(tx) = next else { continue };
+            let Some((_, tx)) = next else { continue };
             match tx.send(place) {
                 Ok(()) => return,
                 // It gave up: the place goes to the next one (given back here, not dropped, which
@@ -170,7 +214,7 @@ mod tests {
         assert_eq!(gate.waiting(), (0, 1));
     }
 
-    /// A waiter that gives up holds nothing: the place goes to the next, and no place is lost.
+    /// A waiter that gives up leaves the queue: the place goes to the next, and no place is lost.
     #[tokio::test]
     async fn a_waiter_that_gives_up_is_skipped_and_no_place_is_lost() {
         let gate = Gate::new(2);
@@ -189,6 +233,8 @@ mod tests {
         }
         gone.abort();
         let _ = gone.await;
+        // Its entry left the queue with it: only the third client waits.
+        assert_eq!(gate.waiting(), (1, 0));
         drop(a);
         next.await.unwrap().unwrap();
         // The place the third client took and dropped is free again, beside the one b holds.

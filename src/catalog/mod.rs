@@ -316,17 +316,45 @@ impl Catalog {
         if let Some(e) = self.failed.get(&id) {
             return Err(e.into());
         }
-        let mut stored = self.recall(&mut id, &file);
+        let stored = self.recall(&mut id, &file);
         if let Some(e) = self.refusal(&id) {
             return Err(e);
         }
         let id = Arc::new(id);
-        if !may_build && stored.is_none() && !self.indexes.contains_key(&id) {
-            return Ok(None);
-        }
+        // A lookup reads the cache and never builds, even when the table is evicted meanwhile.
+        let cached = match (may_build, &stored) {
+            (false, None) => match self.indexes.get(&id) {
+                Some(index) => Some(index),
+                None => return Ok(None),
+            },
+            _ => None,
+        };
         let force_decode = id.decode_table;
-        let index = self
-            .indexes
+        let index = match cached {
+            Some(index) => index,
+            None => self.build_or_cached(&id, &file, stored, force_decode, probe)?,
+        };
+        let source = VideoSource {
+            path,
+            index: index.clone(),
+            gulp: None,
+            file: Some(file),
+        };
+        Ok(Some((id, index, source)))
+    }
+
+    /// `id`'s table from the cache, else from `stored`, else built now (one build per table however many
+    /// ask at once).
+    fn build_or_cached(
+        &self,
+        id: &Arc<VideoId>,
+        file: &Arc<crate::dataset::CheckedFile>,
+        mut stored: Option<Arc<VideoIndex>>,
+        force_decode: bool,
+        probe: &BuildProbe,
+    ) -> Result<Arc<VideoIndex>, Error> {
+        let (path, key, stream) = (&file.path, FileKey::of(file), id.stream);
+        self.indexes
             .try_get_with(id.clone(), || {
                 if let Some(table) = stored.take() {
                     return Ok(table);
@@ -338,12 +366,12 @@ impl Catalog {
                     let slot = j
                         .slot()
                         .and_then(|s| s.enter(&key, false).map(|()| Arc::new(s)));
-                    slot.map_err(|e| crate::journal::warn_unrecorded(&path, &e))
+                    slot.map_err(|e| crate::journal::warn_unrecorded(path, &e))
                         .ok()
                 });
                 *probe.journal.lock() = journal.clone();
                 let built = crate::decode::ffmpeg::build_index_of(
-                    &file,
+                    file,
                     stream.map(|s| s as usize),
                     force_decode,
                 );
@@ -360,21 +388,14 @@ impl Catalog {
                 }
                 // Held packed (the record's columns, read in place): a few hundred bytes a table.
                 let built = built.map(|ix| Arc::new(crate::store::format::pack(ix)));
-                self.remember(&id, &file, &built);
+                self.remember(id, file, &built);
                 built
             })
             .map_err(|e| {
                 self.metrics.index_failures.inc();
                 self.failed.insert(id.clone(), (*e).clone());
                 Error::from((*e).clone())
-            })?;
-        let source = VideoSource {
-            path,
-            index: index.clone(),
-            gulp: None,
-            file: Some(file),
-        };
-        Ok(Some((id, index, source)))
+            })
     }
 
     /// The stored table for `id` when the index cache lacks it, learning the video's health on the way

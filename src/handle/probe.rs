@@ -1,9 +1,11 @@
 //! Probe: one video's frame table and stream facts, indexing it if it is not yet.
 //!
 //! A reply with the per-frame times (`include_pts`) is as long as the video: 900k frames make vectors of
-//! 14 MB and a message of about as much again. Its bytes are reserved against the in-flight budget
-//! ([`crate::budget`]) before it is made, and held until the reply is written, as GetClips replies are;
-//! 64 such Probes in flight used to hold hundreds of MB no budget saw (probe P, F5).
+//! 14 MB and a message of about as much again; so is the keyframe list of an all-intra video (MJPEG,
+//! ProRes), which every reply carries. A reply's bytes beyond [`FREE_BYTES`] are reserved against the
+//! in-flight budget ([`crate::budget`]) before it is made, and held until the reply is written, as
+//! GetClips replies are; 64 Probes with times in flight used to hold hundreds of MB no budget saw
+//! (probe P, F5).
 
 use std::sync::Arc;
 
@@ -16,11 +18,15 @@ use crate::peer::Peer;
 /// Bytes a reply holds per frame with its times: the pts and duration vectors (8 bytes each) and their
 /// encoding (at most 10 bytes each as varints).
 pub const BYTES_PER_FRAME_WITH_PTS: u64 = 36;
+/// Bytes a reply holds per keyframe listed: the vector's 8 and at most 10 encoded.
+pub const BYTES_PER_KEYFRAME: u64 = 18;
+/// Replies up to this many bytes reserve nothing (the budget's bookkeeping would cost more).
+pub const FREE_BYTES: u64 = 64 << 10;
 
 /// A probed video, and the budget its reply holds.
 pub struct Probed {
     pub index: Arc<VideoIndex>,
-    /// Held until the reply is written (None without per-frame times: a few hundred bytes).
+    /// Held until the reply is written (None for a reply of at most [`FREE_BYTES`]).
     pub reservation: Option<Reservation>,
 }
 
@@ -39,18 +45,23 @@ pub async fn probe(
         .catalog()
         .resolve(dataset, video, stream, &peer.key)
         .await?;
-    let reservation = if include_pts {
-        let frames = index.frame_count() as u64;
-        let who = Who::new(format!(
-            "Probe of {video:?} with the times of its {frames} frames"
-        ))
-        .client(peer);
-        Some(
-            engine
-                .budget()
-                .try_reserve(frames.saturating_mul(BYTES_PER_FRAME_WITH_PTS), who)
-                .await?,
-        )
+    let frames = index.frame_count() as u64;
+    let keyframes = index.keyframes.len() as u64;
+    let bytes = keyframes
+        .saturating_mul(BYTES_PER_KEYFRAME)
+        .saturating_add(if include_pts {
+            frames.saturating_mul(BYTES_PER_FRAME_WITH_PTS)
+        } else {
+            0
+        });
+    let reservation = if bytes > FREE_BYTES {
+        let what = if include_pts {
+            format!("with the times of its {frames} frames and {keyframes} keyframes")
+        } else {
+            format!("with its {keyframes} keyframes")
+        };
+        let who = Who::new(format!("Probe of {video:?} {what}")).client(peer);
+        Some(engine.budget().try_reserve(bytes, who).await?)
     } else {
         None
     };
@@ -61,10 +72,10 @@ pub async fn probe(
 mod tests {
     use super::*;
 
-    /// An engine over the committed demo clips (real indexes, fake decoding) with a budget of `bytes`.
-    fn engine(bytes: &str) -> Arc<Engine> {
+    /// An engine over `root` (real indexes, fake decoding) with a budget of `bytes`.
+    fn engine(root: &std::path::Path, bytes: &str) -> Arc<Engine> {
         let config = crate::cli::ServeArgs {
-            dataset: vec![concat!("demo=", env!("CARGO_MANIFEST_DIR"), "/tests/data/demo").into()],
+            dataset: vec![format!("d={}", root.display())],
             decode_threads: Some(1),
             state_dir: Some("none".into()),
             max_inflight_bytes: Some(bytes.into()),
@@ -77,42 +88,76 @@ mod tests {
         Engine::new(&config, factory).unwrap()
     }
 
-    /// A Probe with every frame's times reserves its reply's bytes, which a budget too small refuses
-    /// by name; without the times it reserves nothing.
+    /// A Probe reserves its reply's bytes when they are many (every frame's times, or the keyframes of
+    /// an all-intra video), which a budget too small refuses by name; a short one reserves nothing.
     #[tokio::test]
-    async fn a_probe_with_times_reserves_its_reply() {
+    async fn long_probe_replies_reserve_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        // 5000 frames, every one a keyframe (MJPEG).
+        let ok = std::process::Command::new("ffmpeg")
+            .args([
+                "-v",
+                "error",
+                "-f",
+                "lavfi",
+                "-i",
+                "testsrc=size=16x16:rate=1000",
+                "-t",
+                "5",
+            ])
+            .args(["-c:v", "mjpeg"])
+            .arg(dir.path().join("intra.avi"))
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        std::fs::copy(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/data/demo/nasa_13013.mp4"
+            ),
+            dir.path().join("nasa.mp4"),
+        )
+        .unwrap();
         let peer = Peer::local();
-        let e = engine("1MiB");
-        let plain = probe(&e, "demo", "nasa_13013.mp4", None, false, &peer)
+        let e = engine(dir.path(), "1MiB");
+        // 390 frames, 2 keyframes: 14,076 bytes with the times, under FREE_BYTES.
+        let short = probe(&e, "d", "nasa.mp4", None, true, &peer).await.unwrap();
+        assert_eq!(short.index.frame_count(), 390);
+        assert!(short.reservation.is_none());
+
+        let plain = probe(&e, "d", "intra.avi", None, false, &peer)
             .await
             .unwrap();
-        assert!(plain.reservation.is_none());
-        let frames = plain.index.frame_count() as u64;
-        assert_eq!(frames, 390);
-        let with = probe(&e, "demo", "nasa_13013.mp4", None, true, &peer)
+        assert_eq!(plain.index.frame_count(), 5000);
+        assert_eq!(plain.index.keyframes.len(), 5000);
+        let r = plain.reservation.expect("reserved");
+        assert_eq!(r.bytes(), 5000 * BYTES_PER_KEYFRAME);
+        assert_eq!(e.budget().in_use(), 5000 * BYTES_PER_KEYFRAME);
+        drop(r);
+        let with = probe(&e, "d", "intra.avi", None, true, &peer)
             .await
             .unwrap();
         let r = with.reservation.expect("reserved");
-        assert_eq!(r.bytes(), frames * BYTES_PER_FRAME_WITH_PTS);
-        assert_eq!(e.budget().in_use(), frames * BYTES_PER_FRAME_WITH_PTS);
+        assert_eq!(
+            r.bytes(),
+            5000 * (BYTES_PER_KEYFRAME + BYTES_PER_FRAME_WITH_PTS)
+        );
         drop(r);
         assert_eq!(e.budget().in_use(), 0);
 
-        // 390 frames need 14,040 bytes: a budget of 8 KiB refuses them at once.
-        let small = engine("8KiB");
-        let err = probe(&small, "demo", "nasa_13013.mp4", None, true, &peer)
+        // A budget of 64 KiB cannot hold 90,000 bytes: refused at once.
+        let small = engine(dir.path(), "64KiB");
+        let err = probe(&small, "d", "intra.avi", None, false, &peer)
             .await
             .err()
             .expect("refused");
         assert_eq!(err.code(), crate::error::Code::ResourceExhausted);
         let m = err.to_string();
         assert!(
-            m.contains(
-                "Probe of \"nasa_13013.mp4\" with the times of its 390 frames needs 14040 bytes"
-            ),
+            m.contains("Probe of \"intra.avi\" with its 5000 keyframes needs 90000 bytes"),
             "{m}"
         );
-        assert!(probe(&small, "demo", "nasa_13013.mp4", None, false, &peer)
+        assert!(probe(&small, "d", "nasa.mp4", None, true, &peer)
             .await
             .is_ok());
     }
