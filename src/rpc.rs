@@ -418,6 +418,10 @@ impl ObservedBody {
                 return Poll::Pending;
             }
             let idle = self.idle;
+            if self.timer.is_none() {
+                // Progress counts from the end on: what was written before it does not lengthen the wait.
+                self.seen = self.sent.progress();
+            }
             let timer = self
                 .timer
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));

@@ -124,8 +124,9 @@ async fn watch(held: Weak<Mutex<Held>>, idle: Duration, client: String) {
             tracing::warn!(
                 %client,
                 seconds = idle.as_secs_f64(),
-                bytes,
-                "GetClips reply not read: its bytes and budget are released (--stream-idle-timeout)"
+                dropped_bytes = bytes,
+                in_transport_bytes = in_transport,
+                "GetClips reply not read: messages not yet handed to the transport dropped and their budget released; what the transport holds stays reserved until written, reset or the connection closes (--stream-idle-timeout)"
             );
             return;
         }
