@@ -73,8 +73,9 @@ pub struct IndexArgs {
     /// Only shard I of N (videos by a hash of their path, as `vserve check --shard`).
     #[arg(long, value_name = "I/N")]
     pub shard: Option<String>,
-    /// State directory whose store receives the tables (as `vserve serve --state-dir`).
-    #[arg(long, env = "VSERVE_STATE_DIR", value_name = "DIR")]
+    /// State directory whose store receives the tables (as `vserve serve --state-dir`; required, since
+    /// the tables are for the daemon that will use this directory).
+    #[arg(long, env = "VSERVE_STATE_DIR", value_name = "DIR", required = true)]
     pub state_dir: Option<PathBuf>,
     /// Bound on the store's size (as `vserve serve --store-bytes`).
     #[arg(long, env = "VSERVE_STORE_BYTES", value_name = "SIZE")]
@@ -161,6 +162,11 @@ pub struct GulpCheckArgs {
     /// The GulpIO directory.
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
+    /// Largest frame side in pixels, as `vserve serve --max-side`: a record whose JPEG header claims more
+    /// than its square in pixels is reported, not decoded.
+    #[arg(long, env = "VSERVE_MAX_SIDE", value_name = "PIXELS", default_value_t = crate::config::Limits::default().max_side,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_side: u32,
 }
 
 /// `vserve quarantine`: the crash quarantine of a running daemon (or, for `list`, of a state directory).
@@ -286,10 +292,10 @@ pub struct StreamArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub frame_stride: u32,
     /// Timestamp samplers: seconds between a clip's frames (default 1 / average fps).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seconds_between_frames: Option<f64>,
     /// Regular timestamps: seconds between clip starts.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seconds_between_clip_starts: Option<f64>,
     /// Where clips may start: frame indices (index samplers) or seconds (timestamp samplers).
     #[arg(long, allow_hyphen_values = true)]
@@ -371,16 +377,18 @@ pub struct GetArgs {
     pub dataset: String,
     #[arg(long)]
     pub video: String,
-    /// Frame indices, comma-separated.
+    /// Frame indices, comma-separated (a negative one is refused as not an index, not taken for a flag).
     #[arg(
         long,
         value_delimiter = ',',
+        allow_hyphen_values = true,
         conflicts_with = "times",
         required_unless_present = "times"
     )]
     pub frames: Vec<u64>,
-    /// Timestamps in seconds, comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    /// Timestamps in seconds, comma-separated (`--times -0.5,1` is a value, not a flag: a list is no
+    /// single number, so hyphen values are allowed, not only negative numbers).
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
     pub times: Vec<f64>,
     /// Exact output size WxH.
     #[arg(long, conflicts_with = "short_side")]
@@ -400,3 +408,80 @@ pub struct GetArgs {
 
 /// The serve flags and the configuration they make live with the configuration.
 pub use crate::config::load::{config_to_toml, ServeArgs};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, clap::error::ErrorKind> {
+        let mut all = vec!["vserve"];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all) {
+            Ok(c) => Ok(c.command.expect("a command")),
+            Err(e) => Err(e.kind()),
+        }
+    }
+
+    /// `--times -0.0` was refused as an unknown flag `-0` (only `--times=-0.0` passed); negative numbers
+    /// are now values of the numeric options, and a negative frame index is refused as a bad value.
+    #[test]
+    fn negative_numbers_are_values_not_flags() {
+        let get = ["get", "--dataset", "d", "--video", "v", "--out", "o.npy"];
+        let times = |t: &[&str]| match parse(&[&get[..], t].concat()) {
+            Ok(Command::Get(g)) => g.times.iter().map(|t| t.to_bits()).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(times(&["--times", "-0.0"]), [(-0.0f64).to_bits()]);
+        assert_eq!(
+            times(&["--times", "-1.5,2"]),
+            [(-1.5f64).to_bits(), 2f64.to_bits()]
+        );
+        assert_eq!(
+            parse(&[&get[..], &["--frames", "-1"]].concat()).unwrap_err(),
+            clap::error::ErrorKind::ValueValidation
+        );
+        let stream = ["stream", "--dataset", "d", "--batch-size", "1", "--list"];
+        match parse(
+            &[
+                &stream[..],
+                &[
+                    "--seconds-between-frames",
+                    "-0.5",
+                    "--seconds-between-clip-starts",
+                    "-2",
+                ],
+            ]
+            .concat(),
+        ) {
+            Ok(Command::Stream(s)) => assert_eq!(
+                (s.seconds_between_frames, s.seconds_between_clip_starts),
+                (Some(-0.5), Some(-2.0))
+            ),
+            other => panic!("{other:?}"),
+        }
+        // A list option takes what follows it, and says it is not a number.
+        assert_eq!(
+            parse(&[&get[..], &["--times", "--no-rotate"]].concat()).unwrap_err(),
+            clap::error::ErrorKind::ValueValidation
+        );
+        // A single-number option takes a negative number, and a flag after it is a flag.
+        assert_eq!(
+            parse(&[&stream[..], &["--seconds-between-frames", "--flip"]].concat()).unwrap_err(),
+            clap::error::ErrorKind::InvalidValue
+        );
+    }
+
+    /// `vserve index` without `--state-dir` wrote into the default state directory, though the README
+    /// gives the flag as required; it now is (VSERVE_STATE_DIR also sets it).
+    #[test]
+    fn index_needs_a_state_dir() {
+        assert_eq!(
+            parse(&["index", "--dataset", "d=/x"]).unwrap_err(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        match parse(&["index", "--dataset", "d=/x", "--state-dir", "/s"]) {
+            Ok(Command::Index(a)) => assert_eq!(a.state_dir, Some(PathBuf::from("/s"))),
+            other => panic!("{other:?}"),
+        }
+    }
+}

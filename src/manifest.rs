@@ -14,6 +14,9 @@
 //! - JSON Lines (`.jsonl`, `.ndjson`): one object per line with `path` (or `video`) and optional
 //!   `label` (string or number), `start`, `end`. Blank lines are skipped.
 //!
+//! A UTF-8 byte-order mark at the start of a manifest is skipped (the csv crate skipped it already; in
+//! JSON Lines it made line 1 unparsable).
+//!
 //! Layout (a million samples cost tens of MB, not a heap object per sample): every path in one string
 //! arena with one u64 end offset per sample, each sample's label as a u32 index into the sorted distinct
 //! labels, start/end as one pair of f64 per sample only when some sample is trimmed. About the path's
@@ -241,7 +244,11 @@ impl Samples {
             path: shown.clone(),
             reason: e.to_string(),
         })?;
-        let reader = std::io::BufReader::with_capacity(1 << 16, file);
+        let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+        skip_bom(&mut reader).map_err(|e| ManifestError::Io {
+            path: shown.clone(),
+            reason: e.to_string(),
+        })?;
         let ext = path
             .extension()
             .and_then(|e| e.to_str())
@@ -351,6 +358,16 @@ impl Samples {
         self
     }
 
+    /// Why some label's index is negative, None when none is. Labels that are all integers are their
+    /// own indices, so a label -1 would read as "no label" (the index of a sample without one) and -2 as a
+    /// class no training loss accepts.
+    pub fn negative_label(&self) -> Option<String> {
+        let (l, i) = self.classes.iter().find(|(_, i)| *i < 0)?;
+        Some(format!(
+            "label {l:?} has label_index {i}: indices must be >= 0 (-1 means \"no label\"; labels that are all integers are their own indices), so number the classes from 0"
+        ))
+    }
+
     pub fn len(&self) -> usize {
         self.ends.len()
     }
@@ -436,6 +453,17 @@ fn check_row(video: &str, start: Option<f64>, end: Option<f64>) -> Result<(), St
         if e <= s {
             return Err(format!("end {e} is not after start {s}"));
         }
+    }
+    Ok(())
+}
+
+/// Skips a UTF-8 byte-order mark at the start of a manifest (editors on Windows write one): left in, it
+/// became part of the first CSV field (a header `path` not recognised, so read as a sample) or made the
+/// first JSON line unparsable.
+fn skip_bom(reader: &mut impl BufRead) -> std::io::Result<()> {
+    const BOM: &[u8] = b"\xEF\xBB\xBF";
+    if reader.fill_buf()?.starts_with(BOM) {
+        reader.consume(BOM.len());
     }
     Ok(())
 }

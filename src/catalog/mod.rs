@@ -117,7 +117,10 @@ impl Catalog {
                     .with_max_pixels(crate::decode::ffmpeg::open::max_pixels());
                 tracing::info!(dataset = %d.name, videos = g.len(), unreadable_chunks = g.broken.len(), "gulp dataset opened");
                 if d.manifest.is_none() {
-                    manifests.insert(d.name.clone(), Arc::new(g.samples()));
+                    let samples = g
+                        .samples()
+                        .map_err(|e| format!("dataset {:?}: {e}", d.name))?;
+                    manifests.insert(d.name.clone(), Arc::new(samples));
                 }
                 gulps.insert(d.name.clone(), Arc::new(g));
             }

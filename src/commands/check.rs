@@ -123,6 +123,9 @@ impl Local {
             }
             None => crate::store::DEFAULT_MAX_BYTES,
         };
+        if store_bytes == 0 {
+            return Err(usage("--store-bytes 0: must be at least 1 byte".into()));
+        }
         let state_dir = match state_dir {
             Some(d) if d.as_os_str() == "none" => None,
             Some(d) => Some(d.to_owned()),

@@ -393,6 +393,9 @@ pub fn run(opts: &IngestOptions) -> Result<Summary, IngestError> {
     if let Some(w) = samples.warning() {
         tracing::warn!("{w}");
     }
+    if let Some(why) = samples.negative_label() {
+        return Err(IngestError::Usage(why)); // label2idx.json would hold it, and readers refuse it
+    }
     let ids = sample_ids(&samples.iter().collect::<Vec<_>>());
     let (done, last_chunk) = prepare_out(&opts.out)?;
     settings_match(&opts.out, opts, last_chunk.is_some())?;
@@ -591,7 +594,8 @@ pub fn ingest(args: &crate::cli::IngestArgs) -> std::process::ExitCode {
 
 /// `vserve gulp-check DIR`: prints the report; exit 0 when clean, 1 on problems, 74 when unreadable.
 pub fn gulp_check(args: &crate::cli::GulpCheckArgs) -> std::process::ExitCode {
-    match crate::gulp::check::check(&args.dir) {
+    let side = u64::from(args.max_side);
+    match crate::gulp::check::check(&args.dir, side * side) {
         Ok(r) => {
             for w in &r.warnings {
                 println!("warning: {w}");

@@ -229,7 +229,17 @@ impl ServeArgs {
         let listen_raw = if !self.listen.is_empty() {
             self.listen.clone()
         } else {
-            file.listen.clone().unwrap_or_default()
+            match &file.listen {
+                // Falling back to the default socket would serve somewhere the file does not say.
+                Some(l) if l.is_empty() => {
+                    return Err(ConfigError::new(
+                        "listen",
+                        "[]",
+                        "an empty list; name at least one address, or leave `listen` out for the default socket",
+                    ))
+                }
+                l => l.clone().unwrap_or_default(),
+            }
         };
         let mut listen = listen_raw
             .iter()
@@ -272,6 +282,14 @@ impl ServeArgs {
             (None, Some(v)) => size_value("store-bytes", v)?,
             (None, None) => super::DEFAULT_STORE_BYTES,
         };
+        if store_bytes == 0 {
+            // No record would fit: every table and health result would fail to be stored.
+            return Err(ConfigError::new(
+                "store-bytes",
+                "0",
+                "must be at least 1 byte",
+            ));
+        }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = self.decode_threads.or(file.decode_threads).unwrap_or(cores);
         if threads == 0 || threads > 1024 {
@@ -313,6 +331,14 @@ impl ServeArgs {
             (None, Some(v)) => size_value("max-output-bytes", v)?,
             (None, None) => defaults.max_output_bytes,
         };
+        if max_output_bytes == 0 {
+            // Every request and stream batch would be refused.
+            return Err(ConfigError::new(
+                "max-output-bytes",
+                "0",
+                "must be at least 1 byte",
+            ));
+        }
         let index_bytes = 256 << 20;
         let max_inflight_bytes = match (&self.max_inflight_bytes, &file.max_inflight_bytes) {
             (Some(s), _) => parse_bytes("max-inflight-bytes", s)?,

@@ -80,3 +80,70 @@ fn cache_admit_fraction_is_kept_printed_and_bounded() {
         assert_eq!(e.key, "cache-admit-fraction", "{bad}");
     }
 }
+
+/// `--max-output-bytes 0` refused every request and stream batch, and `--store-bytes 0` every stored
+/// table, both accepted at start-up; now refused there, naming the key, from a flag or the file.
+#[test]
+fn zero_output_and_store_bounds_are_refused() {
+    for (max_output_bytes, store_bytes, key) in [
+        (Some("0"), None, "max-output-bytes"),
+        (None, Some("0"), "store-bytes"),
+    ] {
+        let e = ServeArgs {
+            max_output_bytes: max_output_bytes.map(str::to_owned),
+            store_bytes: store_bytes.map(str::to_owned),
+            ..ServeArgs::default()
+        }
+        .to_config()
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("invalid {key} \"0\": must be at least 1 byte")
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.toml");
+    std::fs::write(&path, "max-output-bytes = 0\n").unwrap();
+    let e = ServeArgs {
+        config: Some(path),
+        ..ServeArgs::default()
+    }
+    .to_config()
+    .unwrap_err();
+    assert_eq!(e.key, "max-output-bytes");
+    let c = ServeArgs {
+        max_output_bytes: Some("1".into()),
+        store_bytes: Some("1".into()),
+        ..ServeArgs::default()
+    }
+    .to_config()
+    .unwrap();
+    assert_eq!((c.limits.max_output_bytes, c.cache.store_bytes), (1, 1));
+}
+
+/// `listen = []` in the file served on the default socket, as if the key were absent; now refused.
+#[test]
+fn an_empty_listen_list_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.toml");
+    std::fs::write(&path, "listen = []\n").unwrap();
+    let e = ServeArgs {
+        config: Some(path.clone()),
+        ..ServeArgs::default()
+    }
+    .to_config()
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid listen \"[]\": an empty list; name at least one address, or leave `listen` out for the default socket"
+    );
+    // A flag still replaces the file's list.
+    let c = ServeArgs {
+        config: Some(path),
+        listen: vec!["127.0.0.1:7001".into()],
+        ..ServeArgs::default()
+    }
+    .to_config()
+    .unwrap();
+    assert_eq!(c.listen[0].to_string(), "127.0.0.1:7001");
+}

@@ -2,15 +2,17 @@
 //!
 //! Input: a GulpIO directory. Output: a [`Report`] listing every problem found (empty files, data files
 //! whose size is not the sum of their records' lengths, records out of place, chunk files without their
-//! pair, unparsable meta files, ids present in more than one chunk, videos without frames, records whose
-//! bytes are not a complete JPEG or whose padding is not zero, an unparsable `label2idx.json`) and
+//! pair, unparsable meta files, ids present in more than one chunk or twice in one meta file, videos
+//! without frames, records whose bytes are not a complete JPEG (or whose header claims more pixels than
+//! the bound) or whose padding is not zero, a `label2idx.json` the daemon would ignore, a label whose
+//! index would be negative) and
 //! warnings (temporary files an interrupted writer left). Reads only.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::jpeg::Decoder;
-use super::reader::{list_chunks, misnamed_reason, parse_meta, DEFAULT_MAX_PIXELS, MAX_RECORD};
+use super::reader::{list_chunks, misnamed_reason, parse_meta, MAX_RECORD};
 use super::{data_name, meta_name};
 
 #[derive(Debug, Default)]
@@ -28,8 +30,9 @@ impl Report {
     }
 }
 
-/// Runs every check on `dir`.
-pub fn check(dir: &Path) -> std::io::Result<Report> {
+/// Runs every check on `dir`; a record whose JPEG header claims more than `max_pixels` pixels (the
+/// daemon's `--max-side` squared) is reported, not decoded.
+pub fn check(dir: &Path, max_pixels: u64) -> std::io::Result<Report> {
     let mut r = Report::default();
     let list = list_chunks(dir)?;
     let (datas, metas) = (list.data, list.meta);
@@ -97,9 +100,14 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
         for (id, frames, meta) in &entries {
             r.videos += 1;
             labels.extend(super::stored_label(meta));
-            if let Some(prev) = seen.insert(id.clone(), k) {
-                r.problems
-                    .push(format!("id {id:?} is in chunks {prev} and {k}"));
+            match seen.insert(id.clone(), k) {
+                Some(prev) if prev == k => r
+                    .problems
+                    .push(format!("{mname}: id {id:?} is listed twice")),
+                Some(prev) => r
+                    .problems
+                    .push(format!("id {id:?} is in chunks {prev} and {k}")),
+                None => {}
             }
             if frames.is_empty() {
                 r.problems
@@ -149,7 +157,7 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
                 if record[jpeg_len..].iter().any(|&b| b != 0) {
                     r.problems.push(format!("{what}: padding is not zero"));
                 }
-                if let Err(e) = decoder.decode(&record[..jpeg_len], DEFAULT_MAX_PIXELS) {
+                if let Err(e) = decoder.decode(&record[..jpeg_len], max_pixels) {
                     r.problems.push(format!("{what}: not a valid JPEG: {e}"));
                 }
             }
@@ -160,15 +168,25 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
             ));
         }
     }
-    if let Ok(text) = std::fs::read_to_string(dir.join("label2idx.json")) {
-        // The daemon ignores a file it cannot number every label with (see GulpDataset::samples).
-        let problem = match super::reader::parse_label2idx(&text) {
-            Ok(map) => super::reader::label2idx_problem(&map, labels.iter().map(String::as_str)),
-            Err(why) => Some(why),
-        };
-        if let Some(why) = problem {
-            r.problems.push(format!("label2idx.json: {why}"));
-        }
+    // Numbered as the daemon numbers them (GulpDataset::samples): a label2idx.json it ignores and a
+    // label whose index would be negative are problems.
+    let label2idx = std::fs::read_to_string(dir.join("label2idx.json"))
+        .ok()
+        .map(|text| super::reader::parse_label2idx(&text));
+    let samples = crate::manifest::Samples::from_labeled(
+        labels
+            .into_iter()
+            .map(|l| (String::new(), Some(l)))
+            .collect(),
+    );
+    let (samples, ignored) = super::reader::number_labels(samples, label2idx.as_ref());
+    if let Some(why) = ignored {
+        r.problems.push(format!("label2idx.json: {why}"));
+    }
+    if let Some(why) = samples.negative_label() {
+        r.problems.push(format!(
+            "{why} (or give a label2idx.json mapping every label to an index >= 0)"
+        ));
     }
     if r.chunks == 0 {
         r.problems
@@ -181,7 +199,7 @@ pub fn check(dir: &Path) -> std::io::Result<Report> {
 mod tests {
     use super::*;
     use crate::gulp::jpeg::Encoder;
-    use crate::gulp::reader::{GulpDataset, GulpError};
+    use crate::gulp::reader::{GulpDataset, GulpError, DEFAULT_MAX_PIXELS};
     use crate::gulp::writer::ChunkWriter;
 
     /// An 8x8 grey JPEG record.
@@ -205,7 +223,7 @@ mod tests {
                 .unwrap();
             w.finish().unwrap();
         }
-        let clean = check(dir.path()).unwrap();
+        let clean = check(dir.path(), DEFAULT_MAX_PIXELS).unwrap();
         assert_eq!((clean.chunks, clean.videos, clean.frames), (2, 4, 4));
         assert_eq!(clean.problems, vec![r#"id "same" is in chunks 0 and 1"#]);
         let ds = GulpDataset::open(dir.path()).unwrap();
@@ -218,7 +236,7 @@ mod tests {
         data[0] = 0;
         data.extend_from_slice(&[0; 4]);
         std::fs::write(dir.path().join("data_1.gulp"), data).unwrap();
-        let r = check(dir.path()).unwrap();
+        let r = check(dir.path(), DEFAULT_MAX_PIXELS).unwrap();
         let text = r.problems.join("\n");
         assert!(text.contains("data_7.gulp: no meta_7.gmeta"), "{text}");
         assert!(text.contains("frame 0: not a valid JPEG"), "{text}");
@@ -246,7 +264,7 @@ mod tests {
             dir.path().join("data_007.gulp"),
         )
         .unwrap();
-        let r = check(dir.path()).unwrap();
+        let r = check(dir.path(), DEFAULT_MAX_PIXELS).unwrap();
         let text = r.problems.join("\n");
         assert_eq!(r.problems.len(), 2, "{text}");
         assert!(
@@ -281,7 +299,7 @@ mod tests {
         w.append("fine", &meta, std::slice::from_ref(&good))
             .unwrap();
         w.finish().unwrap();
-        let r = check(dir.path()).unwrap();
+        let r = check(dir.path(), DEFAULT_MAX_PIXELS).unwrap();
         let text = r.problems.join("\n");
         assert_eq!(r.problems.len(), 1, "{text}");
         assert!(
@@ -343,7 +361,7 @@ mod tests {
             std::fs::remove_file(path.join("data_1.gulp")).unwrap();
             fifo(&path.join("data_1.gulp"));
             let renamed_over = ds.jpeg("v1", 0).map(|_| ());
-            let report = check(&path).unwrap();
+            let report = check(&path, DEFAULT_MAX_PIXELS).unwrap();
             let _ = tx.send((at_start, served, renamed_over, report.problems));
         });
         let (at_start, served, renamed_over, problems) = rx
@@ -395,5 +413,67 @@ mod tests {
                 "fps {fps}"
             );
         }
+    }
+
+    /// An id listed twice in one meta file (a JSON object with a key twice) was merged by the parser, the
+    /// last entry winning, unreported. gulp-check now reports it and the daemon serves neither entry
+    /// (DATA_LOSS), as for an id in two chunks.
+    #[test]
+    fn an_id_listed_twice_in_one_meta_file_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let jpeg = grey_8x8();
+        let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
+        for id in ["twice", "once", "twice"] {
+            w.append(id, &serde_json::json!({}), std::slice::from_ref(&jpeg))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        let r = check(dir.path(), DEFAULT_MAX_PIXELS).unwrap();
+        assert_eq!(r.problems, [r#"meta_0.gmeta: id "twice" is listed twice"#]);
+        assert_eq!(r.videos, 3);
+        let ds = GulpDataset::open(dir.path()).unwrap();
+        assert_eq!(
+            ds.entry("twice").unwrap_err(),
+            GulpError::Corrupt {
+                id: "twice".into(),
+                reason: "id is listed twice in meta_0.gmeta".into()
+            }
+        );
+        assert!(ds.entry("once").is_ok());
+    }
+
+    /// gulp-check bounded decoded frames at 8192² whatever the daemon's --max-side; it now takes the
+    /// bound (`--max-side`, the daemon's flag and default).
+    #[test]
+    fn the_pixel_bound_is_the_callers() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
+        w.append("v", &serde_json::json!({}), &[grey_8x8()])
+            .unwrap();
+        w.finish().unwrap();
+        assert!(check(dir.path(), 64).unwrap().ok());
+        assert_eq!(
+            check(dir.path(), 49).unwrap().problems,
+            [
+                r#"data_0.gulp: video "v" frame 0: not a valid JPEG: its header claims 8x8, more than the 49 pixels a frame may have (--max-side squared)"#
+            ]
+        );
+        let args = |a: &[&str]| {
+            use clap::Parser;
+            match crate::cli::Cli::try_parse_from(a).map(|c| c.command) {
+                Ok(Some(crate::cli::Command::GulpCheck(g))) => Ok(g.max_side),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(args(&["vserve", "gulp-check", "d"]), Ok(8192));
+        assert_eq!(
+            args(&["vserve", "gulp-check", "d", "--max-side", "7"]),
+            Ok(7)
+        );
+        assert_eq!(
+            args(&["vserve", "gulp-check", "d", "--max-side", "0"]),
+            Err(clap::error::ErrorKind::ValueValidation)
+        );
     }
 }

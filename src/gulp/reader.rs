@@ -8,7 +8,7 @@
 //! Damage is confined to the videos it touches: a meta file that cannot be parsed makes its chunk's ids
 //! unknown (a request for an id not found then answers that some chunk is unreadable, not that the id does
 //! not exist); a record reaching past the end of its data file (a truncated `.gulp`), a missing data file
-//! or an id present in two chunks marks those videos corrupt; a record that is not valid JPEG fails the
+//! or an id present in two chunks (or twice in one) marks those videos corrupt; a record that is not valid JPEG fails the
 //! frames that need it. Everything else keeps serving.
 //!
 //! Records are read with `pread` into the caller's buffer, not through a memory map: a data file truncated
@@ -124,10 +124,37 @@ struct RawEntry {
     meta_data: Vec<serde_json::Value>,
 }
 
-/// Parses one `.gmeta` file's text into (id, frames, meta_data[0]) in file order.
+/// A `.gmeta` object's entries in file order, an id listed twice kept twice (a map keeps the last).
+struct RawEntries(Vec<(String, RawEntry)>);
+
+impl<'de> serde::Deserialize<'de> for RawEntries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RawEntries, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawEntries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object of id → {frame_info, meta_data}")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<RawEntries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(e) = m.next_entry()? {
+                    entries.push(e);
+                }
+                Ok(RawEntries(entries))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
+/// Parses one `.gmeta` file's text into (id, frames, meta_data[0]) in file order; an id the file lists
+/// twice comes twice (the caller reports it).
 pub fn parse_meta(text: &str) -> Result<Vec<(String, Vec<FrameInfo>, serde_json::Value)>, String> {
-    let map: BTreeMap<String, RawEntry> = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    Ok(map
+    let RawEntries(entries) = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    Ok(entries
         .into_iter()
         .map(|(id, raw)| {
             let frames = raw
@@ -208,7 +235,7 @@ impl GulpDataset {
             reason: e.to_string(),
         };
         let list = list_chunks(root).map_err(io)?;
-        let mut chunks = Vec::new();
+        let mut chunks: Vec<Chunk> = Vec::new();
         let mut videos: BTreeMap<String, Entry> = BTreeMap::new();
         let mut broken = Vec::new();
         for name in &list.misnamed {
@@ -255,8 +282,12 @@ impl GulpDataset {
                 }
                 .or_else(|| frames.is_empty().then(|| "no frames".to_owned()));
                 if let Some(prev) = videos.get_mut(&id) {
-                    let first = chunks.get(prev.chunk).map_or(0, |c: &Chunk| c.number);
-                    prev.problem = Some(format!("id is in chunks {first} and {k}"));
+                    // Which entry is the video is unknown: neither is served. (This chunk is pushed
+                    // after its entries, so an id it lists twice finds no chunk here.)
+                    prev.problem = Some(match chunks.get(prev.chunk) {
+                        Some(c) => format!("id is in chunks {} and {k}", c.number),
+                        None => format!("id is listed twice in {}", meta_name(k)),
+                    });
                     continue;
                 }
                 videos.insert(
@@ -466,28 +497,26 @@ impl GulpDataset {
     }
 
     /// The dataset's samples for streams: every id (sorted) with its meta data's label; label indices from
-    /// `label2idx.json` when it names the label.
-    pub fn samples(&self) -> crate::manifest::Samples {
+    /// `label2idx.json` when it numbers every label. Err when a label's index would be negative
+    /// ([`Samples::negative_label`](crate::manifest::Samples::negative_label)).
+    pub fn samples(&self) -> Result<crate::manifest::Samples, String> {
         let samples = crate::manifest::Samples::from_labeled(
             self.videos
                 .iter()
                 .map(|(id, e)| (id.clone(), super::stored_label(&e.meta)))
                 .collect(),
         );
-        let why = match &self.label2idx {
-            None => return samples,
-            Some(Err(why)) => why.clone(),
-            Some(Ok(map)) => {
-                match label2idx_problem(map, samples.classes().iter().map(|(l, _)| l.as_str())) {
-                    None => return samples.with_label_indices(|l| map.get(l).copied()),
-                    // Used in part, two labels could share an index (one named, one numbered by its
-                    // place): a training job would silently merge two classes.
-                    Some(why) => why,
-                }
-            }
-        };
-        tracing::warn!(root = %self.root.display(), problem = %why, "label2idx.json ignored: label indices follow the sorted labels");
-        samples
+        let (samples, ignored) = number_labels(samples, self.label2idx.as_ref());
+        if let Some(why) = ignored {
+            tracing::warn!(root = %self.root.display(), problem = %why, "label2idx.json ignored: label indices follow the sorted labels");
+        }
+        match samples.negative_label() {
+            Some(why) => Err(format!(
+                "gulp dataset {}: {why} (or give a label2idx.json mapping every label to an index >= 0)",
+                self.root.display()
+            )),
+            None => Ok(samples),
+        }
     }
 }
 
@@ -543,13 +572,37 @@ fn gcd(a: i64, b: i64) -> i64 {
     }
 }
 
-/// `label2idx.json`'s map, or why it is not a JSON object of label → integer.
+/// `samples` with the label indices of `label2idx` (a parsed `label2idx.json`) when it numbers every
+/// label, and why it was ignored otherwise (two labels could share an index when it is used in part,
+/// one named and one numbered by its place: a training job would silently merge two classes).
+pub(crate) fn number_labels(
+    samples: crate::manifest::Samples,
+    label2idx: Option<&Result<BTreeMap<String, i64>, String>>,
+) -> (crate::manifest::Samples, Option<String>) {
+    let why = match label2idx {
+        None => return (samples, None),
+        Some(Err(why)) => why.clone(),
+        Some(Ok(map)) => {
+            match label2idx_problem(map, samples.classes().iter().map(|(l, _)| l.as_str())) {
+                None => return (samples.with_label_indices(|l| map.get(l).copied()), None),
+                Some(why) => why,
+            }
+        }
+    };
+    (samples, Some(why))
+}
+
+/// `label2idx.json`'s map, or why it is not a JSON object of label → integer index >= 0 (-1 is the
+/// label_index of a sample without a label).
 pub(crate) fn parse_label2idx(text: &str) -> Result<BTreeMap<String, i64>, String> {
     let m = serde_json::from_str::<BTreeMap<String, serde_json::Value>>(text)
         .map_err(|e| format!("not a JSON object of label → integer ({e})"))?;
     m.into_iter()
         .map(|(k, v)| match v.as_i64() {
-            Some(i) => Ok((k, i)),
+            Some(i) if i >= 0 => Ok((k, i)),
+            Some(i) => Err(format!(
+                "label {k:?} has index {i}: indices must be >= 0 (-1 means \"no label\")"
+            )),
             None => Err(format!("label {k:?} has {v}, not an integer index")),
         })
         .collect()

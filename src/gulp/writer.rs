@@ -168,7 +168,7 @@ mod tests {
         assert_eq!(ds.jpeg("a", 1).unwrap(), &[6; 8]);
         assert_eq!(ds.jpeg("b/c", 0).unwrap(), &[7; 3]);
         assert!(ds.jpeg("a", 2).is_err());
-        let samples = ds.samples();
+        let samples = ds.samples().unwrap();
         assert_eq!(samples.get(0).label, Some("cat"));
         let w = ChunkWriter::create(dir.path(), 1).unwrap();
         w.discard();
@@ -193,7 +193,11 @@ mod tests {
         w.finish().unwrap();
         let classes = |json: &str| {
             std::fs::write(dir.path().join("label2idx.json"), json).unwrap();
-            let mut c = GulpDataset::open(dir.path()).unwrap().samples().classes();
+            let mut c = GulpDataset::open(dir.path())
+                .unwrap()
+                .samples()
+                .unwrap()
+                .classes();
             c.sort();
             c
         };
@@ -217,7 +221,9 @@ mod tests {
             "{not json",
         ] {
             assert_eq!(classes(bad), own, "{bad}");
-            let report = crate::gulp::check::check(dir.path()).unwrap();
+            let report =
+                crate::gulp::check::check(dir.path(), crate::gulp::reader::DEFAULT_MAX_PIXELS)
+                    .unwrap();
             assert!(
                 report
                     .problems
@@ -232,7 +238,8 @@ mod tests {
             r#"{"cat": 2, "dog": 5, "a,b": 7}"#,
         )
         .unwrap();
-        let report = crate::gulp::check::check(dir.path()).unwrap();
+        let report =
+            crate::gulp::check::check(dir.path(), crate::gulp::reader::DEFAULT_MAX_PIXELS).unwrap();
         assert!(
             !report
                 .problems
@@ -240,6 +247,78 @@ mod tests {
                 .any(|p| p.starts_with("label2idx.json")),
             "{:?}",
             report.problems
+        );
+    }
+
+    /// A dataset with the labels of `rows` (id, meta data), each video one 4-byte record.
+    fn labelled(rows: &[(&str, serde_json::Value)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = ChunkWriter::create(dir.path(), 0).unwrap();
+        for (id, meta) in rows {
+            w.append(id, meta, &[vec![1, 2, 3, 4]]).unwrap();
+        }
+        w.finish().unwrap();
+        dir
+    }
+
+    fn problems(dir: &Path) -> Vec<String> {
+        let max = crate::gulp::reader::DEFAULT_MAX_PIXELS;
+        let mut p = crate::gulp::check::check(dir, max).unwrap().problems;
+        p.retain(|p| !p.contains("not a valid JPEG"));
+        p
+    }
+
+    /// Labels that are all integers are their own label_index: a label -1 was served as -1, the index
+    /// that means "no label" (and -2 as a class no loss accepts). Such samples are refused, naming the
+    /// label, and gulp-check reports it; a label2idx.json numbering every label from 0 serves them.
+    #[test]
+    fn a_negative_integer_label_is_refused_unless_label2idx_numbers_it() {
+        let dir = labelled(&[
+            ("a", serde_json::json!({"label": 3})),
+            ("b", serde_json::json!({"label": -1})),
+            ("c", serde_json::json!({})),
+        ]);
+        let why = "label \"-1\" has label_index -1: indices must be >= 0 (-1 means \"no label\"; labels that are all integers are their own indices), so number the classes from 0 (or give a label2idx.json mapping every label to an index >= 0)";
+        let err = GulpDataset::open(dir.path())
+            .unwrap()
+            .samples()
+            .unwrap_err();
+        assert_eq!(err, format!("gulp dataset {}: {why}", dir.path().display()));
+        assert_eq!(problems(dir.path()), [why]);
+        std::fs::write(dir.path().join("label2idx.json"), r#"{"3": 0, "-1": 1}"#).unwrap();
+        let s = GulpDataset::open(dir.path()).unwrap().samples().unwrap();
+        let rows: Vec<_> = s
+            .iter()
+            .map(|s| (s.video, s.label, s.label_index))
+            .collect();
+        assert_eq!(
+            rows,
+            [("a", Some("3"), 0), ("b", Some("-1"), 1), ("c", None, -1)]
+        );
+        assert_eq!(problems(dir.path()), Vec::<String>::new());
+    }
+
+    /// A label2idx.json giving a label a negative index numbered that class -1 (the "no label" index):
+    /// the file is refused as any it cannot use is (ignored with a log line, the labels ranked), and
+    /// gulp-check names the label.
+    #[test]
+    fn a_label2idx_with_a_negative_index_is_refused() {
+        let dir = labelled(&[
+            ("a", serde_json::json!({"label": "cat"})),
+            ("b", serde_json::json!({"label": "dog"})),
+        ]);
+        std::fs::write(
+            dir.path().join("label2idx.json"),
+            r#"{"cat": -1, "dog": 0}"#,
+        )
+        .unwrap();
+        let s = GulpDataset::open(dir.path()).unwrap().samples().unwrap();
+        assert_eq!(s.classes(), [("cat".to_owned(), 0), ("dog".to_owned(), 1)]);
+        assert_eq!(
+            problems(dir.path()),
+            [
+                r#"label2idx.json: label "cat" has index -1: indices must be >= 0 (-1 means "no label")"#
+            ]
         );
     }
 }

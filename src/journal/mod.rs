@@ -54,6 +54,7 @@ use crate::state::StateDir;
 
 mod crash;
 mod judge;
+mod slots;
 
 /// The journal's directory inside the state directory.
 pub const JOURNAL_DIR: &str = "journal";
@@ -153,15 +154,7 @@ impl Journal {
         let (n, file) = match taken {
             Some(t) => t,
             None => {
-                let n = pool.next.fetch_add(1, Ordering::Relaxed);
-                let (file, _) = crate::state::open_regular(
-                    std::fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .create(true)
-                        .truncate(true),
-                    &pool.dir.join(format!("slot-{n}")),
-                )?;
+                let (n, file) = slots::create(pool)?;
                 // The new name must survive a host crash for its records to be found.
                 sync_dir(&pool.dir)?;
                 (n, file)
@@ -644,29 +637,7 @@ pub fn recover(state: &StateDir) -> std::io::Result<(Option<Arc<Journal>>, Arc<Q
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut slots = Vec::new();
-    // (state byte, file) of every busy or crashed record.
-    let mut inside = Vec::new();
-    for e in std::fs::read_dir(&dir)?.flatten() {
-        if !e.file_name().to_string_lossy().starts_with("slot-") {
-            continue;
-        }
-        slots.push(e.path());
-        let read = crate::state::read_regular(&e.path());
-        let Some(bytes) = read.map_err(|err| tracing::warn!(slot = %e.path().display(), error = %err, "journal slot unreadable (a damaged state directory); ignored and removed")).ok() else {
-            continue;
-        };
-        match FileKey::parse_record(&bytes) {
-            Some((state @ (b'B' | b'D' | b'C'), key)) => inside.push((state, key)),
-            Some((b'S', key)) => {
-                tracing::info!(path = %key.path.display(), "the previous daemon had a read of this file stuck past its deadline; not quarantined");
-            }
-            None if !bytes.is_empty() => {
-                tracing::warn!(slot = %e.path().display(), "journal slot holds no record (a damaged state directory); ignored and removed");
-            }
-            _ => {}
-        }
-    }
+    let (slots, inside) = slots::read_left(&dir)?;
     let changed = judge::judge(&quarantine, inside, now);
     if changed {
         let bytes = quarantine.serialise(&quarantine.files.lock(), &quarantine.suspects.lock());

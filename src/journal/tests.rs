@@ -394,3 +394,35 @@ fn fifos_in_the_state_directory_block_nothing() {
     let err = recover_soon(&state).err().expect("an error");
     assert!(err.to_string().contains("FIFO"), "{err}");
 }
+
+/// A directory at a slot's name made `recover` fail (remove_file of a directory), so the daemon ran
+/// without a crash journal, and a new slot could not take that name. It is now ignored like any foreign
+/// entry: logged, removed only when empty (a tree is never deleted), and slots take other names.
+#[test]
+fn a_directory_at_a_slot_name_is_ignored_not_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    std::fs::create_dir_all(state.path("journal/slot-0")).unwrap();
+    std::fs::write(state.path("journal/slot-0/kept"), b"someone's file").unwrap();
+    std::fs::create_dir_all(state.path("journal/slot-1")).unwrap();
+    let (journal, q) = recover_soon(&state).unwrap();
+    let journal = journal.expect("a journal");
+    assert!(q.is_empty());
+    assert_eq!(
+        std::fs::read(state.path("journal/slot-0/kept")).unwrap(),
+        b"someone's file"
+    );
+    assert!(
+        !state.path("journal/slot-1").exists(),
+        "the empty directory is removed"
+    );
+    // Slot 0's name is held: the slot is journal/slot-1, and it records.
+    let slot = journal.slot().unwrap();
+    slot.enter(&key("/data/a.mp4", 1), false).unwrap();
+    let record = std::fs::read(state.path("journal/slot-1")).unwrap();
+    assert_eq!(
+        FileKey::parse_record(&record),
+        Some((b'B', key("/data/a.mp4", 1)))
+    );
+    slot.leave();
+}

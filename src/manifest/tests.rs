@@ -303,3 +303,42 @@ fn gulp_label_indices_replace_the_ranks_they_name() {
         vec![("cat".to_owned(), 0), ("dog".to_owned(), 40)]
     );
 }
+
+/// A manifest saved with a UTF-8 byte-order mark (as Windows editors write one): the first JSON Lines line
+/// did not parse ("line 1: expected value at line 1 column 1"); the csv crate already skipped it. The
+/// mark is skipped for both; line numbers are unchanged.
+#[test]
+fn a_byte_order_mark_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = write(
+        dir.path(),
+        "m.csv",
+        "\u{feff}path,label\na.mp4,cat\nb.mp4,dog\n",
+    );
+    let s = Samples::from_manifest(&csv).unwrap();
+    let rows: Vec<_> = s
+        .iter()
+        .map(|s| (s.video, s.label, s.label_index))
+        .collect();
+    assert_eq!(rows, [("a.mp4", Some("cat"), 0), ("b.mp4", Some("dog"), 1)]);
+    let jsonl = write(
+        dir.path(),
+        "m.jsonl",
+        "\u{feff}{\"path\": \"a.mp4\", \"label\": 3}\n{\"path\": \"b.mp4\"}\n",
+    );
+    let s = Samples::from_manifest(&jsonl).unwrap();
+    let rows: Vec<_> = s
+        .iter()
+        .map(|s| (s.video, s.label, s.label_index))
+        .collect();
+    assert_eq!(rows, [("a.mp4", Some("3"), 3), ("b.mp4", None, -1)]);
+    let bad = write(
+        dir.path(),
+        "bad.jsonl",
+        "\u{feff}{\"path\": \"a.mp4\"}\n{}\n",
+    );
+    assert!(matches!(
+        Samples::from_manifest(&bad),
+        Err(ManifestError::Parse { line: 2, .. })
+    ));
+}

@@ -86,6 +86,30 @@ mod tests {
         }
     }
 
+    /// A manifest whose integer labels include -1 gave label_index -1 ("no label") and a label2idx.json
+    /// the gulp reader refuses: ingest refuses it before writing anything.
+    #[test]
+    fn a_manifest_with_a_negative_label_is_a_usage_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = dir.path().join("m.csv");
+        std::fs::write(&manifest, "path,label\na.mp4,0\nb.mp4,-1\n").unwrap();
+        let out = dir.path().join("out");
+        let o = IngestOptions {
+            dataset_dir: dir.path().into(),
+            manifest: Some(manifest),
+            out: out.clone(),
+            ..opts(None, None)
+        };
+        match super::super::run(&o) {
+            Err(IngestError::Usage(m)) => assert!(
+                m.starts_with(r#"label "-1" has label_index -1: indices must be >= 0"#),
+                "{m}"
+            ),
+            r => panic!("expected a usage error, got {r:?}"),
+        }
+        assert!(!out.exists(), "nothing written");
+    }
+
     #[test]
     fn a_resume_with_other_settings_or_into_a_foreign_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
