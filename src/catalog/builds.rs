@@ -7,6 +7,10 @@
 //! - The lookup opens the file and finds its table in the index cache or the store: a video indexed
 //!   once costs an open, however many unindexed videos other clients wait on. Lookups run on blocking
 //!   threads, at most [`LOOKUPS_PER_THREAD`] per decode thread at a time, under the index deadline.
+//! - A lookup that finds the table being built for another request waits for that build to end (at
+//!   most the index deadline) without a place, then looks again: several clients asking for one new
+//!   video at once took a place each, all but one to wait inside the cache for the one build, and kept
+//!   other clients' builds waiting behind it.
 //! - A build takes one of the [`Gate`]'s places (as many as decode threads), which go round the waiting
 //!   clients, so one client's many unindexed videos do not queue another's behind them all.
 //! - Each runs within `--index-deadline` (the lookup and the build each; waiting for a place does not
@@ -14,6 +18,7 @@
 //!   file is remembered as stalled and the thread is left to return on its own (counted with the stuck
 //!   index builds: a lookup stuck in `open` holds a blocking thread as surely).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -22,6 +27,7 @@ use parking_lot::Mutex;
 
 use super::gate::Place;
 use super::{Catalog, Resolved, STALLED_FOR};
+use crate::cache::VideoId;
 use crate::error::Error;
 use crate::journal::{FileKey, JournalSlot};
 use crate::metrics::Timer;
@@ -45,6 +51,37 @@ enum BuildState {
 pub(super) struct BuildProbe {
     pub key: OnceLock<FileKey>,
     pub journal: Mutex<Option<Arc<JournalSlot>>>,
+    /// Set by a lookup that found the table being built by another request: sees that build end.
+    pub in_progress: Mutex<Option<tokio::sync::watch::Receiver<()>>>,
+}
+
+/// A table's entry among those being built, taken out when the build ends (its sender dropped then
+/// tells the lookups waiting for it).
+pub(super) struct Building<'a> {
+    map: &'a Mutex<HashMap<Arc<VideoId>, tokio::sync::watch::Receiver<()>>>,
+    id: Arc<VideoId>,
+    _done: tokio::sync::watch::Sender<()>,
+}
+
+impl<'a> Building<'a> {
+    pub fn enter(
+        map: &'a Mutex<HashMap<Arc<VideoId>, tokio::sync::watch::Receiver<()>>>,
+        id: &Arc<VideoId>,
+    ) -> Building<'a> {
+        let (tx, rx) = tokio::sync::watch::channel(());
+        map.lock().insert(id.clone(), rx);
+        Building {
+            map,
+            id: id.clone(),
+            _done: tx,
+        }
+    }
+}
+
+impl Drop for Building<'_> {
+    fn drop(&mut self) {
+        self.map.lock().remove(&self.id);
+    }
 }
 
 /// What a lookup or build holds until it ends: a lookup permit or a build place.
@@ -83,8 +120,33 @@ impl Catalog {
             .await
             .map_err(|_| Error::ShuttingDown)?;
         let lookup = self.spawn_build(Held::Lookup(permit), dataset, video, stream);
+        let probe = lookup.probe.clone();
         if let Some(found) = self.finish(lookup).await? {
             return Ok(found);
+        }
+        let building = probe.in_progress.lock().take();
+        if let Some(mut done) = building {
+            // Another request builds this table: wait for it without a place (holding one would keep
+            // other clients' builds waiting behind a build that is already running), then look again.
+            if tokio::time::timeout(self.index_deadline, done.changed())
+                .await
+                .is_err()
+            {
+                return Err(Error::DeadlineExceeded(format!(
+                    "video {video:?} in dataset {dataset:?} was being indexed for another request for longer than the {} s deadline (--index-deadline)",
+                    self.index_deadline.as_secs_f64()
+                )));
+            }
+            let permit = self
+                .lookups
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::ShuttingDown)?;
+            let again = self.spawn_build(Held::Lookup(permit), dataset, video, stream);
+            if let Some(found) = self.finish(again).await? {
+                return Ok(found);
+            }
         }
         let place = self
             .build_places
@@ -316,5 +378,40 @@ mod tests {
         assert_eq!(order, ["v1.mp4", "v3.mp4", "v2.mp4"]);
         assert_eq!(cat.index_builds(), 4);
         assert_eq!(cat.builds_waiting(), (0, 1));
+    }
+
+    /// A request for a table another request is building waits for that build without taking a place,
+    /// and gets the table it made.
+    #[tokio::test]
+    async fn a_table_being_built_is_waited_for_without_a_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = catalog(dir.path(), 1);
+        let (id, index, _) = cat.resolve("d", "v0.mp4", None, &client(1)).await.unwrap();
+        cat.indexes.invalidate(&id);
+        // v0's table is being built (as for another request), and the only place is held.
+        let building = Building::enter(&cat.building, &id);
+        let held = cat.build_places.acquire(&client(1)).await.unwrap();
+        let waiter = tokio::spawn({
+            let cat = cat.clone();
+            async move {
+                cat.resolve("d", "v0.mp4", None, &client(2))
+                    .await
+                    .map(|(_, ix, _)| ix.frame_count())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished());
+        assert_eq!(cat.builds_waiting(), (0, 0), "it waits for a place");
+        // The build ends with the table cached: the waiter has it, no place taken, nothing built again.
+        cat.indexes.insert(id.clone(), index.clone());
+        drop(building);
+        let frames = tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("the waiter saw the build end")
+            .unwrap()
+            .unwrap();
+        assert_eq!(frames, index.frame_count());
+        assert_eq!(cat.index_builds(), 1);
+        drop(held);
     }
 }

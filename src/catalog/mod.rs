@@ -100,6 +100,9 @@ pub struct Catalog {
     /// Videos known not to decode whole (damaged, unreadable, quarantined), by [`VideoId::plain`]: what
     /// [`Catalog::resolve_for_sampling`] consults.
     health: Mutex<HashMap<VideoId, Health>>,
+    /// Tables being built now, each with a receiver that sees its build end (its sender dropped): a
+    /// lookup that finds one waits for it without a place (`builds.rs`).
+    building: Mutex<HashMap<Arc<VideoId>, tokio::sync::watch::Receiver<()>>>,
 }
 
 impl Catalog {
@@ -181,6 +184,7 @@ impl Catalog {
             journal: None,
             store: None,
             health: Mutex::new(HashMap::new()),
+            building: Mutex::new(HashMap::new()),
         })
     }
 
@@ -328,7 +332,10 @@ impl Catalog {
         let cached = match (may_build, &stored) {
             (false, None) => match self.indexes.get(&id) {
                 Some(index) => Some(index),
-                None => return Ok(None),
+                None => {
+                    *probe.in_progress.lock() = self.building.lock().get(&id).cloned();
+                    return Ok(None);
+                }
             },
             _ => None,
         };
@@ -363,6 +370,7 @@ impl Catalog {
                     return Ok(table);
                 }
                 self.index_builds.fetch_add(1, Ordering::Relaxed);
+                let _building = builds::Building::enter(&self.building, id);
                 let started = std::time::Instant::now();
                 // Recorded before FFmpeg opens the file; cleared when the build returns.
                 let journal = self.journal.as_ref().and_then(|j| {
