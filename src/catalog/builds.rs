@@ -113,18 +113,10 @@ impl Catalog {
         stream: Option<u32>,
         who: &PeerKey,
     ) -> Result<Resolved, Error> {
-        let permit = self
-            .lookups
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Error::ShuttingDown)?;
-        let lookup = self.spawn_build(Held::Lookup(permit), dataset, video, stream);
-        let probe = lookup.probe.clone();
-        if let Some(found) = self.finish(lookup).await? {
-            return Ok(found);
-        }
-        let building = probe.in_progress.lock().take();
+        let building = match self.look_up(dataset, video, stream).await? {
+            Ok(found) => return Ok(found),
+            Err(building) => building,
+        };
         if let Some(mut done) = building {
             // Another request builds this table: wait for it without a place (holding one would keep
             // other clients' builds waiting behind a build that is already running), then look again.
@@ -137,14 +129,7 @@ impl Catalog {
                     self.index_deadline.as_secs_f64()
                 )));
             }
-            let permit = self
-                .lookups
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| Error::ShuttingDown)?;
-            let again = self.spawn_build(Held::Lookup(permit), dataset, video, stream);
-            if let Some(found) = self.finish(again).await? {
+            if let Ok(found) = self.look_up(dataset, video, stream).await? {
                 return Ok(found);
             }
         }
@@ -157,6 +142,28 @@ impl Catalog {
         self.finish(build)
             .await?
             .ok_or_else(|| Error::Internal(format!("index build of {video:?} returned no table")))
+    }
+
+    /// A lookup on a blocking thread: the video resolved when its table is cached or stored, else
+    /// whether another request is building it (a receiver that sees that build end).
+    async fn look_up(
+        self: &Arc<Self>,
+        dataset: &str,
+        video: &str,
+        stream: Option<u32>,
+    ) -> Result<Result<Resolved, Option<tokio::sync::watch::Receiver<()>>>, Error> {
+        let permit = self
+            .lookups
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        let lookup = self.spawn_build(Held::Lookup(permit), dataset, video, stream);
+        let probe = lookup.probe.clone();
+        Ok(match self.finish(lookup).await? {
+            Some(found) => Ok(found),
+            None => Err(probe.in_progress.lock().take()),
+        })
     }
 
     /// Resolves and indexes several videos in parallel for `who`, in order.
