@@ -11,8 +11,11 @@
 //! drops it, which it does once the frame's last byte is written to the socket. A reply's end (its
 //! trailers) is held back until every piece is gone ([`Sent::poll_sent`]): the call, its stream slot
 //! and whatever its handler parked in [`Keep`] (the reply's budget reservation) last as long as its
-//! bytes. A reply whose pieces make no progress for `--stream-idle-timeout` is reset, which makes h2 drop
-//! them: the bytes, the reservation and the slot go together, with a log line.
+//! bytes. A reply that writes no whole piece for `--stream-idle-timeout` after its end is reset, which
+//! makes h2 drop its pieces: the bytes, the reservation and the slot go together, with a log line. Not
+//! covered: a reply whose next piece waits in hyper for the client's flow-control window (hyper does not
+//! poll the reply then, so nothing here runs); it keeps what it holds until the connection closes,
+//! within its client's share of the budget and stream slots.
 
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
