@@ -329,10 +329,11 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::StreamBatchesRequest>,
     ) -> Result<Response<Self::StreamBatchesStream>, Status> {
         let peer = peer_of(&request);
+        let keep = request.extensions().get::<crate::budget::Keep>().cloned();
         let req = stream_from_proto(request.into_inner())
             .map_err(|e| fail_for("StreamBatches", Some(&peer), e))?;
         let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);
-        let rx = handle::stream::start(&self.engine, req, peer.clone())
+        let rx = handle::stream::start_kept(&self.engine, req, peer.clone(), keep)
             .await
             .map_err(|e| fail_for("StreamBatches", Some(&peer), e))?;
         let messages = tokio_stream::wrappers::ReceiverStream::new(rx).flat_map(move |item| {

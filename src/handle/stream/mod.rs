@@ -22,7 +22,8 @@
 //!   holds only that. Memory is admitted before it is used: a batch's bytes against
 //!   `--max-output-bytes`, and the stream's window in the in-flight budget ([`crate::budget`]):
 //!   `prefetch + 3` batch outputs and `prefetch` batches' decoded frames, reserved at the start when the
-//!   request fixes the batch size and grown (never shrunk) at a batch that needs more. What does not fit
+//!   request fixes the batch size and grown (never shrunk) at a batch that needs more; when the producer
+//!   ends, three batch outputs of it stay reserved until the reply has written them ([`start_kept`]). What does not fit
 //!   ends the request or the stream with RESOURCE_EXHAUSTED (the numbers in the message), never an
 //!   allocation failure; a stream once admitted is not starved by later ones.
 //! - A panic in the producer ends the stream with INTERNAL, never a clean-looking end. When the reader goes away the channel closes, the producer stops, and queued
@@ -41,7 +42,7 @@ use futures::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use crate::budget::Who;
+use crate::budget::{Keep, Who};
 use crate::config::Limits;
 use crate::engine::Engine;
 use crate::error::{blocking, Error};
@@ -58,6 +59,9 @@ use slots::{count_clips, fail_error, none_readable, skip_record, Failure, Window
 mod ahead;
 mod fill;
 mod slots;
+
+/// Batch outputs a finished stream's reply may still hold: two in the channel, one on the wire.
+const KEPT_BATCHES: u64 = 3;
 #[cfg(test)]
 mod tests;
 
@@ -153,6 +157,8 @@ struct Context {
     /// client goes away; handed to the registry at a normal end, for the client to release.
     arenas: Mutex<Vec<Arc<Arena>>>,
     footprint: StreamFootprint,
+    /// The reply's hold on budget until its bytes are written (the RPC layer's; None in-process).
+    keep: Mutex<Option<Keep>>,
     /// The stream's reservation against the in-flight budget: its batch outputs (reserved at the start
     /// when the batch size is known) and decoded frames, grown at a batch that needs more.
     window: Mutex<Window>,
@@ -199,6 +205,18 @@ pub async fn start(
     req: StreamRequest,
     peer: Peer,
 ) -> Result<mpsc::Receiver<Result<StreamBatch, Error>>, Error> {
+    start_kept(engine, req, peer, None).await
+}
+
+/// [`start`] for a reply that can keep budget until its bytes are written (`keep`, from the RPC
+/// layer): when the producer ends, the last batches (in the channel and the transport) stay reserved
+/// until written.
+pub async fn start_kept(
+    engine: &Arc<Engine>,
+    req: StreamRequest,
+    peer: Peer,
+    keep: Option<Keep>,
+) -> Result<mpsc::Receiver<Result<StreamBatch, Error>>, Error> {
     engine.catalog().dataset(&req.dataset)?;
     let footprint = validate_request(&req, engine.limits())?;
     // Admitted before any work when the batch size is known; otherwise at the first batch.
@@ -242,6 +260,7 @@ pub async fn start(
         bad: Mutex::new(HashMap::new()),
         arenas: Mutex::new(Vec::new()),
         footprint,
+        keep: Mutex::new(keep),
         window: Mutex::new(Window {
             reservation: window,
             batch_bytes: footprint.batch_bytes.unwrap_or(0),
@@ -518,6 +537,17 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         if ctx.engine.is_draining() {
             let _ = tx.send(Err(Error::ShuttingDown)).await;
             break;
+        }
+    }
+    // The last batches may still be in the channel or the transport: the reply keeps their bytes
+    // (the channel's two places and one on the wire) reserved until it has written them.
+    // Taken out, so that a context that outlives the reply (builds ahead) does not hold it longer.
+    let keep = ctx.keep.lock().take();
+    if let Some(keep) = keep {
+        let mut w = ctx.window.lock();
+        if let Some(mut r) = w.reservation.take() {
+            r.shrink_to(r.bytes().min(KEPT_BATCHES.saturating_mul(w.batch_bytes)));
+            keep.hold(r);
         }
     }
     // However the stream ended (every batch sent, an error, an idle client, a cancelled call), the

@@ -129,3 +129,26 @@ async fn large_clip_plans_are_charged_to_the_budget() {
     drop(rx);
     all_given_back(&e).await;
 }
+
+/// A finished stream's last batches (at most three batch outputs: the channel's two and one on the wire)
+/// stay reserved until its reply has written them, through the reply's hold on the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_streams_last_batches_stay_reserved_until_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let sent = crate::budget::sent::Sent::new();
+    // The reply's last message, not yet written.
+    let unwritten = sent.wrap(bytes::Bytes::from_static(b"the last batch"));
+    let mut rx = start_kept(&e, request("demo", 1), Peer::local(), Some(sent.keep()))
+        .await
+        .unwrap();
+    let mut batch_bytes = 0;
+    while let Some(b) = rx.recv().await {
+        batch_bytes = b.unwrap().data.len() as u64;
+    }
+    assert!(batch_bytes > 0);
+    assert_eq!(e.budget().in_use(), 3 * batch_bytes);
+    drop(unwritten);
+    drop(sent);
+    assert_eq!(e.budget().in_use(), 0);
+}
