@@ -181,6 +181,11 @@ fn chunks(
     out
 }
 
+/// The RPC layer's hold on budget until the reply's bytes are written (None for calls made in-process).
+fn keep_of<T>(request: &Request<T>) -> Option<crate::budget::Keep> {
+    request.extensions().get::<crate::budget::Keep>().cloned()
+}
+
 /// The client a call came from (set by the RPC layer from the connection; in-process calls have none).
 fn peer_of<T>(request: &Request<T>) -> Peer {
     request
@@ -199,7 +204,7 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::ProbeRequest>,
     ) -> Result<Response<pb::ProbeResponse>, Status> {
         let peer = peer_of(&request);
-        let keep = request.extensions().get::<crate::budget::Keep>().cloned();
+        let keep = keep_of(&request);
         let req = request.into_inner();
         let probed = handle::probe::probe(
             &self.engine,
@@ -263,7 +268,7 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::GetClipsRequest>,
     ) -> Result<Response<Self::GetClipsStream>, Status> {
         let peer = peer_of(&request);
-        let keep = request.extensions().get::<crate::budget::Keep>().cloned();
+        let keep = keep_of(&request);
         let raw = request.into_inner();
         let transport = transport_from_proto(raw.transport)
             .map_err(|e| fail_for("GetClips", Some(&peer), e))?;
@@ -329,7 +334,7 @@ impl pb::v_serve_server::VServe for Api {
         request: Request<pb::StreamBatchesRequest>,
     ) -> Result<Response<Self::StreamBatchesStream>, Status> {
         let peer = peer_of(&request);
-        let keep = request.extensions().get::<crate::budget::Keep>().cloned();
+        let keep = keep_of(&request);
         let req = stream_from_proto(request.into_inner())
             .map_err(|e| fail_for("StreamBatches", Some(&peer), e))?;
         let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);

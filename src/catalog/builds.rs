@@ -55,19 +55,19 @@ pub(super) struct BuildProbe {
     pub in_progress: Mutex<Option<tokio::sync::watch::Receiver<()>>>,
 }
 
+/// Tables being built now, each with a receiver that sees its build end.
+pub(super) type UnderWay = Mutex<HashMap<Arc<VideoId>, tokio::sync::watch::Receiver<()>>>;
+
 /// A table's entry among those being built, taken out when the build ends (its sender dropped then
 /// tells the lookups waiting for it).
 pub(super) struct Building<'a> {
-    map: &'a Mutex<HashMap<Arc<VideoId>, tokio::sync::watch::Receiver<()>>>,
+    map: &'a UnderWay,
     id: Arc<VideoId>,
     _done: tokio::sync::watch::Sender<()>,
 }
 
 impl<'a> Building<'a> {
-    pub fn enter(
-        map: &'a Mutex<HashMap<Arc<VideoId>, tokio::sync::watch::Receiver<()>>>,
-        id: &Arc<VideoId>,
-    ) -> Building<'a> {
+    pub fn enter(map: &'a UnderWay, id: &Arc<VideoId>) -> Building<'a> {
         let (tx, rx) = tokio::sync::watch::channel(());
         map.lock().insert(id.clone(), rx);
         Building {

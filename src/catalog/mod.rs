@@ -102,7 +102,7 @@ pub struct Catalog {
     health: Mutex<HashMap<VideoId, Health>>,
     /// Tables being built now, each with a receiver that sees its build end (its sender dropped): a
     /// lookup that finds one waits for it without a place (`builds.rs`).
-    building: Mutex<HashMap<Arc<VideoId>, tokio::sync::watch::Receiver<()>>>,
+    building: builds::UnderWay,
 }
 
 impl Catalog {

@@ -277,19 +277,15 @@ impl ServeArgs {
             (None, Some(v)) => size_value("cache-bytes", v)?,
             (None, None) => 2 << 30,
         };
-        let store_bytes = match (&self.store_bytes, &file.store_bytes) {
-            (Some(s), _) => parse_bytes("store-bytes", s)?,
-            (None, Some(v)) => size_value("store-bytes", v)?,
-            (None, None) => super::DEFAULT_STORE_BYTES,
-        };
-        if store_bytes == 0 {
-            // No record would fit: every table and health result would fail to be stored.
-            return Err(ConfigError::new(
-                "store-bytes",
-                "0",
-                "must be at least 1 byte",
-            ));
-        }
+        // Zero: no record would fit, every table and health result would fail to be stored.
+        let store_bytes = at_least_one_byte(
+            "store-bytes",
+            match (&self.store_bytes, &file.store_bytes) {
+                (Some(s), _) => parse_bytes("store-bytes", s)?,
+                (None, Some(v)) => size_value("store-bytes", v)?,
+                (None, None) => super::DEFAULT_STORE_BYTES,
+            },
+        )?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = self.decode_threads.or(file.decode_threads).unwrap_or(cores);
         if threads == 0 || threads > 1024 {
@@ -326,32 +322,24 @@ impl ServeArgs {
                 .unwrap_or(DEFAULT_NVDEC_SESSIONS),
         )?;
         let defaults = Limits::default();
-        let max_output_bytes = match (&self.max_output_bytes, &file.max_output_bytes) {
-            (Some(s), _) => parse_bytes("max-output-bytes", s)?,
-            (None, Some(v)) => size_value("max-output-bytes", v)?,
-            (None, None) => defaults.max_output_bytes,
-        };
-        if max_output_bytes == 0 {
-            // Every request and stream batch would be refused.
-            return Err(ConfigError::new(
-                "max-output-bytes",
-                "0",
-                "must be at least 1 byte",
-            ));
-        }
+        // Zero: every request and stream batch would be refused.
+        let max_output_bytes = at_least_one_byte(
+            "max-output-bytes",
+            match (&self.max_output_bytes, &file.max_output_bytes) {
+                (Some(s), _) => parse_bytes("max-output-bytes", s)?,
+                (None, Some(v)) => size_value("max-output-bytes", v)?,
+                (None, None) => defaults.max_output_bytes,
+            },
+        )?;
         let index_bytes = 256 << 20;
-        let max_inflight_bytes = match (&self.max_inflight_bytes, &file.max_inflight_bytes) {
-            (Some(s), _) => parse_bytes("max-inflight-bytes", s)?,
-            (None, Some(v)) => size_value("max-inflight-bytes", v)?,
-            (None, None) => crate::config::default_inflight_bytes(cache_bytes, index_bytes),
-        };
-        if max_inflight_bytes == 0 {
-            return Err(ConfigError::new(
-                "max-inflight-bytes",
-                "0",
-                "must be at least 1 byte",
-            ));
-        }
+        let max_inflight_bytes = at_least_one_byte(
+            "max-inflight-bytes",
+            match (&self.max_inflight_bytes, &file.max_inflight_bytes) {
+                (Some(s), _) => parse_bytes("max-inflight-bytes", s)?,
+                (None, Some(v)) => size_value("max-inflight-bytes", v)?,
+                (None, None) => crate::config::default_inflight_bytes(cache_bytes, index_bytes),
+            },
+        )?;
         let limits = Limits {
             max_frames: self
                 .max_frames
@@ -619,6 +607,14 @@ fn ops_to_toml(c: &Config) -> String {
     out += &path("tls-cert", o.tls.as_ref().map(|t| t.cert.as_path()));
     out += &path("tls-key", o.tls.as_ref().map(|t| t.key.as_path()));
     out
+}
+
+/// `v`, or the error naming `key` when it is zero (a byte bound of 0 refuses or stores everything).
+fn at_least_one_byte(key: &str, v: u64) -> Result<u64, ConfigError> {
+    if v == 0 {
+        return Err(ConfigError::new(key, "0", "must be at least 1 byte"));
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ pub struct Probed {
 }
 
 /// The index of `video` in `dataset` (`stream`: a container stream index, else FFmpeg's best video
-/// stream), with the reply's bytes reserved when it will carry every frame's times.
+/// stream), with the reply's bytes reserved when they are many (see the module comment).
 pub async fn probe(
     engine: &Arc<Engine>,
     dataset: &str,
