@@ -31,7 +31,7 @@ use tonic::body::Body;
 use crate::admission::{Admission, Class, Permit};
 use crate::budget::sent;
 use crate::metrics::{MethodCodeLabels, MethodLabel, RpcMetrics, TransportLabel};
-use crate::peer::Peer;
+use crate::peer::{Link, Peer};
 
 mod bodies;
 pub mod codec;
@@ -206,7 +206,7 @@ where
         // tonic's does; a reply stream past its deadline is ended by the client resetting it.
         let deadline = grpc_timeout(req.headers()).map(|d| tokio::time::Instant::now() + d);
         let call = Call::start(self.metrics.clone(), method, kind, permit);
-        let sent = sent::Sent::new();
+        let sent = sent::Sent::on(Link::from_extensions(req.extensions()));
         req.extensions_mut().insert(sent.keep());
         let send_idle = self.send_idle;
         let req = req.map(|b| {

@@ -198,6 +198,7 @@ pub async fn serve_engine(
                     tokio_stream::wrappers::UnixListenerStream::new(listener),
                     gate.clone(),
                     conns::unix_holder,
+                    engine.stream_idle(),
                 );
                 tracing::info!(addr = %name, "listening");
                 let router = transport()
@@ -231,6 +232,7 @@ pub async fn serve_engine(
                     tcp_nodelay(tokio_stream::wrappers::TcpListenerStream::new(listener)),
                     gate.clone(),
                     conns::tcp_holder,
+                    engine.stream_idle(),
                 );
                 let mut builder = transport();
                 if let Some(tls) = &access.tls {

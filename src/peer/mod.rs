@@ -16,7 +16,10 @@
 
 use std::net::IpAddr;
 
+mod link;
 mod loopback;
+
+pub use link::{closed_error, Link, OnLink};
 
 /// The key limits are counted by and arenas owned by.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -78,16 +81,30 @@ impl Peer {
     /// The peer of a call, from the connection information tonic puts in its extensions.
     pub fn from_extensions(ext: &http::Extensions) -> Peer {
         use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
-        if let Some(uds) = ext.get::<UdsConnectInfo>() {
+        // The daemon's listeners hand each call its connection's information with its link
+        // (`server::conns`); bare information comes from servers without them (tests).
+        let uds = ext
+            .get::<OnLink<UdsConnectInfo>>()
+            .map(|c| &c.info)
+            .or_else(|| ext.get::<UdsConnectInfo>());
+        if let Some(uds) = uds {
             return match &uds.peer_cred {
                 Some(cred) => Peer::unix(cred.pid(), cred.uid()),
                 None => Peer::local(),
             };
         }
-        let tcp = ext.get::<TcpConnectInfo>().or_else(|| {
-            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
-                .map(|t| t.get_ref())
-        });
+        let tcp = ext
+            .get::<OnLink<TcpConnectInfo>>()
+            .map(|c| &c.info)
+            .or_else(|| {
+                ext.get::<TlsConnectInfo<OnLink<TcpConnectInfo>>>()
+                    .map(|t| &t.get_ref().info)
+            })
+            .or_else(|| ext.get::<TcpConnectInfo>())
+            .or_else(|| {
+                ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                    .map(|t| t.get_ref())
+            });
         match tcp.and_then(|t| t.remote_addr()) {
             Some(addr) => Peer {
                 tcp_uid: tcp

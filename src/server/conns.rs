@@ -22,6 +22,15 @@
 //! handed to a task that shuts down its writing side (the client reads to the end, then EOF) and reads
 //! and discards until the client closes, for at most [`LINGER`]; it keeps its place in the counts
 //! meanwhile, so shutdown can wait for it ([`Gate::open`]).
+//!
+//! A connection whose replies wait for a flow-control window its client never opens is closed: each
+//! connection has a [`Link`] on which its replies count the pieces the transport holds, and a watchdog
+//! ([`watch`]) that closes the connection when pieces are held and none was written for twice
+//! `--stream-idle-timeout` (its reads and writes then fail, and hyper drops its streams, their bytes and
+//! budget). hyper polls no reply while its next frame waits for the window, so the reply's own idle
+//! reset (`budget::sent`) cannot see this case. Twice: the calls' own idle ends (a stream's, a
+//! GetClips reply's, each after `--stream-idle-timeout`) come first and end only the call, with a
+//! status the client can read; the connection's close, which ends every call on it, is the backstop.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -35,6 +44,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
 
+use crate::peer::{closed_error, Link, OnLink};
 use crate::refusal::RefusalLog;
 
 /// Connections one process may hold on a Unix socket (a client process uses one or two).
@@ -154,6 +164,17 @@ fn descriptor_limit() -> usize {
     r.rlim_cur as usize
 }
 
+impl Holder {
+    /// For log lines: `pid 4242`, `10.0.0.7`, `unknown`.
+    pub fn describe(&self) -> String {
+        match self {
+            Holder::Process(pid) => format!("pid {pid}"),
+            Holder::Address(ip) => ip.to_string(),
+            Holder::Unknown => "unknown".into(),
+        }
+    }
+}
+
 /// A connection's place in the counts, given back when the connection closes.
 struct Ticket {
     gate: Gate,
@@ -178,6 +199,7 @@ pub struct Counted<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
     /// Taken by the linger task when the connection is dropped.
     io: Option<IO>,
     ticket: Option<Ticket>,
+    link: Arc<Link>,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Counted<IO> {
@@ -192,6 +214,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Counted<IO> {
 
 impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Drop for Counted<IO> {
     fn drop(&mut self) {
+        self.link.end();
         let (Some(mut io), ticket) = (self.io.take(), self.ticket.take()) else {
             return;
         };
@@ -212,11 +235,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Drop for Counted<IO> {
 }
 
 /// Passes `incoming` through `gate`: connections over a bound are closed at once, failed accepts are
-/// logged and paused on.
+/// logged and paused on. Each admitted connection is watched ([`watch`], for twice `idle`:
+/// `--stream-idle-timeout`) when `idle` is not zero.
 pub fn gated<IO, S>(
     incoming: S,
     gate: Gate,
     holder: fn(&IO) -> Holder,
+    idle: Duration,
 ) -> impl Stream<Item = std::io::Result<Counted<IO>>>
 where
     S: Stream<Item = std::io::Result<IO>>,
@@ -227,12 +252,20 @@ where
             let gate = gate.clone();
             async move {
                 match accepted {
-                    Ok(io) => gate.admit(holder(&io)).map(|t| {
-                        Ok(Counted {
-                            io: Some(io),
-                            ticket: Some(t),
+                    Ok(io) => {
+                        let who = holder(&io);
+                        gate.admit(who.clone()).map(|t| {
+                            let link = Link::new();
+                            if !idle.is_zero() {
+                                tokio::spawn(watch(link.clone(), idle * 2, who));
+                            }
+                            Ok(Counted {
+                                io: Some(io),
+                                ticket: Some(t),
+                                link,
+                            })
                         })
-                    }),
+                    }
                     Err(e) => {
                         Gate::accept_failed(&e);
                         if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
@@ -244,6 +277,43 @@ where
             }
         })
         .filter_map(|x| x)
+}
+
+/// Closes `link`'s connection once reply pieces are held and none was written for `idle` (checked
+/// every quarter of `idle`: closed after `idle` to `1.25 idle`); ends with the connection.
+pub async fn watch(link: Arc<Link>, idle: Duration, holder: Holder) {
+    let tick = (idle / 4).max(Duration::from_millis(10));
+    // Ticks in a row that found pieces held, held at the tick before, and none written since: the
+    // pieces held then have waited that many ticks (a piece leaves only by being written or dropped).
+    let mut stalled = 0u32;
+    let mut seen = link.progress();
+    let mut held = false;
+    loop {
+        tokio::select! {
+            _ = link.ended() => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        let progress = link.progress();
+        let was_held = std::mem::replace(&mut held, link.pieces() > 0);
+        if !held || !was_held || progress != seen {
+            seen = progress;
+            stalled = 0;
+            continue;
+        }
+        stalled += 1;
+        if tick * stalled < idle {
+            continue;
+        }
+        tracing::warn!(
+            client = %holder.describe(),
+            seconds = idle.as_secs_f64(),
+            unsent_bytes = link.unsent_bytes(),
+            "connection closed: its replies' bytes waited for the client's flow-control window and none \
+             was written (twice --stream-idle-timeout); their budget and stream slots are released"
+        );
+        link.close();
+        return;
+    }
 }
 
 /// The holder of a Unix-socket connection: its process, from the kernel's credentials.
@@ -263,13 +333,17 @@ pub fn tcp_holder(s: &tokio::net::TcpStream) -> Holder {
 }
 
 impl<IO: Connected + AsyncRead + AsyncWrite + Unpin + Send + 'static> Connected for Counted<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+    type ConnectInfo = OnLink<IO::ConnectInfo>;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io
-            .as_ref()
-            .expect("a connection in use has its socket")
-            .connect_info()
+        OnLink {
+            info: self
+                .io
+                .as_ref()
+                .expect("a connection in use has its socket")
+                .connect_info(),
+            link: self.link.clone(),
+        }
     }
 }
 
@@ -279,6 +353,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncRead for Counted<
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if let Poll::Ready(e) = self.link.poll_closed(cx) {
+            return Poll::Ready(Err(e));
+        }
         self.io().poll_read(cx, buf)
     }
 }
@@ -289,6 +366,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Counted
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.link.is_closed() {
+            return Poll::Ready(Err(closed_error()));
+        }
         self.io().poll_write(cx, buf)
     }
 
@@ -305,6 +385,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Counted
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        if self.link.is_closed() {
+            return Poll::Ready(Err(closed_error()));
+        }
         self.io().poll_write_vectored(cx, bufs)
     }
 
@@ -316,6 +399,54 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Counted
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The watchdog closes a connection only when pieces were held and none written for the whole idle
+    /// time: a slow but steady reader keeps it, pieces held for less than the idle time keep it, and it
+    /// ends with the connection.
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_closes_only_a_connection_whose_pieces_wait_the_idle_time() {
+        let idle = Duration::from_secs(8);
+        let start = tokio::time::Instant::now();
+        let link = Link::new();
+        let dog = tokio::spawn(watch(link.clone(), idle, Holder::Process(1)));
+        // A reader writing one piece every 7 s of 8: never closed.
+        for _ in 0..6 {
+            link.handed(10);
+            link.handed(10);
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            link.dropped(10);
+            link.dropped(10);
+            assert!(!link.is_closed(), "a steady reader was cut off");
+        }
+        // Nothing held for long: never closed.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!link.is_closed());
+        // Held with nothing written: closed after 8 to 10 s.
+        link.handed(10);
+        let stall = tokio::time::Instant::now();
+        while !link.is_closed() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let waited = stall.elapsed();
+        assert!(
+            waited >= idle && waited <= idle + idle / 4 + Duration::from_millis(100),
+            "closed after {waited:?}"
+        );
+        dog.await.unwrap();
+        assert!(start.elapsed() > Duration::from_secs(80));
+
+        // A connection that goes ends its watchdog.
+        let link = Link::new();
+        let dog = tokio::spawn(watch(link.clone(), idle, Holder::Unknown));
+        link.handed(1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        link.end();
+        tokio::time::timeout(Duration::from_secs(1), dog)
+            .await
+            .expect("the watchdog ends with its connection")
+            .unwrap();
+        assert!(!link.is_closed());
+    }
 
     #[test]
     fn a_client_over_its_bound_is_refused_and_a_closed_connection_frees_its_place() {

@@ -1,0 +1,163 @@
+//! The connection a call came on: what its replies have handed the transport and not yet written, and
+//! a way to close it.
+//!
+//! hyper stops polling a reply while its next data frame waits for the client's flow-control window,
+//! so nothing of the reply's own (its idle reset, `budget::sent`) runs: a client that opens no window
+//! kept the reply's budget and stream slot until it closed the connection. Every reply piece is
+//! counted on its connection's [`Link`] as well as on its reply, and the connection's watchdog
+//! (`server::conns`) closes a connection whose pieces make no progress for twice `--stream-idle-timeout`.
+//! [`OnLink`] carries the link in the connection information tonic hands every request.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::task::AtomicWaker;
+use tokio::sync::Notify;
+
+/// One connection's unwritten reply pieces, and its close switch.
+#[derive(Default)]
+pub struct Link {
+    /// Pieces handed to the transport and not yet dropped by it.
+    pieces: AtomicU64,
+    /// Their bytes.
+    bytes: AtomicU64,
+    /// Pieces dropped so far: the watchdog's measure of progress.
+    written: AtomicU64,
+    /// Set to close the connection: its reads and writes fail from then on.
+    closed: AtomicBool,
+    /// The connection's reader, woken to see `closed`.
+    reader: AtomicWaker,
+    /// Told when the connection is gone (ends its watchdog).
+    gone: Notify,
+}
+
+impl Link {
+    pub fn new() -> Arc<Link> {
+        Arc::new(Link::default())
+    }
+
+    /// A reply handed the transport a piece of `bytes`.
+    pub fn handed(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.pieces.fetch_add(1, Ordering::Release);
+    }
+
+    /// The transport dropped a piece of `bytes` (written, or its stream reset).
+    pub fn dropped(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.written.fetch_add(1, Ordering::Relaxed);
+        self.pieces.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Pieces held by the transport now.
+    pub fn pieces(&self) -> u64 {
+        self.pieces.load(Ordering::Acquire)
+    }
+
+    /// Their bytes.
+    pub fn unsent_bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Pieces dropped so far.
+    pub fn progress(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    /// Closes the connection: its next read or write fails, and its reader is woken for that.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.reader.wake();
+    }
+
+    /// For the connection's reads: `Some(error)` once closed; otherwise registers `cx` to be woken by
+    /// [`Link::close`].
+    pub fn poll_closed(&self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        self.reader.register(cx.waker());
+        if self.is_closed() {
+            return Poll::Ready(closed_error());
+        }
+        Poll::Pending
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The connection is gone.
+    pub fn end(&self) {
+        self.gone.notify_one();
+    }
+
+    /// Completes once [`Link::end`] was called.
+    pub async fn ended(&self) {
+        self.gone.notified().await
+    }
+
+    /// The link of a call's connection, from the connection information in its extensions (none for a
+    /// call made in-process).
+    pub fn from_extensions(ext: &http::Extensions) -> Option<Arc<Link>> {
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
+        ext.get::<OnLink<UdsConnectInfo>>()
+            .map(|c| c.link.clone())
+            .or_else(|| ext.get::<OnLink<TcpConnectInfo>>().map(|c| c.link.clone()))
+            .or_else(|| {
+                ext.get::<TlsConnectInfo<OnLink<TcpConnectInfo>>>()
+                    .map(|t| t.get_ref().link.clone())
+            })
+    }
+}
+
+/// The error a closed connection's reads and writes return.
+pub fn closed_error() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "closed: reply bytes waited for the client's flow-control window (twice --stream-idle-timeout)",
+    )
+}
+
+/// A connection's information (tonic's `UdsConnectInfo` or `TcpConnectInfo`) with its [`Link`].
+#[derive(Clone)]
+pub struct OnLink<I> {
+    pub info: I,
+    pub link: Arc<Link>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_counts_its_pieces_and_wakes_its_reader_when_closed() {
+        let link = Link::new();
+        link.handed(100);
+        link.handed(5);
+        assert_eq!(
+            (link.pieces(), link.unsent_bytes(), link.progress()),
+            (2, 105, 0)
+        );
+        link.dropped(100);
+        assert_eq!(
+            (link.pieces(), link.unsent_bytes(), link.progress()),
+            (1, 5, 1)
+        );
+
+        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        struct Count(Arc<std::sync::atomic::AtomicUsize>);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let waker = std::task::Waker::from(Arc::new(Count(woken.clone())));
+        let mut cx = Context::from_waker(&waker);
+        assert!(link.poll_closed(&mut cx).is_pending());
+        link.close();
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "the reader is woken");
+        match link.poll_closed(&mut cx) {
+            Poll::Ready(e) => assert_eq!(e.kind(), std::io::ErrorKind::TimedOut),
+            Poll::Pending => panic!("a closed link reads on"),
+        }
+    }
+}
