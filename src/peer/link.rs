@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 
 use futures::task::AtomicWaker;
 use tokio::sync::Notify;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 
 /// One connection's unwritten reply pieces, and its close switch.
 #[derive(Default)]
@@ -98,15 +99,28 @@ impl Link {
     /// The link of a call's connection, from the connection information in its extensions (none for a
     /// call made in-process).
     pub fn from_extensions(ext: &http::Extensions) -> Option<Arc<Link>> {
-        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
-        ext.get::<OnLink<UdsConnectInfo>>()
-            .map(|c| c.link.clone())
-            .or_else(|| ext.get::<OnLink<TcpConnectInfo>>().map(|c| c.link.clone()))
-            .or_else(|| {
-                ext.get::<TlsConnectInfo<OnLink<TcpConnectInfo>>>()
-                    .map(|t| t.get_ref().link.clone())
-            })
+        connection(ext).map(|(_, link)| link.clone())
     }
+}
+
+/// A connection's own information, as the daemon's listeners hand it to each call.
+pub enum Conn<'a> {
+    Uds(&'a UdsConnectInfo),
+    Tcp(&'a TcpConnectInfo),
+}
+
+/// The information and link of a call's connection (`server::conns` puts them in every call's
+/// extensions; none for a call made in-process or on a server without those listeners).
+pub fn connection(ext: &http::Extensions) -> Option<(Conn<'_>, &Arc<Link>)> {
+    if let Some(c) = ext.get::<OnLink<UdsConnectInfo>>() {
+        return Some((Conn::Uds(&c.info), &c.link));
+    }
+    ext.get::<OnLink<TcpConnectInfo>>()
+        .or_else(|| {
+            ext.get::<TlsConnectInfo<OnLink<TcpConnectInfo>>>()
+                .map(|t| t.get_ref())
+        })
+        .map(|c| (Conn::Tcp(&c.info), &c.link))
 }
 
 /// The error a closed connection's reads and writes return.

@@ -19,7 +19,7 @@ use std::net::IpAddr;
 mod link;
 mod loopback;
 
-pub use link::{closed_error, Link, OnLink};
+pub use link::{closed_error, connection, Conn, Link, OnLink};
 
 /// The key limits are counted by and arenas owned by.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -83,28 +83,23 @@ impl Peer {
         use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
         // The daemon's listeners hand each call its connection's information with its link
         // (`server::conns`); bare information comes from servers without them (tests).
-        let uds = ext
-            .get::<OnLink<UdsConnectInfo>>()
-            .map(|c| &c.info)
-            .or_else(|| ext.get::<UdsConnectInfo>());
+        let (uds, tcp) = match connection(ext) {
+            Some((Conn::Uds(u), _)) => (Some(u), None),
+            Some((Conn::Tcp(t), _)) => (None, Some(t)),
+            None => (
+                ext.get::<UdsConnectInfo>(),
+                ext.get::<TcpConnectInfo>().or_else(|| {
+                    ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                        .map(|t| t.get_ref())
+                }),
+            ),
+        };
         if let Some(uds) = uds {
             return match &uds.peer_cred {
                 Some(cred) => Peer::unix(cred.pid(), cred.uid()),
                 None => Peer::local(),
             };
         }
-        let tcp = ext
-            .get::<OnLink<TcpConnectInfo>>()
-            .map(|c| &c.info)
-            .or_else(|| {
-                ext.get::<TlsConnectInfo<OnLink<TcpConnectInfo>>>()
-                    .map(|t| &t.get_ref().info)
-            })
-            .or_else(|| ext.get::<TcpConnectInfo>())
-            .or_else(|| {
-                ext.get::<TlsConnectInfo<TcpConnectInfo>>()
-                    .map(|t| t.get_ref())
-            });
         match tcp.and_then(|t| t.remote_addr()) {
             Some(addr) => Peer {
                 tcp_uid: tcp
