@@ -33,7 +33,25 @@ for variant, res in report["variants"].items():
                     f"{variant}/{workload}: {peer} differs from vserve: {cmp['identical_frames']}/{cmp['frames']} "
                     f"frames identical, max |diff| {cmp['max_abs']}"
                 )
+    # The steady daemon (other epochs streamed first through a small cache, so its frame buffers and arenas
+    # are recycled) must deliver every clip, its first batch identical to the cold daemon's.
+    steady = res["workloads"].get("steady")
+    if steady is None:
+        failures.append(f"{variant}/steady: not run")
+    else:
+        if steady["systems"]["vserve"]["clips"] != res["videos"]:
+            failures.append(f"{variant}/steady: delivered {steady['systems']['vserve']['clips']} clips, expected {res['videos']}")
+        cmp = steady.get("first_batch_vs_vserve", {}).get("vserve (cold train)")
+        if not cmp or "identical_frames" not in cmp:
+            failures.append(f"{variant}/steady: no comparison with the cold daemon's first batch: {cmp}")
+        else:
+            checked += cmp["frames"]
+            if cmp["identical_frames"] != cmp["frames"] or cmp["max_abs"] != 0:
+                failures.append(
+                    f"{variant}/steady: first batch differs from the cold daemon's: {cmp['identical_frames']}/"
+                    f"{cmp['frames']} frames identical, max |diff| {cmp['max_abs']}"
+                )
 if failures:
     print("bench smoke FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)
-print(f"bench smoke: vserve, PyAV and decord agree bit for bit on {checked} frames (train stream, full videos)")
+print(f"bench smoke: vserve, PyAV and decord agree bit for bit on {checked} frames (train stream, full videos, a steady daemon's recycled buffers)")

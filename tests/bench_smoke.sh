@@ -14,6 +14,6 @@ out=target/bench-results/smoke
 rm -rf "$out"
 mkdir -p "$out"
 "$venv/bin/python" benches/reference.py run --variants gop250 --clips 12 --full-videos 2 \
-  --workloads train,full --systems vserve,pyav,decord --no-floor \
+  --workloads train,steady,full --steady-cache 4M --systems vserve,pyav,decord --no-floor \
   --vserve-bin target/debug/vserve --out "$out" > "$out/driver.log" 2>&1 || { tail -40 "$out/driver.log"; exit 1; }
 "$venv/bin/python" tests/bench_check.py "$out/results.json"
