@@ -49,7 +49,10 @@ decodes exactly the same frames; the report compares their first batches pixel b
 has already streamed ``--steady-epochs`` other epochs of the same videos through a ``--steady-cache``
 cache (512M: full after the first epoch), as a daemon that has run for hours has: cache full and turning
 over, buffers and arenas reused. Its rows are compared with the train workload's peers and floors (the
-same clips; the other epochs' frames give it under 1% of cache hits, visible in decoded/delivered).
+same clips; the other epochs' frames give it under 1% of cache hits, visible in decoded/delivered), and its
+first batch with the cold daemon's. It always runs right after the cold trial, and on a machine where the
+second of two back-to-back trials runs faster (docs/BENCHMARKS.md, run s41) its rate carries that: compare
+a warmed daemon with a fresh one by alternating ``benches/daemon_cpu.py`` runs in both orders.
 
 Every rank consumes a batch by copying it into a reusable staging buffer (what a trainer does before the
 host-to-device copy). The batch wait is how long the consumer was blocked for each batch.
