@@ -54,6 +54,10 @@ first batch with the cold daemon's. It always runs right after the cold trial, a
 second of two back-to-back trials runs faster (docs/BENCHMARKS.md, run s41) its rate carries that: compare
 a warmed daemon with a fresh one by alternating ``benches/daemon_cpu.py`` runs in both orders.
 
+``--repeat N`` runs N trials and keeps each system's fastest row (and reports each trial's own ratios); with
+``--counterbalance`` (the default) every second trial runs the train workload's peers and floor before
+vserve, on trial 1's clips (checked to be the clips vserve's stream draws again).
+
 Every rank consumes a batch by copying it into a reusable staging buffer (what a trainer does before the
 host-to-device copy). The batch wait is how long the consumer was blocked for each batch.
 """
@@ -923,7 +927,9 @@ def write_manifest(work: Path, videos: List[str]) -> Path:
     return path
 
 
-def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
+def run_variant(args, variant: str, root: Path, outdir: Path, memo: Dict[str, Any]) -> Dict[str, Any]:
+    """One trial of every workload on one corpus variant. `memo` is shared by the variant's trials (trial 1's
+    train clips, which later trials' peers replay first under --counterbalance)."""
     videos = sorted(p.name for p in root.glob("*.mp4") if not p.name.startswith("."))[: args.clips]
     work = outdir / "work" / variant
     shutil.rmtree(work, ignore_errors=True)
@@ -976,11 +982,51 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
         (outdir / "results.partial.json").write_text(json.dumps(results, default=str))
 
     # -- train (cold), then warm on the same daemon -----------------------------------------------------
+    # The peers and the floor replay exactly the clips vserve's stream drew. Trial 1 runs vserve first and
+    # the others on its clips; with --counterbalance (the default), every second trial runs the peers and
+    # the floor first on trial 1's clips (the same seed draws the same clips; checked), then vserve: on a
+    # machine where position in a trial matters, no system always has the same place.
     steady: Optional[Dict[str, Any]] = None
     if "train" in args.workloads or "warm" in args.workloads or "steady" in args.workloads:
+        trial = memo["trials"] = memo.get("trials", 0) + 1
+        prior_records = memo.get("train_records") if args.counterbalance and trial % 2 == 0 else None
+        wl: Dict[str, Any] = {"systems": {}, "order": "peers first" if prior_records else "vserve first"}
+
+        def replay(records: List[Dict[str, Any]], counts: List[int]) -> None:
+            per_rank: List[List[List[Dict[str, Any]]]] = []
+            by_batch: Dict[Tuple[int, int], List[Dict[str, Any]]] = {}
+            # records come rank by rank (rank 0's first); split them back by counting batches per rank
+            pos = 0
+            for r, n in enumerate(counts):
+                for rec in records[pos : pos + n]:
+                    by_batch.setdefault((r, rec["batch"]), []).append(rec)
+                pos += n
+            for r in range(ranks):
+                keys = sorted(k for k in by_batch if k[0] == r)
+                per_rank.append(
+                    [
+                        [
+                            clip_spec(root, rec["video"], infos[rec["video"]], rec["frames"],
+                                      short_side_size(infos[rec["video"]]["width"], infos[rec["video"]]["height"], 256),
+                                      rec["crop"], rec["flip"])
+                            for rec in by_batch[k]
+                        ]
+                        for k in keys
+                    ]
+                )  # fmt: skip
+            peer_runs("train", per_rank, wl, "train")
+            floor_clips = [
+                (rec["video"], rec["frames"], short_side_size(infos[rec["video"]]["width"], infos[rec["video"]]["height"], 256))
+                for rec in records
+            ]
+            log(f"{variant} train: floor")
+            frames = sum(len(rec["frames"]) for rec in records)
+            wl["floor"] = run_floor(args, floor_plan("train", root, infos, floor_clips), work, len(records), frames)
+
         daemon, infos = fresh_daemon()
         try:
-            wl: Dict[str, Any] = {"systems": {}}
+            if prior_records:
+                replay(*prior_records)  # the daemon idles meanwhile: its index is built, nothing else
             specs = [
                 dict(kind="stream", addr=daemon.addr, stream=train_stream_args(r, ranks, args.seed),
                      keep_first=str(work / "train-first-vserve.npy") if r == 0 else None)
@@ -1003,6 +1049,10 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
                 }
         finally:
             daemon.stop()
+        counts = [len(json.loads((work / "train-vserve" / f"rank{r}.json").read_text())["records"]) for r in range(ranks)]
+        if prior_records and (records, counts) != tuple(prior_records):
+            raise RuntimeError(f"{variant} train: the stream drew other clips than in trial 1; the peers replayed those")
+        memo.setdefault("train_records", (records, counts))
         if "steady" in args.workloads:
             daemon, _ = fresh_daemon(args.steady_cache)
             try:
@@ -1020,36 +1070,8 @@ def run_variant(args, variant: str, root: Path, outdir: Path) -> Dict[str, Any]:
                 steady.pop("records")
             finally:
                 daemon.stop()
-        # The peers replay exactly these clips, batch by batch, rank by rank.
-        per_rank: List[List[List[Dict[str, Any]]]] = []
-        by_batch: Dict[Tuple[int, int], List[Dict[str, Any]]] = {}
-        # records come rank by rank (rank 0's first); split them back by counting batches per rank
-        counts = [len(json.loads((work / "train-vserve" / f"rank{r}.json").read_text())["records"]) for r in range(ranks)]
-        pos = 0
-        for r, n in enumerate(counts):
-            for rec in records[pos : pos + n]:
-                by_batch.setdefault((r, rec["batch"]), []).append(rec)
-            pos += n
-        for r in range(ranks):
-            keys = sorted(k for k in by_batch if k[0] == r)
-            per_rank.append(
-                [
-                    [
-                        clip_spec(root, rec["video"], infos[rec["video"]], rec["frames"],
-                                  short_side_size(infos[rec["video"]]["width"], infos[rec["video"]]["height"], 256),
-                                  rec["crop"], rec["flip"])
-                        for rec in by_batch[k]
-                    ]
-                    for k in keys
-                ]
-            )  # fmt: skip
-        peer_runs("train", per_rank, wl, "train")
-        floor_clips = [
-            (rec["video"], rec["frames"], short_side_size(infos[rec["video"]]["width"], infos[rec["video"]]["height"], 256))
-            for rec in records
-        ]
-        log(f"{variant} train: floor")
-        wl["floor"] = run_floor(args, floor_plan("train", root, infos, floor_clips), work, cold["clips"], cold["frames"])
+        if not prior_records:
+            replay(records, counts)
         wl["ratios_floor"] = {f"vserve/{m}": cold["clips_per_s"] / f["clips_per_s"] for m, f in wl["floor"].items()}
         finish("train", wl, "train")
         if steady is not None:
@@ -1181,6 +1203,8 @@ def merge_best(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     warm, train = best["workloads"].get("warm"), best["workloads"].get("train")
     if warm and train:
         warm["ratios"] = {"warm/cold": warm["systems"]["vserve"]["clips_per_s"] / train["systems"]["vserve"]["clips_per_s"]}
+    if train:
+        train["orders"] = [(r["workloads"].get("train") or {}).get("order") for r in runs]
     steady = best["workloads"].get("steady")
     if steady and train:
         # Every trial's comparison must hold: the one kept is the worst.
@@ -1209,10 +1233,11 @@ def cmd_run(args) -> None:
     report: Dict[str, Any] = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "variants": {}}
     for variant in args.variants:
         runs = []
+        memo: Dict[str, Any] = {}
         for rep in range(args.repeat):
             if args.repeat > 1:
                 log(f"{variant}: trial {rep + 1} of {args.repeat}")
-            runs.append(run_variant(args, variant, dirs[variant], outdir))
+            runs.append(run_variant(args, variant, dirs[variant], outdir, memo))
         report["variants"][variant] = merge_best(runs)
         (outdir / "results.json").write_text(json.dumps(report, indent=1, default=str))
     write_report(report, outdir)
@@ -1536,6 +1561,8 @@ def write_report(report: Dict[str, Any], outdir: Path) -> None:
                         for k, vs in per.items()
                     ),
                 ]
+            if wl.get("orders") and len(wl["orders"]) > 1:
+                lines += ["", "Order in each trial: " + ", ".join(f"{o}" for o in wl["orders"])]
             cmp = wl.get("first_batch_vs_vserve")
             if cmp:
                 lines += [
@@ -1670,6 +1697,10 @@ def main() -> None:
     ap.add_argument("command", choices=["run", "open-loop"])
     ap.add_argument("--variants", default="gop250,gop1s")
     ap.add_argument("--workloads", default="train,warm,steady,shared,uniform,full")
+    ap.add_argument(
+        "--no-counterbalance", dest="counterbalance", action="store_false",
+        help="train: run vserve first in every trial (default: every second trial runs the peers and the floor first, on trial 1's clips)",
+    )
     ap.add_argument("--steady-cache", default="512M", help="steady: the frame cache of the daemon that streams other epochs first")
     ap.add_argument("--steady-epochs", type=int, default=2, help="steady: untimed epochs streamed before the timed one")
     ap.add_argument("--systems", default="vserve,pyav,decord,torchcodec,spdl")
