@@ -99,7 +99,7 @@ impl Link {
     /// The link of a call's connection, from the connection information in its extensions (none for a
     /// call made in-process).
     pub fn from_extensions(ext: &http::Extensions) -> Option<Arc<Link>> {
-        connection(ext).map(|(_, link)| link.clone())
+        connection(ext).and_then(|(_, link)| link.cloned())
     }
 }
 
@@ -109,18 +109,29 @@ pub enum Conn<'a> {
     Tcp(&'a TcpConnectInfo),
 }
 
-/// The information and link of a call's connection (`server::conns` puts them in every call's
-/// extensions; none for a call made in-process or on a server without those listeners).
-pub fn connection(ext: &http::Extensions) -> Option<(Conn<'_>, &Arc<Link>)> {
+/// The information of a call's connection and its link: the daemon's listeners (`server::conns`) put
+/// both in every call's extensions; a server without them (tests) puts the bare information, with no
+/// link; a call made in-process has neither.
+pub fn connection(ext: &http::Extensions) -> Option<(Conn<'_>, Option<&Arc<Link>>)> {
     if let Some(c) = ext.get::<OnLink<UdsConnectInfo>>() {
-        return Some((Conn::Uds(&c.info), &c.link));
+        return Some((Conn::Uds(&c.info), Some(&c.link)));
     }
-    ext.get::<OnLink<TcpConnectInfo>>()
+    if let Some(u) = ext.get::<UdsConnectInfo>() {
+        return Some((Conn::Uds(u), None));
+    }
+    let linked = ext.get::<OnLink<TcpConnectInfo>>().or_else(|| {
+        ext.get::<TlsConnectInfo<OnLink<TcpConnectInfo>>>()
+            .map(|t| t.get_ref())
+    });
+    if let Some(c) = linked {
+        return Some((Conn::Tcp(&c.info), Some(&c.link)));
+    }
+    ext.get::<TcpConnectInfo>()
         .or_else(|| {
-            ext.get::<TlsConnectInfo<OnLink<TcpConnectInfo>>>()
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
                 .map(|t| t.get_ref())
         })
-        .map(|c| (Conn::Tcp(&c.info), &c.link))
+        .map(|t| (Conn::Tcp(t), None))
 }
 
 /// The error a closed connection's reads and writes return.

@@ -80,19 +80,10 @@ impl Peer {
 
     /// The peer of a call, from the connection information tonic puts in its extensions.
     pub fn from_extensions(ext: &http::Extensions) -> Peer {
-        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
-        // The daemon's listeners hand each call its connection's information with its link
-        // (`server::conns`); bare information comes from servers without them (tests).
         let (uds, tcp) = match connection(ext) {
             Some((Conn::Uds(u), _)) => (Some(u), None),
             Some((Conn::Tcp(t), _)) => (None, Some(t)),
-            None => (
-                ext.get::<UdsConnectInfo>(),
-                ext.get::<TcpConnectInfo>().or_else(|| {
-                    ext.get::<TlsConnectInfo<TcpConnectInfo>>()
-                        .map(|t| t.get_ref())
-                }),
-            ),
+            None => (None, None),
         };
         if let Some(uds) = uds {
             return match &uds.peer_cred {

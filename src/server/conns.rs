@@ -113,7 +113,7 @@ impl Gate {
             None
         };
         if let Some(why) = over {
-            let client = format!("{holder:?}");
+            let client = holder.describe();
             if let Some(suppressed) =
                 RefusalLog::minutely().note_at(&client, "connections", Instant::now())
             {
