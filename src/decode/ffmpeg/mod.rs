@@ -107,7 +107,7 @@ pub(super) fn open_decoder(
 fn open_for_decoding(
     file: &CheckedFile,
     index: &VideoIndex,
-) -> Result<ff::format::context::Input, ff::Error> {
+) -> Result<ff::format::context::Input, open::OpenError> {
     let input = open_input(file, false, Stage::Decode)?;
     let container = input.format().name().to_owned();
     let header_is_enough = container.starts_with("mov,mp4") || container.starts_with("matroska");

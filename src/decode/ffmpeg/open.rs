@@ -53,14 +53,72 @@ pub(super) fn max_pixels_option() -> i64 {
     i64::try_from(max_pixels()).unwrap_or(i64::MAX)
 }
 
+/// Streams a file may have. Stream probing opens a decoder for every stream and decodes a few of its
+/// frames: a 1.7 MB Matroska file of 1000 tiny video streams took 1.5 GB and 2.3 s per open (8 at once
+/// 7.5 GB). Real dataset videos have a video stream or a few, some audio and subtitle tracks.
+pub const MAX_STREAMS: usize = 64;
+
+/// Video streams a file may have (each is probed by decoding).
+pub const MAX_VIDEO_STREAMS: usize = 8;
+
+/// Why a file could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// FFmpeg's own error (a missing file, a header it cannot read, a format not allowed).
+    Ffmpeg(ff::Error),
+    /// More streams than [`MAX_STREAMS`], or video streams than [`MAX_VIDEO_STREAMS`]: refused before
+    /// stream probing.
+    TooManyStreams { streams: usize, video: usize },
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Ffmpeg(e) => e.fmt(f),
+            OpenError::TooManyStreams { streams, video } => write!(
+                f,
+                "too many streams: {streams} streams, {video} of them video (vserve opens files of at \
+                 most {MAX_STREAMS} streams and {MAX_VIDEO_STREAMS} video streams)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+impl From<ff::Error> for OpenError {
+    fn from(e: ff::Error) -> Self {
+        OpenError::Ffmpeg(e)
+    }
+}
+
+/// Streams of an open context, and how many of them are video.
+///
+/// # Safety
+/// `ctx` must be a valid, opened AVFormatContext.
+unsafe fn count_streams(ctx: *const ff::ffi::AVFormatContext) -> (usize, usize) {
+    let n = (*ctx).nb_streams as usize;
+    let video = (0..n)
+        .filter(|&i| {
+            let st = *(*ctx).streams.add(i);
+            !st.is_null()
+                && !(*st).codecpar.is_null()
+                && (*(*st).codecpar).codec_type == ff::ffi::AVMediaType::AVMEDIA_TYPE_VIDEO
+        })
+        .count();
+    (n, video)
+}
+
 /// Opens `file` for demuxing. `find_stream_info` runs FFmpeg's stream probing (which decodes a few
 /// frames) after the header is read; without it only the header is read. `stage` names who opens, for
-/// the test-only fault hooks ([`faults`]).
+/// the test-only fault hooks ([`faults`]). A file of more than [`MAX_STREAMS`] streams or
+/// [`MAX_VIDEO_STREAMS`] video streams is refused after its header, before any probing (demuxers that
+/// find streams while probing, such as MPEG-TS, may create no more than [`MAX_STREAMS`]).
 pub fn open_input(
     file: &CheckedFile,
     find_stream_info: bool,
     stage: Stage,
-) -> Result<ff::format::context::Input, ff::Error> {
+) -> Result<ff::format::context::Input, OpenError> {
     faults::at_open(stage, &file.path);
     let url = std::ffi::CString::new(file.proc_path().as_os_str().to_string_lossy().as_bytes())
         .map_err(|_| ff::Error::InvalidData)?;
@@ -78,9 +136,23 @@ pub fn open_input(
         ret
     };
     if ret < 0 || ctx.is_null() {
-        return Err(ff::Error::from(ret.min(-1)));
+        return Err(ff::Error::from(ret.min(-1)).into());
+    }
+    // SAFETY: `ctx` is a valid, opened AVFormatContext, closed here when refused.
+    let refused = unsafe {
+        let (streams, video) = count_streams(ctx);
+        (streams > MAX_STREAMS || video > MAX_VIDEO_STREAMS).then(|| {
+            ff::ffi::avformat_close_input(&mut ctx);
+            OpenError::TooManyStreams { streams, video }
+        })
+    };
+    if let Some(e) = refused {
+        return Err(e);
     }
     if find_stream_info {
+        // Demuxers that add streams while probing stop at the bound.
+        // SAFETY: `ctx` is a valid, opened AVFormatContext.
+        unsafe { (*ctx).max_streams = MAX_STREAMS as i32 };
         // The probing decoders get the pixel bound too: one dictionary per stream.
         // SAFETY: `ctx` is a valid, opened AVFormatContext.
         let streams = unsafe { (*ctx).nb_streams } as usize;
@@ -110,7 +182,14 @@ pub fn open_input(
         if ret < 0 {
             // SAFETY: `ctx` was opened by avformat_open_input and is owned by nothing else.
             unsafe { ff::ffi::avformat_close_input(&mut ctx) };
-            return Err(ff::Error::from(ret));
+            return Err(ff::Error::from(ret).into());
+        }
+        // SAFETY: as above; probing may have added streams (MPEG-TS), up to MAX_STREAMS.
+        let (streams, video) = unsafe { count_streams(ctx) };
+        if video > MAX_VIDEO_STREAMS {
+            // SAFETY: as above.
+            unsafe { ff::ffi::avformat_close_input(&mut ctx) };
+            return Err(OpenError::TooManyStreams { streams, video });
         }
     }
     // SAFETY: `ctx` is a valid, opened AVFormatContext that `Input` now owns and closes on drop.
