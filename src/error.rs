@@ -135,7 +135,9 @@ impl From<DecodeError> for Error {
             DecodeError::Damaged { .. } => Error::Damaged(msg),
             DecodeError::Overloaded(_) => Error::Overloaded(msg),
             DecodeError::ShuttingDown => Error::ShuttingDown,
-            DecodeError::Deadline { .. } => Error::DeadlineExceeded(msg),
+            DecodeError::Deadline { .. } | DecodeError::Cancelled { .. } => {
+                Error::DeadlineExceeded(msg)
+            }
             DecodeError::Stalled(_) => Error::Unavailable(msg),
         }
     }

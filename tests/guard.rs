@@ -85,6 +85,19 @@ fn metric(d: &Daemon, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {full} in /metrics"))
 }
 
+/// Waits (5 s at most) for `/metrics` to show `value` for `name`.
+async fn wait_metric(d: &Daemon, name: &str, value: f64) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while metric(d, name) != value {
+        assert!(
+            Instant::now() < until,
+            "{name} is {}, not {value}",
+            metric(d, name)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
     // One decode thread, so every later decode needs the replacement of the stuck one.
@@ -109,9 +122,10 @@ async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
         "{msg}"
     );
     eprintln!("stuck decode answered DEADLINE_EXCEEDED after {took:?}");
-    // One thread abandoned, one replaced: alive.
+    // One thread abandoned (once it has not stopped within the grace period: a quarter of the
+    // deadline), one replaced: alive.
+    wait_metric(&d, "decode_stuck_threads", 1.0).await;
     assert_eq!(d.admin_get("/livez"), (200, "ok\n".into()));
-    assert_eq!(metric(&d, "decode_stuck_threads"), 1.0);
     assert_eq!(metric(&d, "decode_deadline_exceeded_runs_total"), 1.0);
     // The replacement thread decodes: the control frames, byte for byte.
     timed(ctl.check(&mut d, &c, "a stuck decode")).await;
@@ -150,6 +164,7 @@ async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
         &["DEADLINE_EXCEEDED"],
         "GetClips of a second stuck file",
     );
+    wait_metric(&d, "decode_stuck_threads", 2.0).await;
     let (code, body) = d.admin_get("/livez");
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("2 decode threads are stuck"), "{body}");

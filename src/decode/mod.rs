@@ -19,6 +19,7 @@
 //! straight into the reply that waits for them.
 
 #[cfg(feature = "cuda")]
+pub mod cancel;
 pub mod cuda;
 pub mod fake;
 pub mod faults;
@@ -171,13 +172,17 @@ pub enum DecodeError {
     Overloaded(usize),
     /// A run went past its deadline (`--decode-deadline`): its thread is stuck (a hung read, or a
     /// decoder that does not return) and was abandoned.
-    #[error("decoding {path:?} took longer than the {seconds} s deadline (--decode-deadline); its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); the file is not tried again for a while unless it changes")]
+    #[error("decoding {path:?} took longer than the {seconds} s deadline (--decode-deadline); its read or decoder is stuck (a hung network file system, a FIFO, a pathological file) or the frames are too far from a keyframe to decode in time (a GOP of tens of thousands of frames); the file is not tried again for a while unless it changes")]
     Deadline { path: PathBuf, seconds: f64 },
     /// No decode thread can make progress: every one is stuck past its deadline.
     #[error("no decode thread can make progress: {0}")]
     Stalled(String),
     #[error("decode fleet is shutting down")]
     ShuttingDown,
+    /// The run was stopped between packets ([`cancel`]): its deadline passed (its waiters were told
+    /// [`DecodeError::Deadline`] then) or nobody waits for it any more.
+    #[error("decoding {path:?} was stopped: its deadline passed or nobody waits for it")]
+    Cancelled { path: PathBuf },
 }
 
 /// A decoder backend: decodes runs of one video at a time. Implementations keep whatever per-video state

@@ -481,6 +481,10 @@ fn decode_in(
             if done || eof {
                 break;
             }
+            // Asked to stop (past the deadline, or nobody waits): between packets, the decoder dropped.
+            if crate::decode::cancel::requested() {
+                return Err(DecodeError::Cancelled { path });
+            }
             match read_packet(&mut packet, &mut video.input) {
                 Ok(()) => {
                     if packet.stream() != video.stream {

@@ -144,6 +144,11 @@ struct Running {
     started: Instant,
     on_done: Arc<Mutex<Option<OnDone>>>,
     journal: Option<Arc<JournalSlot>>,
+    /// Raised to stop the run between packets ([`crate::decode::cancel`]).
+    cancel: Arc<AtomicBool>,
+    /// When the watchdog raised `cancel` (None: not yet).
+    cancelled_at: Option<Instant>,
+    still_wanted: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 /// What the decode threads and the watchdog share.
@@ -166,8 +171,17 @@ impl Shared {
         *self.stopping.lock()
     }
 
-    /// Slots with no thread able to take work: vacant, or inside a run past its deadline.
+    /// How long a run asked to stop has to return before its thread counts as stuck and is abandoned:
+    /// a quarter of the deadline, 50 ms to 2 s (a run polls between packets; only a read blocked in the
+    /// kernel or a decoder inside one enormous packet takes longer).
+    fn grace(&self) -> Duration {
+        (self.options.deadline / 4).clamp(Duration::from_millis(50), Duration::from_secs(2))
+    }
+
+    /// Slots with no thread able to take work: vacant, or inside a run past its deadline that has not
+    /// stopped within [`Shared::grace`] of being asked to.
     fn blocked_slots(&self, now: Instant) -> usize {
+        let limit = self.options.deadline + self.grace();
         self.slots
             .iter()
             .filter(|s| {
@@ -176,7 +190,7 @@ impl Shared {
                     || st
                         .running
                         .as_ref()
-                        .is_some_and(|r| now.duration_since(r.started) >= self.options.deadline)
+                        .is_some_and(|r| now.duration_since(r.started) >= limit)
             })
             .count()
     }
@@ -456,13 +470,18 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
             }
         }
         let started = Instant::now();
+        let cancel = Arc::new(AtomicBool::new(false));
         shared.slots[slot].lock().running = Some(Running {
             path: source.path.clone(),
             started,
             on_done: on_done.clone(),
             journal: journal.clone(),
+            cancel: cancel.clone(),
+            cancelled_at: None,
+            still_wanted: still_wanted.clone(),
         });
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _scope = crate::decode::cancel::Scope::enter(cancel);
             backend.decode_run(&source, &run, geometry, sink.as_deref())
         }));
         let result = match outcome {

@@ -1,8 +1,10 @@
 //! The watchdog: one thread (`vserve-watchdog`) that ticks at an eighth of the run deadline (10 to
 //! 250 ms). Input: the slots' running runs. Output: a run past its deadline has its waiters failed with
-//! [`DecodeError::Deadline`], its thread abandoned (its journal slot marked stalled) and, while fewer than
-//! `max_stuck` threads are stuck, a replacement started; when no slot has a thread, queued runs fail with
-//! [`DecodeError::Stalled`] instead of waiting.
+//! [`DecodeError::Deadline`] and is asked to stop between packets ([`crate::decode::cancel`]), as is a
+//! run nobody waits for any more; a run that has not stopped within the grace period
+//! ([`Shared::grace`]: a read blocked in the kernel) has its thread abandoned (its journal slot marked
+//! stalled) and, while fewer than `max_stuck` threads are stuck, a replacement started; when no slot
+//! has a thread, queued runs fail with [`DecodeError::Stalled`] instead of waiting.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -27,13 +29,19 @@ pub(super) fn watchdog(shared: Arc<Shared>) {
             }
         }
         let now = Instant::now();
+        let grace = shared.grace();
         for slot in 0..shared.slots.len() {
+            if ask_to_stop(&shared, slot, now) {
+                continue;
+            }
             let mut st = shared.slots[slot].lock();
-            let overdue = st
+            // Asked to stop and still inside after the grace period: a read blocked in the kernel.
+            let stuck = st
                 .running
                 .as_ref()
-                .is_some_and(|r| now.duration_since(r.started) >= deadline);
-            if !overdue {
+                .and_then(|r| r.cancelled_at)
+                .is_some_and(|at| now.duration_since(at) >= grace);
+            if !stuck {
                 continue;
             }
             let Some(running) = st.running.take() else {
@@ -41,10 +49,6 @@ pub(super) fn watchdog(shared: Arc<Shared>) {
             };
             st.generation += 1;
             let stuck = shared.counters.stuck.fetch_add(1, Ordering::Relaxed) + 1;
-            shared
-                .counters
-                .deadline_exceeded
-                .fetch_add(1, Ordering::Relaxed);
             {
                 // The stuck thread owns the slot no more.
                 *shared.owners.lock() -= 1;
@@ -69,7 +73,7 @@ pub(super) fn watchdog(shared: Arc<Shared>) {
                 deadline_s = deadline.as_secs_f64(),
                 stuck,
                 replaced,
-                "decode run past its deadline: waiters failed, thread abandoned"
+                "decode run did not stop when asked (a read blocked in the kernel?): thread abandoned"
             );
             let f = running.on_done.lock().take();
             if let Some(f) = f {
@@ -94,6 +98,58 @@ pub(super) fn watchdog(shared: Arc<Shared>) {
         }
     }
 }
+/// Raises the stop flag of `slot`'s run when it is past its deadline (its waiters are failed with
+/// [`DecodeError::Deadline`] at once) or when nobody waits for it any more. True when this tick asked
+/// (the grace period starts now).
+fn ask_to_stop(shared: &Shared, slot: usize, now: Instant) -> bool {
+    let deadline = shared.options.deadline;
+    let (overdue, still_wanted) = {
+        let st = shared.slots[slot].lock();
+        match st.running.as_ref() {
+            Some(r) if r.cancelled_at.is_none() => (
+                now.duration_since(r.started) >= deadline,
+                r.still_wanted.clone(),
+            ),
+            _ => return false,
+        }
+    };
+    // Outside the slot's lock: the engine's check takes its own locks.
+    if !overdue && still_wanted() {
+        return false;
+    }
+    let mut st = shared.slots[slot].lock();
+    let Some(running) = st.running.as_mut().filter(|r| r.cancelled_at.is_none()) else {
+        return false; // the run ended meanwhile
+    };
+    running.cancel.store(true, Ordering::Relaxed);
+    running.cancelled_at = Some(now);
+    let path = running.path.clone();
+    let seconds = now.duration_since(running.started).as_secs_f64();
+    let on_done = overdue.then(|| running.on_done.clone());
+    drop(st);
+    if let Some(on_done) = on_done {
+        shared
+            .counters
+            .deadline_exceeded
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            path = %path.display(),
+            deadline_s = deadline.as_secs_f64(),
+            "decode run past its deadline: waiters failed, run asked to stop"
+        );
+        let f = on_done.lock().take();
+        if let Some(f) = f {
+            f(Err(DecodeError::Deadline {
+                path,
+                seconds: deadline.as_secs_f64(),
+            }));
+        }
+    } else {
+        tracing::info!(path = %path.display(), seconds, "nobody waits for this decode run any more: asked to stop");
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -175,6 +231,15 @@ mod tests {
                 while !*open {
                     self.gate.cv.wait(&mut open);
                 }
+            }
+            if source.path == std::path::Path::new("long.mp4") {
+                // A run that decodes for a long time, polling its stop flag between packets.
+                while !crate::decode::cancel::requested() {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                return Err(DecodeError::Cancelled {
+                    path: source.path.clone(),
+                });
             }
             self.fake.decode_run(source, run, geometry, sink)
         }
@@ -275,6 +340,10 @@ mod tests {
         fleet.submit(job("stuck.mp4", &tx)).unwrap();
         let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert!(matches!(result, Err(DecodeError::Deadline { .. })));
+        // Its thread is abandoned once it has not stopped within the grace period.
+        wait_for("the second thread to be abandoned", || {
+            fleet.counters.stuck.load(Ordering::Relaxed) == 2
+        });
         let health = fleet.health().unwrap_err();
         assert!(health.contains("2 decode threads are stuck"), "{health}");
         assert!(matches!(
@@ -294,6 +363,77 @@ mod tests {
         assert_eq!((name.as_str(), result.unwrap()), ("good.mp4", vec![2, 3]));
         // Late results of abandoned runs were dropped: nothing else arrived.
         assert!(rx.try_recv().is_err());
+    }
+
+    /// A long run that polls its stop flag: at its deadline the waiters get DEADLINE_EXCEEDED and the
+    /// run stops; its thread is neither abandoned nor replaced and serves the next run. A run nobody
+    /// waits for any more is stopped too (before its deadline), its outcome `Cancelled`.
+    #[test]
+    fn a_long_run_is_stopped_at_its_deadline_and_its_thread_keeps_serving() {
+        let (fleet, _gate) = stalling_fleet(200, 1);
+        let (tx, rx) = mpsc::channel();
+        let thread_names = || {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|t| {
+                    std::fs::read_to_string(t.ok()?.path().join("comm"))
+                        .ok()
+                        .map(|n| n.trim().to_owned())
+                })
+                .filter(|n| n.starts_with("vserve-decode"))
+                .collect::<Vec<_>>()
+        };
+        for round in 0..2 {
+            let t0 = Instant::now();
+            fleet.submit(job("long.mp4", &tx)).unwrap();
+            let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert_eq!(name, "long.mp4");
+            assert!(
+                matches!(&result, Err(DecodeError::Deadline { seconds, .. }) if *seconds == 0.2),
+                "round {round}: {result:?}"
+            );
+            assert!(t0.elapsed() >= Duration::from_millis(200));
+            fleet.submit(job("good.mp4", &tx)).unwrap();
+            let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert_eq!((name.as_str(), result.unwrap()), ("good.mp4", vec![2, 3]));
+            assert_eq!(fleet.counters.stuck.load(Ordering::Relaxed), 0);
+            assert_eq!(fleet.health(), Ok(()));
+            assert_eq!(
+                fleet.shared.slots[0].lock().generation,
+                0,
+                "never abandoned"
+            );
+        }
+        assert_eq!(fleet.counters.deadline_exceeded.load(Ordering::Relaxed), 2);
+        assert!(
+            thread_names().iter().all(|n| !n.contains('.')),
+            "no replacement thread was started: {:?}",
+            thread_names()
+        );
+
+        // Nobody waits any more: stopped well before the deadline, outcome Cancelled.
+        let (fleet, _gate) = stalling_fleet(60_000, 1);
+        let wanted = Arc::new(AtomicBool::new(true));
+        let mut long = job("long.mp4", &tx);
+        let w = wanted.clone();
+        long.still_wanted = Arc::new(move || w.load(Ordering::Relaxed));
+        fleet.submit(long).unwrap();
+        wait_for("the run to start", || {
+            fleet.shared.slots[0].lock().running.is_some()
+        });
+        let t0 = Instant::now();
+        wanted.store(false, Ordering::Relaxed);
+        let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(name, "long.mp4");
+        assert!(
+            matches!(result, Err(DecodeError::Cancelled { .. })),
+            "{result:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        fleet.submit(job("good.mp4", &tx)).unwrap();
+        let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(result.unwrap(), vec![2, 3]);
+        assert_eq!(fleet.counters.deadline_exceeded.load(Ordering::Relaxed), 0);
     }
 
     #[test]
