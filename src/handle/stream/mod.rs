@@ -152,6 +152,8 @@ struct Context {
     tenant: Tenant,
     /// Samples that fail whatever is asked of them (cannot be indexed, too short): not tried again.
     bad: Mutex<HashMap<usize, Failure>>,
+    /// The latest large clip plans, placed once for the batches that use them.
+    placed: slots::Placed,
     /// Transport SHM: the stream's arenas, the current last (a batch larger than its slots, frames of
     /// another size at native size, moves the stream to a new one). Dropped with the stream when the
     /// client goes away; handed to the registry at a normal end, for the client to release.
@@ -258,6 +260,7 @@ pub async fn start_kept(
         samples,
         shard,
         bad: Mutex::new(HashMap::new()),
+        placed: slots::Placed::default(),
         arenas: Mutex::new(Vec::new()),
         footprint,
         keep: Mutex::new(keep),

@@ -179,12 +179,66 @@ fn clip_key(ctx: &Context, slot_sample: usize, replacement: Option<usize>) -> Ve
     key
 }
 
-/// Indexes a sample's video and places its clips.
+/// Large clip plans a stream keeps placed ([`Placed`]).
+pub const PLACED_KEEP: usize = 4;
+
+/// The stream's latest large clip plans (at least [`PLAN_CHARGED_FROM`] positions), by sample and clip
+/// key, the newest last, at most [`PLACED_KEEP`]. A sample's clips fill consecutive batches (a batch of
+/// one clip takes one of a sample's million): placed once, not once a batch (286 ms a batch for a
+/// sample of 1,048,576 positions; 16 such streams held the daemon's blocking threads and other
+/// clients waited seconds), and once for the batches prepared at the same time (single flight). A
+/// kept plan keeps its budget reservation.
+#[derive(Default)]
+pub(super) struct Placed {
+    plans: parking_lot::Mutex<std::collections::VecDeque<(usize, Vec<u64>, PlacedCell)>>,
+}
+
+type PlacedCell = Arc<tokio::sync::OnceCell<Ready>>;
+
+impl Placed {
+    /// The cell of `sample` placed with `key`: the kept one, or a new one (the oldest dropped).
+    pub(super) fn cell(&self, sample: usize, key: &[u64]) -> PlacedCell {
+        let mut plans = self.plans.lock();
+        if let Some(i) = plans.iter().position(|(s, k, _)| *s == sample && k == key) {
+            let entry = plans.remove(i).expect("found");
+            let cell = entry.2.clone();
+            plans.push_back(entry);
+            return cell;
+        }
+        let cell = PlacedCell::default();
+        plans.push_back((sample, key.to_vec(), cell.clone()));
+        if plans.len() > PLACED_KEEP {
+            plans.pop_front();
+        }
+        cell
+    }
+}
+
+/// The most positions placing a sample's clips may produce: the sampler's fixed clip count times its
+/// frames per clip, else [`sample::MAX_SAMPLE_POSITIONS`].
+fn plan_bound(ctx: &Context) -> u64 {
+    ctx.req
+        .sampler
+        .fixed_clip_count()
+        .map_or(sample::MAX_SAMPLE_POSITIONS, |n| {
+            (n.max(1) as u64).saturating_mul(ctx.req.sampler.frames_per_clip as u64)
+        })
+        .min(sample::MAX_SAMPLE_POSITIONS)
+}
+
+/// Indexes a sample's video and places its clips (a large plan once for the batches that use it).
 async fn ready(ctx: &Arc<Context>, sample: usize, key: Vec<u64>) -> Result<Ready, Failure> {
     if let Some(f) = ctx.bad.lock().get(&sample) {
         return Err(f.clone());
     }
-    let result = ready_uncached(ctx, sample, key).await;
+    let result = if plan_bound(ctx) >= PLAN_CHARGED_FROM {
+        let cell = ctx.placed.cell(sample, &key);
+        cell.get_or_try_init(|| ready_uncached(ctx, sample, key))
+            .await
+            .cloned()
+    } else {
+        ready_uncached(ctx, sample, key).await
+    };
     if let Err(f) = &result {
         if f.whole_file {
             ctx.bad.lock().insert(sample, f.clone());
@@ -207,14 +261,7 @@ async fn ready_uncached(
         .map_err(|e| Failure::from_error(&e, true))?;
     // Placing clips is as large as the sampler makes it (bounded by sample::MAX_SAMPLE_POSITIONS):
     // done on a blocking thread, and charged to the budget first when it may be large.
-    let bound = ctx
-        .req
-        .sampler
-        .fixed_clip_count()
-        .map_or(sample::MAX_SAMPLE_POSITIONS, |n| {
-            (n.max(1) as u64).saturating_mul(ctx.req.sampler.frames_per_clip as u64)
-        })
-        .min(sample::MAX_SAMPLE_POSITIONS);
+    let bound = plan_bound(ctx);
     let mut plan = if bound >= PLAN_CHARGED_FROM {
         let who = Who::new(format!(
             "StreamBatches clip plan of sample {sample} (up to {bound} positions)"

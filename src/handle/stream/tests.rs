@@ -583,3 +583,58 @@ async fn tables_of_the_samples_ahead_are_built_while_the_client_reads_nothing() 
 }
 
 mod budget;
+
+/// A large clip plan (4096 positions) is placed once and kept for the batches that take its clips one
+/// by one: batches of one clip give the clips, frames and pixels of one batch of eight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_clip_plan_kept_across_batches_gives_the_clips_of_one_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let big = |batch_size| {
+        let mut req = request("demo", batch_size);
+        req.sampler.num_clips = 2048;
+        req.sampler.frames_per_clip = 2;
+        req
+    };
+    let mut rx = start(&e, big(1), Peer::local()).await.unwrap();
+    let mut ones = Vec::new();
+    for _ in 0..8 {
+        ones.push(rx.recv().await.unwrap().unwrap());
+    }
+    drop(rx);
+    let mut rx = start(&e, big(8), Peer::local()).await.unwrap();
+    let eight = rx.recv().await.unwrap().unwrap();
+    assert_eq!(
+        ones.iter().flat_map(slot_ids).collect::<Vec<_>>(),
+        (0..8).map(|c| (0, c)).collect::<Vec<_>>()
+    );
+    assert_eq!(slot_ids(&eight), (0..8).map(|c| (0, c)).collect::<Vec<_>>());
+    assert_eq!(
+        ones.iter().flat_map(clip_frames).collect::<Vec<_>>(),
+        clip_frames(&eight)
+    );
+    assert_eq!(
+        ones.iter().flat_map(|b| b.data.clone()).collect::<Vec<_>>(),
+        eight.data
+    );
+}
+
+#[test]
+fn placed_plans_are_found_by_sample_and_key_and_the_oldest_goes_first() {
+    let placed = slots::Placed::default();
+    let a = placed.cell(1, &[7, 0, 1]);
+    assert!(Arc::ptr_eq(&a, &placed.cell(1, &[7, 0, 1])), "kept");
+    assert!(
+        !Arc::ptr_eq(&a, &placed.cell(1, &[7, 0, 1, 5])),
+        "another key"
+    );
+    assert!(
+        !Arc::ptr_eq(&a, &placed.cell(2, &[7, 0, 1])),
+        "another sample"
+    );
+    // a is the oldest of the three: PLACED_KEEP more push it out.
+    for s in 10..10 + slots::PLACED_KEEP {
+        placed.cell(s, &[7, 0, s as u64]);
+    }
+    assert!(!Arc::ptr_eq(&a, &placed.cell(1, &[7, 0, 1])), "pushed out");
+}
