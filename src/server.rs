@@ -199,6 +199,7 @@ pub async fn serve_engine(
                     gate.clone(),
                     conns::unix_holder,
                     engine.stream_idle(),
+                    None,
                 );
                 tracing::info!(addr = %name, "listening");
                 let router = transport()
@@ -233,6 +234,7 @@ pub async fn serve_engine(
                     gate.clone(),
                     conns::tcp_holder,
                     engine.stream_idle(),
+                    Some(conns::Quiet::TCP),
                 );
                 let mut builder = transport();
                 if let Some(tls) = &access.tls {

@@ -55,6 +55,9 @@ impl Sent {
 
     /// For a reply going out on `link`'s connection: its pieces are counted there too.
     pub fn on(link: Option<Arc<Link>>) -> Arc<Sent> {
+        if let Some(l) = &link {
+            l.call_began(); // ended in Drop: the reply is counted as the connection's open call
+        }
         Arc::new(Sent {
             state: Mutex::default(),
             link,
@@ -105,6 +108,14 @@ impl Sent {
     /// A handle for the reply's handler.
     pub fn keep(self: &Arc<Self>) -> Keep {
         Keep(self.clone())
+    }
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        if let Some(l) = &self.link {
+            l.call_ended();
+        }
     }
 }
 

@@ -16,9 +16,17 @@ use futures::task::AtomicWaker;
 use tokio::sync::Notify;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 
-/// One connection's unwritten reply pieces, and its close switch.
-#[derive(Default)]
+/// One connection's unwritten reply pieces, its open calls, and its close switch.
 pub struct Link {
+    /// Calls open on the connection: a call is open from its start until its reply has ended and the
+    /// transport has dropped its last byte (`budget::sent::Sent`'s life).
+    calls: AtomicU64,
+    /// Calls begun so far.
+    begun: AtomicU64,
+    /// When the connection began, and when its last call ended (the connection's quiet time counts
+    /// from there): milliseconds after `born`.
+    born: tokio::time::Instant,
+    quiet_from_ms: AtomicU64,
     /// Pieces handed to the transport and not yet dropped by it.
     pieces: AtomicU64,
     /// Their bytes.
@@ -35,7 +43,42 @@ pub struct Link {
 
 impl Link {
     pub fn new() -> Arc<Link> {
-        Arc::new(Link::default())
+        Arc::new(Link {
+            calls: AtomicU64::new(0),
+            begun: AtomicU64::new(0),
+            born: tokio::time::Instant::now(),
+            quiet_from_ms: AtomicU64::new(0),
+            pieces: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            reader: AtomicWaker::new(),
+            gone: Notify::new(),
+        })
+    }
+
+    /// A call began on the connection.
+    pub fn call_began(&self) {
+        self.begun.fetch_add(1, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A call ended (its reply's last byte written or dropped).
+    pub fn call_ended(&self) {
+        let ms = self.born.elapsed().as_millis() as u64;
+        self.quiet_from_ms.fetch_max(ms, Ordering::Relaxed);
+        self.calls.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// How long the connection has had no call open, and whether it ever had one; None while a call
+    /// is open.
+    pub fn quiet(&self) -> Option<(std::time::Duration, bool)> {
+        if self.calls.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let from = std::time::Duration::from_millis(self.quiet_from_ms.load(Ordering::Relaxed));
+        let had_calls = self.begun.load(Ordering::Relaxed) > 0;
+        Some((self.born.elapsed().saturating_sub(from), had_calls))
     }
 
     /// A reply handed the transport a piece of `bytes`.
@@ -138,7 +181,8 @@ pub fn connection(ext: &http::Extensions) -> Option<(Conn<'_>, Option<&Arc<Link>
 pub fn closed_error() -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::TimedOut,
-        "closed: reply bytes waited for the client's flow-control window (twice --stream-idle-timeout)",
+        "closed by the daemon: reply bytes waited for the client's flow-control window (twice \
+         --stream-idle-timeout), or no call was open on it for too long",
     )
 }
 

@@ -57,6 +57,31 @@ pub const RESERVED_FDS: usize = 512;
 pub const EMFILE_PAUSE: Duration = Duration::from_millis(100);
 /// How long a closed connection waits for its client to close its side (module docs).
 pub const LINGER: Duration = Duration::from_secs(5);
+/// A TCP connection that has begun no call this long after it was accepted is closed (it holds a
+/// descriptor and a place without a token ever being checked: tokens are checked per call).
+pub const FIRST_CALL: Duration = Duration::from_secs(10);
+/// A TCP connection with no call open for this long is closed; its client's channel connects again
+/// at its next call.
+pub const QUIET_CLOSE: Duration = Duration::from_secs(300);
+/// The share of the total only Unix-socket connections may take (a quarter): TCP clients, however
+/// many addresses they come from, cannot take the places the host's trainers connect with.
+pub const UNIX_RESERVE_DIVISOR: usize = 4;
+
+/// When a connection with no call open is closed ([`FIRST_CALL`], [`QUIET_CLOSE`] on TCP).
+#[derive(Clone, Copy, Debug)]
+pub struct Quiet {
+    /// Before its first call.
+    pub first_call: Duration,
+    /// After its last call ended.
+    pub between_calls: Duration,
+}
+
+impl Quiet {
+    pub const TCP: Quiet = Quiet {
+        first_call: FIRST_CALL,
+        between_calls: QUIET_CLOSE,
+    };
+}
 
 /// Who holds a connection.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -102,11 +127,18 @@ impl Gate {
         };
         let mut c = self.inner.lock();
         let held = c.by_holder.get(&holder).copied().unwrap_or(0);
+        let tcp_limit = self.total_limit - self.total_limit / UNIX_RESERVE_DIVISOR;
         let over = if held >= limit {
             Some(format!("{held} connections held, at most {limit} a client"))
         } else if c.total >= self.total_limit {
             Some(format!(
                 "{} connections open, at most {} (the descriptor limit less {RESERVED_FDS})",
+                c.total, self.total_limit
+            ))
+        } else if matches!(holder, Holder::Address(_)) && c.total >= tcp_limit {
+            Some(format!(
+                "{} connections open, at most {tcp_limit} with TCP clients (the rest of the {} are kept \
+                 for Unix-socket clients)",
                 c.total, self.total_limit
             ))
         } else {
@@ -235,13 +267,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Drop for Counted<IO> {
 }
 
 /// Passes `incoming` through `gate`: connections over a bound are closed at once, failed accepts are
-/// logged and paused on. Each admitted connection is watched ([`watch`], for twice `idle`:
-/// `--stream-idle-timeout`) when `idle` is not zero.
+/// logged and paused on. Each admitted connection is watched ([`watch`]: for replies stalled twice
+/// `idle`, `--stream-idle-timeout`, when it is not zero; for `quiet` when given).
 pub fn gated<IO, S>(
     incoming: S,
     gate: Gate,
     holder: fn(&IO) -> Holder,
     idle: Duration,
+    quiet: Option<Quiet>,
 ) -> impl Stream<Item = std::io::Result<Counted<IO>>>
 where
     S: Stream<Item = std::io::Result<IO>>,
@@ -256,8 +289,9 @@ where
                         let who = holder(&io);
                         gate.admit(who.clone()).map(|t| {
                             let link = Link::new();
-                            if !idle.is_zero() {
-                                tokio::spawn(watch(link.clone(), idle * 2, who));
+                            let stall = (!idle.is_zero()).then_some(idle * 2);
+                            if stall.is_some() || quiet.is_some() {
+                                tokio::spawn(watch(link.clone(), stall, quiet, who));
                             }
                             Ok(Counted {
                                 io: Some(io),
@@ -279,10 +313,21 @@ where
         .filter_map(|x| x)
 }
 
-/// Closes `link`'s connection once reply pieces are held and none was written for `idle` (checked
-/// every quarter of `idle`: closed after `idle` to `1.25 idle`); ends with the connection.
-pub async fn watch(link: Arc<Link>, idle: Duration, holder: Holder) {
-    let tick = (idle / 4).max(Duration::from_millis(10));
+/// Closes `link`'s connection once reply pieces are held and none was written for `stall` (checked
+/// every quarter of it: closed after `stall` to `1.25 stall`), or once it has had no call open for
+/// `quiet`'s time (first call, between calls; checked every quarter of the shorter, at most every
+/// second); ends with the connection.
+pub async fn watch(link: Arc<Link>, stall: Option<Duration>, quiet: Option<Quiet>, holder: Holder) {
+    let idle = stall.unwrap_or(Duration::MAX);
+    let tick = [
+        stall.map(|s| s / 4),
+        quiet.map(|q| (q.first_call.min(q.between_calls) / 4).min(Duration::from_secs(1))),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(Duration::from_secs(1))
+    .max(Duration::from_millis(10));
     // Ticks in a row that found pieces held, held at the tick before, and none written since: the
     // pieces held then have waited that many ticks (a piece leaves only by being written or dropped).
     let mut stalled = 0u32;
@@ -292,6 +337,30 @@ pub async fn watch(link: Arc<Link>, idle: Duration, holder: Holder) {
         tokio::select! {
             _ = link.ended() => return,
             _ = tokio::time::sleep(tick) => {}
+        }
+        if let (Some(q), Some((quiet_for, had_calls))) = (quiet, link.quiet()) {
+            let limit = if had_calls {
+                q.between_calls
+            } else {
+                q.first_call
+            };
+            if quiet_for >= limit {
+                tracing::info!(
+                    client = %holder.describe(),
+                    seconds = quiet_for.as_secs_f64(),
+                    "connection closed: {}",
+                    if had_calls {
+                        "no call open for that long"
+                    } else {
+                        "no call begun since it was accepted"
+                    }
+                );
+                link.close();
+                return;
+            }
+        }
+        if stall.is_none() {
+            continue;
         }
         let progress = link.progress();
         let was_held = std::mem::replace(&mut held, link.pieces() > 0);
@@ -408,7 +477,7 @@ mod tests {
         let idle = Duration::from_secs(8);
         let start = tokio::time::Instant::now();
         let link = Link::new();
-        let dog = tokio::spawn(watch(link.clone(), idle, Holder::Process(1)));
+        let dog = tokio::spawn(watch(link.clone(), Some(idle), None, Holder::Process(1)));
         // A reader writing one piece every 7 s of 8: never closed.
         for _ in 0..6 {
             link.handed(10);
@@ -437,7 +506,7 @@ mod tests {
 
         // A connection that goes ends its watchdog.
         let link = Link::new();
-        let dog = tokio::spawn(watch(link.clone(), idle, Holder::Unknown));
+        let dog = tokio::spawn(watch(link.clone(), Some(idle), None, Holder::Unknown));
         link.handed(1);
         tokio::time::sleep(Duration::from_secs(3)).await;
         link.end();
@@ -448,9 +517,79 @@ mod tests {
         assert!(!link.is_closed());
     }
 
+    /// A TCP connection that begins no call within the first-call time is closed; one with a call open
+    /// is kept however long the call takes; one whose calls ended is closed after the quiet time.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_calls_is_closed_after_its_quiet_time() {
+        let quiet = Quiet {
+            first_call: Duration::from_secs(10),
+            between_calls: Duration::from_secs(60),
+        };
+        let closed_after = |link: Arc<Link>| async move {
+            let t0 = tokio::time::Instant::now();
+            while !link.is_closed() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            t0.elapsed()
+        };
+        // Never a call: closed after 10 s (to 10 s + a tick).
+        let link = Link::new();
+        let dog = tokio::spawn(watch(link.clone(), None, Some(quiet), Holder::Unknown));
+        let waited = closed_after(link).await;
+        assert!(
+            waited >= Duration::from_secs(10) && waited <= Duration::from_secs(12),
+            "{waited:?}"
+        );
+        dog.await.unwrap();
+
+        // A call open for 5 minutes keeps it; 60 s after the call ends it is closed.
+        let link = Link::new();
+        let dog = tokio::spawn(watch(
+            link.clone(),
+            Some(Duration::from_secs(8)),
+            Some(quiet),
+            Holder::Unknown,
+        ));
+        link.call_began();
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert!(!link.is_closed(), "closed with a call open");
+        link.call_ended();
+        let waited = closed_after(link).await;
+        assert!(
+            waited >= Duration::from_secs(59) && waited <= Duration::from_secs(62),
+            "{waited:?}"
+        );
+        dog.await.unwrap();
+    }
+
+    /// TCP clients, from any number of addresses, take at most three quarters of the total; the rest
+    /// is kept for Unix-socket clients.
+    #[test]
+    fn tcp_clients_leave_a_quarter_of_the_places_to_unix_clients() {
+        let gate = Gate::with_total(40);
+        let held: Vec<Ticket> = (0..30)
+            .map(|i| {
+                gate.admit(Holder::Address(format!("10.0.0.{i}").parse().unwrap()))
+                    .expect("below three quarters")
+            })
+            .collect();
+        assert!(gate
+            .admit(Holder::Address("10.0.1.1".parse().unwrap()))
+            .is_none());
+        let unix: Vec<Ticket> = (0..10)
+            .map(|i| gate.admit(Holder::Process(100 + i)).expect("kept for Unix"))
+            .collect();
+        assert!(gate.admit(Holder::Process(200)).is_none(), "the total");
+        drop((held, unix));
+        assert_eq!(gate.open(), 0);
+    }
+
     #[test]
     fn a_client_over_its_bound_is_refused_and_a_closed_connection_frees_its_place() {
         let gate = Gate::with_total(PER_PROCESS + 2);
+        let _c = gate
+            .admit(Holder::Address("10.0.0.1".parse().unwrap()))
+            .unwrap();
         let a = Holder::Process(7);
         let held: Vec<Ticket> = (0..PER_PROCESS)
             .map(|_| gate.admit(a.clone()).unwrap())
@@ -460,9 +599,6 @@ mod tests {
             "over the per-process bound"
         );
         let b = gate.admit(Holder::Process(8)).expect("another process");
-        let _c = gate
-            .admit(Holder::Address("10.0.0.1".parse().unwrap()))
-            .unwrap();
         assert_eq!(gate.open(), PER_PROCESS + 2);
         assert!(gate.admit(Holder::Process(9)).is_none(), "over the total");
         drop(b);
