@@ -58,7 +58,9 @@ impl AdminState {
     }
 }
 
-/// Connections the admin port holds at once; more are closed at once (logged once a minute).
+/// Connections the admin port holds at once. A new connection beyond it closes the oldest one that
+/// has answered no request (an idle or dripping client; logged once a minute), else the oldest: a
+/// process holding every place open, reopening any that closes, kept `/livez` from every probe.
 pub const ADMIN_CONNECTIONS: usize = 64;
 /// How long a request's head may take to arrive.
 pub const ADMIN_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -74,6 +76,12 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
 ) {
     let mut connections = tokio::task::JoinSet::new();
+    // Open connections in accept order: task id, whether it has answered a request, its abort switch.
+    let mut open: std::collections::VecDeque<(
+        tokio::task::Id,
+        Arc<AtomicBool>,
+        tokio::task::AbortHandle,
+    )> = std::collections::VecDeque::new();
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -91,20 +99,34 @@ pub async fn serve(
                         continue;
                     }
                 };
-                if connections.len() >= ADMIN_CONNECTIONS {
-                    // Idle connections used to be held without bound, until every descriptor was taken.
-                    if let Some(suppressed) = crate::refusal::RefusalLog::minutely()
-                        .note_at("admin listener", "connections", std::time::Instant::now())
-                    {
-                        tracing::warn!(suppressed, limit = ADMIN_CONNECTIONS, "admin connection closed at once: as many are open as the admin port serves");
+                if open.len() >= ADMIN_CONNECTIONS {
+                    // Idle connections used to be held without bound, until every descriptor was taken;
+                    // then refusing new ones let whoever held the places keep out every probe.
+                    let victim = open
+                        .iter()
+                        .position(|(_, answered, _)| !answered.load(Ordering::Relaxed))
+                        .unwrap_or(0);
+                    if let Some((_, answered, abort)) = open.remove(victim) {
+                        abort.abort();
+                        if let Some(suppressed) = crate::refusal::RefusalLog::minutely()
+                            .note_at("admin listener", "connections", std::time::Instant::now())
+                        {
+                            tracing::warn!(
+                                suppressed,
+                                limit = ADMIN_CONNECTIONS,
+                                answered_a_request = answered.load(Ordering::Relaxed),
+                                "admin port full: its oldest connection closed for a new one"
+                            );
+                        }
                     }
-                    drop(stream);
-                    continue;
                 }
                 let state = state.clone();
-                connections.spawn(async move {
+                let answered = Arc::new(AtomicBool::new(false));
+                let answering = answered.clone();
+                let abort = connections.spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
                         let state = state.clone();
+                        answering.store(true, Ordering::Relaxed);
                         async move { Ok::<_, Infallible>(respond(&req, &state)) }
                     });
                     let io = hyper_util::rt::TokioIo::new(stream);
@@ -120,9 +142,16 @@ pub async fn serve(
                         Err(_) => tracing::debug!("admin connection closed at the end of its lifetime"),
                     }
                 });
+                open.push_back((abort.id(), answered, abort));
             }
             // Reap finished connection tasks so the set does not grow.
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(done) = connections.join_next_with_id(), if !connections.is_empty() => {
+                let id = match done {
+                    Ok((id, ())) => id,
+                    Err(e) => e.id(),
+                };
+                open.retain(|(t, _, _)| *t != id);
+            }
         }
     }
     connections.abort_all();
