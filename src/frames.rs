@@ -93,6 +93,8 @@ impl InFlight {
 #[derive(Clone, Copy, Debug)]
 pub struct Tenant {
     pub id: u64,
+    /// The client (process, or address) it belongs to: the fleet's turns go round clients first.
+    pub client: u64,
     pub bounded: bool,
 }
 
@@ -189,9 +191,10 @@ impl Frames {
         self.fleet.threads()
     }
 
-    pub fn new_tenant(&self, bounded: bool) -> Tenant {
+    pub fn new_tenant(&self, bounded: bool, client: u64) -> Tenant {
         Tenant {
             id: self.counters.tenants.fetch_add(1, Ordering::Relaxed),
+            client,
             bounded,
         }
     }
@@ -466,6 +469,7 @@ impl Frames {
         };
         if let Some(mut job) = queued.filter(|j| j.tenant != tenant.id) {
             job.tenant = tenant.id;
+            job.client = tenant.client;
             let _ = if tenant.bounded {
                 self.fleet.submit(job)
             } else {
@@ -518,6 +522,7 @@ impl Frames {
         let taken_at = Arc::new(std::sync::OnceLock::new());
         let taken = taken_at.clone();
         let job = Job {
+            client: tenant.client,
             tenant: tenant.id,
             source: source.clone(),
             run: pending,

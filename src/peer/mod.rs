@@ -34,6 +34,17 @@ pub enum PeerKey {
     Local,
 }
 
+impl PeerKey {
+    /// A number for this client, the same for every call it makes (the decode fleet's turns go round
+    /// clients by it).
+    pub fn client_id(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut h);
+        h.finish()
+    }
+}
+
 /// One calling client.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Peer {

@@ -5,8 +5,9 @@
 //! frames or an error.
 //!
 //! Fair share: every tenant (one stream, or one GetClips call) has its own FIFO; a free thread takes the
-//! next job of the next tenant in round-robin order, so N tenants with work queued get about 1/N of the
-//! threads each, however much each has queued.
+//! next job of the next client (process, or address on TCP) in round-robin order, and of that client's
+//! next tenant in its own round ([`scheduler`]), so N clients with work queued get about 1/N of the
+//! threads each, however many calls each has open and however much each has queued.
 //!
 //! Decoding never runs on the async runtime. Submitting never blocks: when the queue holds `capacity`
 //! jobs, a bounded submission answers [`DecodeError::Overloaded`] at once (streams, whose queued work
@@ -75,7 +76,9 @@ impl PendingRun {
 /// dropped when taken), so a joined run waits only as long as its most favoured requester would.
 #[derive(Clone)]
 pub struct Job {
-    /// Who this copy is queued for: the unit of fair share.
+    /// The client (process, or address on TCP) this copy is queued for: the first unit of fair share.
+    pub client: u64,
+    /// Who this copy is queued for (a stream, a GetClips call): the client's turns go round them.
     pub tenant: u64,
     pub source: VideoSource,
     /// Shared with the engine's single-flight table, which may extend it until it starts.
@@ -268,7 +271,10 @@ impl Fleet {
             return Err(DecodeError::Stalled(self.stuck_summary()));
         }
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        let pushed = self.shared.scheduler.push(job.tenant, job, capacity);
+        let pushed = self
+            .shared
+            .scheduler
+            .push(job.client, job.tenant, job, capacity);
         if pushed.is_err() {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
         }
@@ -436,6 +442,7 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
     while let Some(job) = shared.scheduler.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         let Job {
+            client: _,
             tenant: _,
             source,
             run,

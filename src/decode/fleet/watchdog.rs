@@ -254,6 +254,7 @@ mod tests {
     fn job(name: &str, tx: &mpsc::Sender<Outcome>) -> Job {
         let (tx, what) = (tx.clone(), name.to_owned());
         Job {
+            client: 1,
             tenant: 1,
             source: source(name),
             run: Arc::new(Mutex::new(PendingRun {

@@ -52,7 +52,7 @@ async fn get_clips_once(
 ) -> Result<ClipsReply, Error> {
     let limits = engine.limits();
     req.validate(limits)?;
-    let tenant = engine.frames().new_tenant(true);
+    let tenant = engine.frames().new_tenant(true, peer.key.client_id());
     engine.catalog().dataset(&req.dataset)?;
 
     // Index every distinct video once, in parallel on blocking threads. `clip_video[i]` is the

@@ -95,8 +95,8 @@ async fn joined_runs_start_at_the_joiners_turn() {
         .resolve("demo", "nasa_13013.mp4", None, &crate::peer::PeerKey::Local)
         .await
         .unwrap();
-    let a = e.frames().new_tenant(false);
-    let b = e.frames().new_tenant(false);
+    let a = e.frames().new_tenant(false, 0);
+    let b = e.frames().new_tenant(false, 0);
     let geometry = |w: u32| Geometry {
         scaled_width: w,
         scaled_height: 4,

@@ -252,10 +252,11 @@ pub async fn start_kept(
     })
     .await?;
     let prefetch = req.prefetch;
+    let tenant = engine.frames().new_tenant(false, peer.key.client_id());
     let ctx = Arc::new(Context {
         engine: engine.clone(),
         peer,
-        tenant: engine.frames().new_tenant(false),
+        tenant,
         req,
         samples,
         shard,
