@@ -502,6 +502,14 @@ impl Frames {
         // whose run starts there joins it instead of decoding that GOP again.
         let last = run.wanted.last().copied().unwrap_or(run.keyframe);
         let through: Vec<usize> = keyframes_within(source, run.keyframe, last).collect();
+        // Frames decoded from the last keyframe the run passes to its last wanted frame: what no split of
+        // the run could shorten.
+        let from = match source.index.seek {
+            crate::index::SeekMode::FromStart => run.keyframe,
+            _ => through.last().copied().unwrap_or(run.keyframe),
+        };
+        let long_run =
+            last.saturating_sub(from).saturating_add(1) >= crate::decode::fleet::LONG_RUN_FRAMES;
         let all_keys = Arc::new(Mutex::new(vec![key.clone()]));
         let pending = Arc::new(Mutex::new(PendingRun {
             started: false,
@@ -524,6 +532,7 @@ impl Frames {
         let job = Job {
             client: tenant.client,
             tenant: tenant.id,
+            long: long_run,
             source: source.clone(),
             run: pending,
             geometry,

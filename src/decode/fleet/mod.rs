@@ -50,6 +50,12 @@ use watchdog::watchdog;
 
 pub type OnDone = Box<dyn FnOnce(Result<RunOutput, DecodeError>) + Send>;
 
+/// Frames from its keyframe to its last wanted frame from which a run is long ([`Job::long`]): at
+/// 1080p about 10-20 s of one core, at 340x256 1-2 s. Real datasets' GOPs are tens to hundreds of
+/// frames; a file of one keyframe and 60,000 frames held every decode thread with four requests of one
+/// client, and everyone else waited for the runs' deadline.
+pub const LONG_RUN_FRAMES: usize = 4096;
+
 /// A run as queued: until a decode thread takes it (`started`), other requests may add frames to it.
 #[derive(Debug)]
 pub struct PendingRun {
@@ -80,6 +86,9 @@ pub struct Job {
     pub client: u64,
     /// Who this copy is queued for (a stream, a GetClips call): the client's turns go round them.
     pub tenant: u64,
+    /// The run decodes [`LONG_RUN_FRAMES`] or more frames from one keyframe (a GOP of thousands of
+    /// frames, which nothing can split): a client runs at most all threads but one of these at once.
+    pub long: bool,
     pub source: VideoSource,
     /// Shared with the engine's single-flight table, which may extend it until it starts.
     pub run: Arc<parking_lot::Mutex<PendingRun>>,
@@ -225,7 +234,8 @@ impl Fleet {
     ) -> std::io::Result<Fleet> {
         let counters = Arc::new(FleetCounters::default());
         let shared = Arc::new(Shared {
-            scheduler: Scheduler::new(),
+            // One thread always left to other clients' short runs (none with a single thread).
+            scheduler: Scheduler::new(threads.saturating_sub(1).max(1)),
             counters: counters.clone(),
             factory,
             slots: (0..threads.max(1))
@@ -274,7 +284,7 @@ impl Fleet {
         let pushed = self
             .shared
             .scheduler
-            .push(job.client, job.tenant, job, capacity);
+            .push(job.client, job.tenant, job.long, job, capacity);
         if pushed.is_err() {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
         }
@@ -442,8 +452,9 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
     while let Some(job) = shared.scheduler.pop() {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         let Job {
-            client: _,
+            client,
             tenant: _,
+            long,
             source,
             run,
             geometry,
@@ -505,6 +516,9 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
         };
         if let Some(j) = &journal {
             j.leave();
+        }
+        if long {
+            shared.scheduler.long_done(client);
         }
         let mut st = shared.slots[slot].lock();
         if st.generation != generation {

@@ -52,24 +52,56 @@ impl<K: std::hash::Hash + Eq + Copy, V> Ring<K, V> {
     }
 }
 
-/// The queue: clients' rings of tenants' FIFOs.
+/// The queue: clients' rings of tenants' FIFOs of (long, job).
 pub(super) struct Queues<T> {
-    clients: Ring<u64, Ring<u64, VecDeque<T>>>,
+    clients: Ring<u64, Ring<u64, VecDeque<(bool, T)>>>,
     len: usize,
     closed: bool,
+    /// Long runs ([`super::Job::long`]) one client may run at once.
+    long_cap: usize,
+    /// Long runs each client runs now.
+    running_long: HashMap<u64, usize>,
 }
 
 impl<T> Queues<T> {
-    fn pop(&mut self) -> Option<T> {
-        let job = self.clients.next(|tenants| {
-            let job = tenants.next(|fifo| {
-                let job = fifo.pop_front();
-                (job, !fifo.is_empty())
-            });
-            (job, !tenants.turns.is_empty())
-        })?;
-        self.len -= 1;
-        Some(job)
+    /// The next job in turn. With `cap`, a client running `long_cap` long runs gives its turn to its next
+    /// tenant whose next job is short, or, with none, to the next client (its long jobs wait).
+    /// `count`: the job will run, and a long one counts until [`Scheduler::long_done`].
+    fn pop(&mut self, cap: bool, count: bool) -> Option<T> {
+        for _ in 0..self.clients.turns.len() {
+            let &client = self.clients.turns.front()?;
+            let full = cap && self.running_long.get(&client).copied().unwrap_or(0) >= self.long_cap;
+            if full {
+                let tenants = self.clients.members.get_mut(&client)?;
+                let short = tenants.turns.iter().position(|t| {
+                    tenants
+                        .members
+                        .get(t)
+                        .and_then(|f| f.front())
+                        .is_some_and(|(long, _)| !long)
+                });
+                match short {
+                    Some(i) => tenants.turns.rotate_left(i),
+                    None => {
+                        self.clients.turns.rotate_left(1);
+                        continue;
+                    }
+                }
+            }
+            let (long, job) = self.clients.next(|tenants| {
+                let job = tenants.next(|fifo| {
+                    let job = fifo.pop_front();
+                    (job, !fifo.is_empty())
+                });
+                (job, !tenants.turns.is_empty())
+            })?;
+            if long && count {
+                *self.running_long.entry(client).or_default() += 1;
+            }
+            self.len -= 1;
+            return Some(job);
+        }
+        None
     }
 }
 
@@ -79,12 +111,15 @@ pub(super) struct Scheduler<T> {
 }
 
 impl<T> Scheduler<T> {
-    pub(super) fn new() -> Self {
+    /// A queue whose clients each run at most `long_cap` long jobs at once.
+    pub(super) fn new(long_cap: usize) -> Self {
         Scheduler {
             queues: Mutex::new(Queues {
                 clients: Ring::new(),
                 len: 0,
                 closed: false,
+                long_cap: long_cap.max(1),
+                running_long: HashMap::new(),
             }),
             ready: Condvar::new(),
         }
@@ -94,6 +129,7 @@ impl<T> Scheduler<T> {
         &self,
         client: u64,
         tenant: u64,
+        long: bool,
         job: T,
         capacity: Option<usize>,
     ) -> Result<(), DecodeError> {
@@ -109,30 +145,52 @@ impl<T> Scheduler<T> {
         q.clients
             .member(client, Ring::new)
             .member(tenant, VecDeque::new)
-            .push_back(job);
+            .push_back((long, job));
         q.len += 1;
         drop(q);
         self.ready.notify_one();
         Ok(())
     }
 
-    /// The next job in turn; None once closed and empty.
+    /// The next job in turn that may run now (a client's long jobs wait while it runs its cap of
+    /// them); waits for one. A long job taken counts against its client until [`Scheduler::long_done`].
+    /// None once closed and empty.
     pub(super) fn pop(&self) -> Option<T> {
         let mut q = self.queues.lock();
         loop {
-            if let Some(job) = q.pop() {
+            // Closed: the queue drains without the cap (shutdown waits for the threads to take it).
+            let cap = !q.closed;
+            if let Some(job) = q.pop(cap, true) {
                 return Some(job);
             }
-            if q.closed {
+            if q.closed && q.len == 0 {
                 return None;
             }
             self.ready.wait(&mut q);
         }
     }
 
-    /// The next job in turn, without waiting.
+    /// The next job in turn, long or not, without waiting (to fail it: it does not run).
     pub(super) fn try_pop(&self) -> Option<T> {
-        self.queues.lock().pop()
+        self.queues.lock().pop(false, false)
+    }
+
+    /// A long job `client` took has ended: its next long job may run.
+    pub(super) fn long_done(&self, client: u64) {
+        let mut q = self.queues.lock();
+        if let Some(n) = q.running_long.get_mut(&client) {
+            *n -= 1;
+            if *n == 0 {
+                q.running_long.remove(&client);
+            }
+        }
+        drop(q);
+        self.ready.notify_all();
+    }
+
+    #[cfg(test)]
+    fn try_pop_capped(&self) -> Option<T> {
+        self.queues.lock().pop(true, true)
     }
 
     pub(super) fn close(&self) {
@@ -147,16 +205,16 @@ mod tests {
 
     #[test]
     fn tenants_take_turns_and_the_bound_applies_to_bounded_pushes() {
-        let s = Scheduler::new();
+        let s = Scheduler::new(1);
         // Tenant 1 queues six jobs before tenant 2 queues two and tenant 3 one.
         for i in 0..6 {
-            s.push(1, 1, (1, i), None).unwrap();
+            s.push(1, 1, false, (1, i), None).unwrap();
         }
-        s.push(2, 2, (2, 0), None).unwrap();
-        s.push(2, 2, (2, 1), None).unwrap();
-        s.push(3, 3, (3, 0), Some(100)).unwrap();
+        s.push(2, 2, false, (2, 0), None).unwrap();
+        s.push(2, 2, false, (2, 1), None).unwrap();
+        s.push(3, 3, false, (3, 0), Some(100)).unwrap();
         assert!(matches!(
-            s.push(4, 4, (4, 0), Some(9)),
+            s.push(4, 4, false, (4, 0), Some(9)),
             Err(DecodeError::Overloaded(9))
         ));
         let order: Vec<(u64, i32)> = std::iter::from_fn(|| {
@@ -185,7 +243,7 @@ mod tests {
         s.close();
         assert!(s.pop().is_none());
         assert!(matches!(
-            s.push(1, 1, (1, 9), None),
+            s.push(1, 1, false, (1, 9), None),
             Err(DecodeError::ShuttingDown)
         ));
     }
@@ -194,15 +252,15 @@ mod tests {
     /// its turns among themselves.
     #[test]
     fn clients_take_turns_and_their_calls_share_their_turns() {
-        let s = Scheduler::new();
+        let s = Scheduler::new(1);
         // Client 1 has 3 calls (tenants 10, 11, 12) with 3 jobs each; client 2 one call with 3 jobs.
         for t in 10..13u64 {
             for i in 0..3 {
-                s.push(1, t, (t, i), None).unwrap();
+                s.push(1, t, false, (t, i), None).unwrap();
             }
         }
         for i in 0..3 {
-            s.push(2, 20, (20, i), None).unwrap();
+            s.push(2, 20, false, (20, i), None).unwrap();
         }
         let order: Vec<(u64, i32)> = std::iter::from_fn(|| s.try_pop()).collect();
         assert_eq!(
@@ -223,5 +281,30 @@ mod tests {
             ]
         );
         assert_eq!(s.queues.lock().len, 0);
+    }
+
+    /// A client runs at most `long_cap` long jobs at once: its next long job waits (its short jobs and
+    /// other clients' jobs go first) until one ends.
+    #[test]
+    fn a_client_runs_at_most_its_cap_of_long_jobs() {
+        let s = Scheduler::new(1);
+        s.push(1, 10, true, "a-long-1", None).unwrap();
+        s.push(1, 10, true, "a-long-2", None).unwrap();
+        s.push(1, 11, false, "a-short", None).unwrap();
+        s.push(2, 20, false, "b-short", None).unwrap();
+        assert_eq!(s.try_pop_capped(), Some("a-long-1"));
+        // Client 1 runs its one long job: its short job goes in its turn, its second long job waits.
+        assert_eq!(s.try_pop_capped(), Some("b-short"));
+        assert_eq!(s.try_pop_capped(), Some("a-short"));
+        assert_eq!(s.try_pop_capped(), None, "a-long-2 waits");
+        s.long_done(1);
+        assert_eq!(s.try_pop_capped(), Some("a-long-2"));
+        // Another client's long job is not held back by client 1's.
+        s.push(2, 20, true, "b-long", None).unwrap();
+        assert_eq!(s.try_pop_capped(), Some("b-long"));
+        // Failing the queue takes long jobs regardless.
+        s.push(1, 10, true, "a-long-3", None).unwrap();
+        assert_eq!(s.try_pop_capped(), None);
+        assert_eq!(s.try_pop(), Some("a-long-3"));
     }
 }

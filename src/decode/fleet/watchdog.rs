@@ -256,6 +256,7 @@ mod tests {
         Job {
             client: 1,
             tenant: 1,
+            long: false,
             source: source(name),
             run: Arc::new(Mutex::new(PendingRun {
                 started: false,
