@@ -18,8 +18,8 @@
 //! hooks that stall or abort an open (debug builds only). [`pool`] keeps frame buffers for reuse; [`sink`] lets a run convert wanted frames
 //! straight into the reply that waits for them.
 
-#[cfg(feature = "cuda")]
 pub mod cancel;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fake;
 pub mod faults;
