@@ -78,7 +78,8 @@ pub struct VideoIndex {
     pub frames: Frames,
     /// Indices of keyframes, ascending. Decoding may start at any of them.
     pub keyframes: Keyframes,
-    /// Frames the container declares, when the file is truncated and holds fewer; else 0.
+    /// Frames the container declares (or, in a damaged file, its packets), when the file is truncated
+    /// or damaged and fewer decode; else 0.
     pub declared_frames: u64,
     pub seek: SeekMode,
     pub method: IndexMethod,

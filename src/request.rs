@@ -291,7 +291,7 @@ pub fn resolve_positions(
         match lookup {
         Lookup::Frame(k) => Ok(k),
         Lookup::Lost => Err(Error::DataLoss(format!(
-            "{what} of {video:?} is missing: the file is truncated ({n} of {} declared frames are decodable)",
+            "{what} of {video:?} is missing: the file is damaged or truncated ({n} of its {} frames are decodable)",
             index.declared_frames
         ))),
         Lookup::OutOfRange => Err(Error::OutOfRange(format!(

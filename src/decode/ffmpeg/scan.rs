@@ -394,6 +394,9 @@ pub fn build_index_of(
             .collect();
     }
     let mut damaged = false;
+    // Frames the packet scan found: more than the decoder gives from a damaged file, whose frames past
+    // the decodable end are then lost (DATA_LOSS), not out of range.
+    let packet_frames = frames_in.len() as u64;
     let method = if let Some(reason) = &irregular {
         tracing::debug!(path = %pstr, %reason, "packet scan irregular; indexing by decoding");
         let scan = scan_by_decoding(file, st_index).map_err(|e| IndexError::Corrupt {
@@ -469,8 +472,12 @@ pub fn build_index_of(
         // Decoding can always start at the beginning of the file.
         keyframes.insert(0, 0);
     }
-    let declared = facts.nb_frames.max(0) as u64;
-    let declared_frames = if truncated && declared > frames.len() as u64 {
+    let declared = if damaged {
+        (facts.nb_frames.max(0) as u64).max(packet_frames)
+    } else {
+        facts.nb_frames.max(0) as u64
+    };
+    let declared_frames = if (truncated || damaged) && declared > frames.len() as u64 {
         declared
     } else {
         0
