@@ -862,6 +862,23 @@ async fn frames_a_damaged_file_cannot_decode_are_lost_not_out_of_range() {
         last.contains("damaged or truncated") && last.contains("of its 250 frames"),
         "{last}"
     );
+    // Asked again and again (a loader retrying the file): one log line per 10 s, not one per request.
+    for _ in 0..20 {
+        let res = c
+            .get_clips(clips_req(
+                "dmg",
+                vec![frames_clip("bikes_rand.mp4", &[249], None)],
+                None,
+            ))
+            .await;
+        expect_code(res, &["DATA_LOSS"], "frame 249 again");
+    }
+    let lines = d
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("request refused") && l.contains("damaged or truncated"))
+        .count();
+    assert_eq!(lines, 1, "{}", d.log_text());
     let p = probe(&mut c, probe_req("dmg", "bikes_rand.mp4", None, false)).await;
     assert_eq!(p.declared_frames, 250);
     assert_eq!(

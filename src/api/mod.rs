@@ -59,7 +59,8 @@ fn fail(method: &'static str, e: Error) -> Status {
 /// Converts and logs a failure of `method` for `peer`. Refusals for load (RESOURCE_EXHAUSTED) go through
 /// the refusal log's rate limit per (client, limit), and errors the client caused (a bad argument, a
 /// name that does not exist, a position out of range, no permission) through it per (client, code);
-/// the rest (the daemon's or a file's failures) are logged each time. The metrics count every one.
+/// a file's failures (DATA_LOSS and the like) per (client, message); internal errors are logged each
+/// time. The metrics count every one.
 fn fail_for(method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
     let status = Status::from(e);
     let client = || peer.map_or_else(|| "unknown".to_owned(), Peer::describe);
@@ -81,8 +82,25 @@ fn fail_for(method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
                 status.message(),
             );
         }
-        _ => {
-            tracing::warn!(method, code = ?status.code(), message = status.message(), "request refused")
+        code => {
+            // A file's failure (DATA_LOSS, DEADLINE_EXCEEDED, ...): thinned per (client, message), so a
+            // loader retrying one corrupt file in a loop costs a line per interval, and each other
+            // file or failure still gets its own first line.
+            let key = format!("{} {}", client(), status.message());
+            if let Some(suppressed) = crate::refusal::RefusalLog::global().note_at(
+                &key,
+                vserve_client::code_name(code),
+                std::time::Instant::now(),
+            ) {
+                tracing::warn!(
+                    method,
+                    client = client(),
+                    code = ?code,
+                    suppressed,
+                    message = status.message(),
+                    "request refused"
+                )
+            }
         }
     }
     status
