@@ -144,6 +144,55 @@ def test_stream_request_bad_arguments(kwargs, match):
         rq.stream_request("kin", **kwargs)
 
 
+# Calls that must be refused here, before anything is sent: the client below has no daemon, so a request
+# that went out would fail Unavailable (or protobuf's own errors, which name no argument, would escape).
+BIG = 2**40
+CLIP = ("a.mp4", [0])
+
+
+@pytest.fixture
+def unconnected(tmp_path):
+    c = vserve_client.Client(f"unix:{tmp_path}/none.sock", timeout=5)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda c: c.get_clips("media", [CLIP], size=(BIG, 48)), f"size=({BIG}, 48)"),
+        (lambda c: c.get_clips("media", [CLIP], size=2**32), f"size={2**32}"),
+        (lambda c: c.get_clips("media", [CLIP], crop={"height": 8, "width": -BIG}), "crop="),
+        (lambda c: c.get_clips("media", [CLIP], short_side=2**32), f"short_side={2**32}"),
+        (lambda c: c.get_clips_async("media", [CLIP], size=(48, BIG)), f"size=(48, {BIG})"),
+        (lambda c: next(c.get_clips_many([("media", [CLIP])], size=(BIG, 48))), f"size=({BIG}, 48)"),
+        (lambda c: c.get_clips("media", [("a.mp4", {"frames": [0], "stream": -1})]), "stream=-1"),
+        (lambda c: c.get_clips("media", [("a.mp4", [0], 2**32)]), f"stream={2**32}"),
+        (lambda c: c.get_clips("media", [("a.mp4", [2**64])]), "frame indices"),
+        (lambda c: c.probe("media", "a.mp4", stream=BIG), f"stream={BIG}"),
+        (lambda c: c.probe("media", "a.mp4", stream=-1), "stream=-1"),
+        (lambda c: c.stream("media", batch_size=2**32), f"batch_size={2**32}"),
+        (lambda c: c.stream("media", batch_size=1, num_clips=BIG), f"num_clips={BIG}"),
+        (lambda c: c.stream("media", batch_size=1, prefetch=2**32), f"prefetch={2**32}"),
+        (lambda c: c.stream("media", batch_size=1, seed=2**64), f"seed={2**64}"),
+        (lambda c: c.stream("media", batch_size=1, epoch=-1), "epoch=-1"),
+        (lambda c: c.stream("media", batch_size=1, start_sample=2**64), f"start_sample={2**64}"),
+        (lambda c: c.stream("media", batch_size=1, random_crop=(BIG, 8)), f"random_crop=({BIG}, 8)"),
+        (lambda c: c.stream("media", batch_size=1, worker=(0, 2**32)), f"worker=(0, {2**32})"),
+    ],
+)
+def test_ints_outside_their_wire_range_are_invalid_argument(unconnected, call, words):
+    # protobuf's "ValueError: Value out of range: 1099511627776" named neither the argument nor the call.
+    with pytest.raises(vserve_client.InvalidArgument) as e:
+        call(unconnected)
+    assert type(e.value) is vserve_client.InvalidArgument
+    assert words in e.value.message
+    # The largest values the wire carries are accepted.
+    assert rq.transform_msg(size=(rq.UINT32_MAX, 1), short_side=None).size.width == 1
+    assert rq.stream_request("d", batch_size=1, seed=rq.UINT64_MAX).seed == rq.UINT64_MAX
+    assert rq.clip_msg(("a.mp4", [2**64 - 1], rq.UINT32_MAX)).stream == rq.UINT32_MAX
+
+
 def test_stream_kwargs_names():
     names = rq.stream_kwargs_names()
     assert "batch_size" in names and "on_error" in names and "dataset" not in names

@@ -402,7 +402,7 @@ class Client:
         :meth:`metadata` gives the same facts under TorchCodec's names."""
         req = pb.ProbeRequest(dataset=dataset, video=video, include_pts=include_pts)
         if stream is not None:
-            req.stream = int(stream)
+            req.stream = rq.uint("stream", stream)
         return message_to_dict(self._unary(self._stub.Probe, req))
 
     def metadata(self, dataset: str, video: str, stream: Optional[int] = None) -> "VideoStreamMetadata":
@@ -632,11 +632,15 @@ class Client:
         finish = rq.finish_of(kwargs.get("dtype", "uint8"), kwargs.get("layout", "THWC"))
         policy_error = rq.policy_of(kwargs) == "error"
         if worker is not None:
-            w, n = worker
-            if n < 1 or not 0 <= w < n:
-                raise InvalidArgument(f"worker={worker!r}: expected (w, n) with 0 <= w < n")
-            req.worker = int(w)
-            req.num_workers = int(n)
+            try:
+                w, n = worker
+                w, n = rq.uint("worker", w), rq.uint("worker", n)
+            except (TypeError, ValueError):
+                w = n = 0
+            if not w < n:
+                raise InvalidArgument(f"worker={worker!r}: expected (w, n), ints with 0 <= w < n <= {rq.UINT32_MAX}")
+            req.worker = w
+            req.num_workers = n
         return self._open_stream(req, finish, policy_error)
 
     # help(Client.stream) and IDEs that read signatures show every keyword stream_request takes.

@@ -3,8 +3,9 @@
 Sizes are ``(height, width)``, as in torchvision, TorchCodec and NumPy's shapes (arrays come back
 ``[..., H, W, 3]``), a single int for a square, or a mapping ``{"height": h, "width": w}``. The wire
 (:class:`Size`) and the CLI (``WxH``, as ffmpeg) name width first; this module is the one place that
-turns one order into the other. Argument errors raise :class:`~vserve_client.errors.InvalidArgument`
-naming the argument and the bad value, before anything is sent.
+turns one order into the other. Argument errors (a wrong type, an int outside its wire field's range)
+raise :class:`~vserve_client.errors.InvalidArgument` naming the argument and the bad value, before
+anything is sent.
 
 Sampler arguments carry TorchCodec's names (``num_clips``, ``num_frames_per_clip``,
 ``num_indices_between_frames``, ``sampling_range_start``/``sampling_range_end``, ``policy``); the names of
@@ -26,6 +27,12 @@ import numpy as np
 
 from ._proto import vserve_pb2 as pb
 from .errors import InvalidArgument
+
+#: The largest values of the wire's unsigned int fields (``uint32``: sizes, stream indices, counts;
+#: ``uint64``: frame indices, seeds, epochs, offsets). A larger (or negative) value is refused here, naming
+#: the argument, rather than by protobuf ("Value out of range") as the message is built.
+UINT32_MAX = (1 << 32) - 1
+UINT64_MAX = (1 << 64) - 1
 
 #: A size: ``(height, width)``, an int for a square, or ``{"height": h, "width": w}``.
 SizeArg = Union[int, Sequence[int], Mapping[str, int]]
@@ -122,6 +129,14 @@ def _canonical(arg: str, value: Any, table: Mapping[str, Any]) -> str:
     raise AssertionError("unreachable: _choice accepted it")
 
 
+def uint(arg: str, value: Any, minimum: int = 0, maximum: int = UINT32_MAX) -> int:
+    """An unsigned int field's value: an int (not a bool) from ``minimum`` to ``maximum`` (the field's
+    range: :data:`UINT32_MAX` or :data:`UINT64_MAX`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not minimum <= int(value) <= maximum:
+        raise InvalidArgument(f"{arg}={value!r}: expected an int from {minimum} to {maximum}")
+    return int(value)
+
+
 def dtype_name(dtype: Any) -> str:
     """``"uint8" | "float16" | "float32" | "bfloat16"`` from a name, a numpy dtype or a torch dtype."""
     if isinstance(dtype, str):
@@ -184,8 +199,8 @@ def size_hw(arg: str, value: SizeArg) -> Tuple[int, int]:
         except (TypeError, ValueError):
             raise InvalidArgument(f"{arg}={value!r}: expected (height, width) or an int") from None
     for v in (h, w):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise InvalidArgument(f"{arg}={value!r}: height and width must be positive ints")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < int(v) <= UINT32_MAX:
+            raise InvalidArgument(f"{arg}={value!r}: height and width must be positive ints up to {UINT32_MAX}")
     return int(h), int(w)
 
 
@@ -234,9 +249,13 @@ def transform_msg(
     if size is not None:
         t.size.CopyFrom(size_msg("size", size))
     if short_side is not None:
-        if isinstance(short_side, bool) or int(short_side) <= 0:
-            raise InvalidArgument(f"short_side={short_side!r}: must be a positive int")
-        t.short_side = int(short_side)
+        try:
+            side = None if isinstance(short_side, bool) else int(short_side)
+        except (TypeError, ValueError):
+            side = None
+        if side is None or not 0 < side <= UINT32_MAX:
+            raise InvalidArgument(f"short_side={short_side!r}: must be a positive int up to {UINT32_MAX}")
+        t.short_side = side
     if crop is not None:
         t.center_crop.CopyFrom(size_msg("crop", crop))
     t.hflip = bool(flip)
@@ -290,14 +309,14 @@ def clip_msg(clip: Any) -> "pb.ClipSpec":
     else:
         spec.frames.indices.extend(_indices(clip, where))
     if stream is not None:
-        spec.stream = int(stream)
+        spec.stream = uint("stream", stream)
     return spec
 
 
 def _indices(clip: Any, frames: Any) -> Iterable[int]:
     arr = np.asarray(frames).reshape(-1)
     if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0):
-        raise InvalidArgument(f"clip {clip!r}: frame indices must be non-negative ints")
+        raise InvalidArgument(f"clip {clip!r}: frame indices must be ints from 0 to {UINT64_MAX}")
     return (int(i) for i in arr)
 
 
@@ -333,12 +352,6 @@ def _random_resized_crop(value: Any) -> "pb.RandomResizedCrop":
     else:
         rrc.size.CopyFrom(size_msg("random_resized_crop", value))
     return rrc
-
-
-def _uint(arg: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise InvalidArgument(f"{arg}={value!r}: expected an int >= {minimum}")
-    return int(value)
 
 
 def stream_request(
@@ -424,18 +437,18 @@ def stream_request(
         sampling_range_start = renamed.get("sampling_range_start", sampling_range_start)
         sampling_range_end = renamed.get("sampling_range_end", sampling_range_end)
         policy = renamed.get("policy", policy)
-    batch_size = _uint("batch_size", batch_size, 1)
-    world_size = _uint("world_size", world_size, 1)
-    rank = _uint("rank", rank)
+    batch_size = uint("batch_size", batch_size, 1)
+    world_size = uint("world_size", world_size, 1)
+    rank = uint("rank", rank)
     if rank >= world_size:
         raise InvalidArgument(f"rank={rank}: must be below world_size={world_size}")
     if random_crop is not None and random_resized_crop is not None:
         raise InvalidArgument("random_crop and random_resized_crop: give one of them")
     s = pb.ClipSampler(
         kind=_choice("sampler", sampler, SAMPLERS),
-        num_clips=_uint("num_clips", num_clips, 1),
-        frames_per_clip=_uint("num_frames_per_clip", num_frames_per_clip, 1),
-        frame_stride=_uint("num_indices_between_frames", num_indices_between_frames, 1),
+        num_clips=uint("num_clips", num_clips, 1),
+        frames_per_clip=uint("num_frames_per_clip", num_frames_per_clip, 1),
+        frame_stride=uint("num_indices_between_frames", num_indices_between_frames, 1),
         short_video=_choice("policy", policy, POLICIES),
     )
     if seconds_between_frames is not None:
@@ -470,22 +483,22 @@ def stream_request(
         augment=aug,
         batch_size=batch_size,
         drop_last=bool(drop_last),
-        seed=_uint("seed", seed),
-        epoch=_uint("epoch", epoch),
+        seed=uint("seed", seed, 0, UINT64_MAX),
+        epoch=uint("epoch", epoch, 0, UINT64_MAX),
         rank=rank,
         world_size=world_size,
-        start_batch=_uint("start_batch", start_batch),
-        prefetch=_uint("prefetch", prefetch),
+        start_batch=uint("start_batch", start_batch, 0, UINT64_MAX),
+        prefetch=uint("prefetch", prefetch),
         no_shuffle=not shuffle,
         shard_remainder=_choice("shard_remainder", shard_remainder, SHARD_REMAINDER),
         on_error=_choice("on_error", on_error, ON_ERROR),
         cache_policy=_choice("cache_policy", cache_policy, CACHE_POLICIES),
     )
-    start_sample = _uint("start_sample", start_sample)
+    start_sample = uint("start_sample", start_sample, 0, UINT64_MAX)
     if start_sample:
         req.start_sample = start_sample
     if samples_fingerprint is not None:
-        req.samples_fingerprint = _uint("samples_fingerprint", samples_fingerprint)
+        req.samples_fingerprint = uint("samples_fingerprint", samples_fingerprint, 0, UINT64_MAX)
     return req
 
 
@@ -505,6 +518,8 @@ def policy_of(kwargs: Mapping[str, Any]) -> str:
 __all__ = [
     "DEPRECATED_NAMES",
     "Finish",
+    "UINT32_MAX",
+    "UINT64_MAX",
     "clip_msg",
     "dtype_code",
     "dtype_name",
@@ -516,4 +531,5 @@ __all__ = [
     "size_msg",
     "stream_request",
     "transform_msg",
+    "uint",
 ]
