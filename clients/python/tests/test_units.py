@@ -193,6 +193,36 @@ def test_ints_outside_their_wire_range_are_invalid_argument(unconnected, call, w
     assert rq.clip_msg(("a.mp4", [2**64 - 1], rq.UINT32_MAX)).stream == rq.UINT32_MAX
 
 
+@pytest.mark.parametrize("name", ["a\udc80.mp4", None, b"a.mp4"], ids=["surrogate", "None", "bytes"])
+@pytest.mark.parametrize(
+    "call, arg",
+    [
+        (lambda c, n: c.get_clips(n, [CLIP]), "dataset"),
+        (lambda c, n: c.get_clips("media", [(n, [0])]), "video"),
+        (lambda c, n: c.get_clips("media", [{"video": n, "times": [0.5]}]), "video"),
+        (lambda c, n: c.get_clips_async(n, [CLIP]), "dataset"),
+        (lambda c, n: next(c.get_clips_many([(n, [CLIP])])), "dataset"),
+        (lambda c, n: next(c.get_clips_many([{"dataset": "media", "clips": [(n, [1])]}])), "video"),
+        (lambda c, n: c.probe(n, "a.mp4"), "dataset"),
+        (lambda c, n: c.probe("media", n), "video"),
+        (lambda c, n: c.metadata(n, "a.mp4"), "dataset"),
+        (lambda c, n: c.stream(n, batch_size=1), "dataset"),
+        (lambda c, n: c.dataset_info(n), "dataset"),
+    ],
+)
+def test_names_the_wire_cannot_carry_are_invalid_argument(unconnected, call, arg, name):
+    # A lone surrogate (os.fsdecode of a file name that is not UTF-8) raised UnicodeEncodeError from
+    # protobuf; None was sent as "" (the daemon then answered NOT_FOUND for dataset ""); bytes went out
+    # as whatever they decoded to.
+    with pytest.raises(vserve_client.InvalidArgument) as e:
+        call(unconnected, name)
+    assert type(e.value) is vserve_client.InvalidArgument
+    assert f"{arg}={name!r}" in e.value.message, e.value.message
+    str(e.value).encode("utf-8")  # the message itself can be printed and logged
+    if isinstance(name, str):
+        assert "surrogate" in e.value.message
+
+
 def test_stream_kwargs_names():
     names = rq.stream_kwargs_names()
     assert "batch_size" in names and "on_error" in names and "dataset" not in names

@@ -400,7 +400,9 @@ class Client:
         rotation (clockwise), mirrored, avg_fps, time_base {num, den}, duration_seconds, frame_count, keyframes, pts and
         durations (per frame, in the time base; with include_pts), stream, pixel_format, declared_frames.
         :meth:`metadata` gives the same facts under TorchCodec's names."""
-        req = pb.ProbeRequest(dataset=dataset, video=video, include_pts=include_pts)
+        req = pb.ProbeRequest(
+            dataset=rq.text("dataset", dataset), video=rq.text("video", video), include_pts=include_pts
+        )
         if stream is not None:
             req.stream = rq.uint("stream", stream)
         return message_to_dict(self._unary(self._stub.Probe, req))
@@ -435,6 +437,7 @@ class Client:
 
     def dataset_info(self, dataset: str) -> Dict[str, Any]:
         """:meth:`list_datasets`' entry for one dataset (NotFound when the daemon does not serve it)."""
+        rq.text("dataset", dataset)
         for d in self.list_datasets():
             if d["name"] == dataset:
                 return d

@@ -3,9 +3,9 @@
 Sizes are ``(height, width)``, as in torchvision, TorchCodec and NumPy's shapes (arrays come back
 ``[..., H, W, 3]``), a single int for a square, or a mapping ``{"height": h, "width": w}``. The wire
 (:class:`Size`) and the CLI (``WxH``, as ffmpeg) name width first; this module is the one place that
-turns one order into the other. Argument errors (a wrong type, an int outside its wire field's range)
-raise :class:`~vserve_client.errors.InvalidArgument` naming the argument and the bad value, before
-anything is sent.
+turns one order into the other. Argument errors (a wrong type, an int outside its wire field's range, a
+name UTF-8 cannot carry) raise :class:`~vserve_client.errors.InvalidArgument` naming the argument and the
+bad value, before anything is sent.
 
 Sampler arguments carry TorchCodec's names (``num_clips``, ``num_frames_per_clip``,
 ``num_indices_between_frames``, ``sampling_range_start``/``sampling_range_end``, ``policy``); the names of
@@ -127,6 +127,22 @@ def _canonical(arg: str, value: Any, table: Mapping[str, Any]) -> str:
         if cand in table:
             return cand
     raise AssertionError("unreachable: _choice accepted it")
+
+
+def text(arg: str, value: Any) -> str:
+    """A string field's value (a dataset or video name): a ``str`` that UTF-8, the wire's encoding, can
+    carry. ``None`` (which protobuf would send as ``""``), bytes, paths and strings holding a lone surrogate
+    (what ``os.fsdecode`` makes of a file name that is not UTF-8) are refused naming the argument."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{arg}={value!r}: expected a str")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(
+            f"{arg}={value!r}: character {e.start} ({value[e.start]!r}) is a lone surrogate, which UTF-8 (the "
+            "wire's encoding) cannot carry (os.fsdecode gives them for file names that are not UTF-8)"
+        ) from None
+    return value
 
 
 def uint(arg: str, value: Any, minimum: int = 0, maximum: int = UINT32_MAX) -> int:
@@ -293,9 +309,10 @@ def clip_msg(clip: Any) -> "pb.ClipSpec":
         raise InvalidArgument(
             f"clip {clip!r}: expected (video, frame_indices) or (video, {{'times': [...]}})"
         ) from None
-    if not isinstance(video, str):
-        raise InvalidArgument(f"clip {clip!r}: the video must be a path string")
-    spec = pb.ClipSpec(video=video)
+    try:
+        spec = pb.ClipSpec(video=text("video", video))
+    except InvalidArgument as e:
+        raise InvalidArgument(f"clip {clip!r}: {e.message}") from None
     stream = rest[0] if rest else None
     if isinstance(where, Mapping):
         unknown = set(where) - {"frames", "times", "stream"}
@@ -324,7 +341,7 @@ def get_clips_request(
     dataset: str, clips: Iterable[Any], cache_policy: str = "auto", **transform: Any
 ) -> "pb.GetClipsRequest":
     req = pb.GetClipsRequest(
-        dataset=dataset,
+        dataset=text("dataset", dataset),
         transform=transform_msg(**transform),
         cache_policy=_choice("cache_policy", cache_policy, CACHE_POLICIES),
     )
@@ -465,7 +482,7 @@ def stream_request(
     if random_resized_crop is not None:
         aug.random_resized_crop.CopyFrom(_random_resized_crop(random_resized_crop))
     req = pb.StreamBatchesRequest(
-        dataset=dataset,
+        dataset=text("dataset", dataset),
         sampler=s,
         transform=transform_msg(
             size=size,
@@ -530,6 +547,7 @@ __all__ = [
     "size_hw",
     "size_msg",
     "stream_request",
+    "text",
     "transform_msg",
     "uint",
 ]
