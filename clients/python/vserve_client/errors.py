@@ -94,6 +94,11 @@ class Unauthenticated(VServeError):
     code_name = "UNAUTHENTICATED"
 
 
+class ClientClosed(FailedPrecondition, ValueError):
+    """A call on a :class:`~vserve_client.Client` after its ``close()`` (or the end of its ``with`` block):
+    raised by the client, nothing was sent. A ``ValueError`` too, as Python's I/O on a closed file is."""
+
+
 class ProtocolError(Internal):
     """The daemon's reply broke the wire contract (chunks out of order, wrong size, no header)."""
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from ._proto import vserve_pb2 as pb
 from .batch import WIRE_DTYPES, Batch, assemble_batches, assemble_one
-from .errors import InvalidArgument, NotFound, ProtocolError, ResourceExhausted
+from .errors import ClientClosed, InvalidArgument, NotFound, ProtocolError, ResourceExhausted
 
 TRANSPORTS = ("auto", "shm", "inline")
 
@@ -321,6 +321,8 @@ class ShmTransport(Transport):
                 self._release(arena, [slot])
             except NotFound:
                 pass  # the stream ended and its arena is gone already
+            except ClientClosed:
+                pass  # the stream ended with the client's channel: the daemon removed its arena
 
         return release
 
