@@ -5,6 +5,7 @@ shared-memory slot given back, also when the consumer leaves early."""
 from __future__ import annotations
 
 import gc
+import threading
 from typing import Any, List, Set
 
 import pytest
@@ -199,6 +200,93 @@ def test_bad_arguments(daemon):
         with pytest.raises(vserve_client.InvalidArgument):
             next(c.get_clips_many([{"clips": [(VIDEO, [1])]}]))
         assert list(c.get_clips_many([])) == []
+
+
+def test_more_calls_than_the_daemon_allows_a_client_all_succeed(daemon):
+    # The daemon refuses a client process's streaming calls past --client-streams (32 by default):
+    # get_clips_many(max_in_flight=100) failed at its 33rd request, and of 100 back-to-back
+    # get_clips_async calls about half failed, RESOURCE_EXHAUSTED "32 streams in flight (client-streams)".
+    # The client now keeps at most MAX_CLIPS_IN_FLIGHT in flight; the rest wait in it, unsent.
+    # one_pass: each request decodes (nothing cached), so the calls overlap at the daemon.
+    reqs = [("media", [(VIDEO, [(i * 2) % 250])]) for i in range(100)]
+    kw = dict(size=SIZE, cache_policy="one_pass")
+    with daemon.client() as c, daemon.client(transport="inline") as ci:
+        futures = [c.get_clips_async(*r, **kw) for r in reqs]
+        got_async = [f.result().array.copy() for f in futures]
+        del futures
+        got_many = [b.array.copy() for b in ci.get_clips_many(reqs, max_in_flight=100, **kw)]
+        want = [c.get_clips(*r, **kw).array for r in reqs]
+        for i, w in enumerate(want):
+            assert_array_equal(got_async[i], w, f"get_clips_async {i}")
+            assert_array_equal(got_many[i], w, f"get_clips_many {i}")
+
+
+def test_calls_past_max_clips_in_flight_wait_unsent(daemon):
+    reqs = [("media", [(VIDEO, [i, i + 1])]) for i in range(8)]
+    with daemon.client(max_clips_in_flight=3) as c:
+        want = [c.get_clips(*r, size=SIZE).array.copy() for r in reqs]
+        sent = []
+        send = c._send_clips
+
+        def recording(req):
+            sent.append(req.clips[0].frames.indices[0])
+            return send(req)
+
+        c._send_clips = recording
+        futures = [c.get_clips_async(*r, size=SIZE) for r in reqs]
+        assert sent == [0, 1, 2]  # the rest wait in the client
+        assert not futures[5].done()
+        assert futures[6].cancel() and futures[6].cancelled()  # waiting: never sent
+        # Collecting a waiting one first collects the oldest in flight to make room (kept for their
+        # result()); once collected, its own place goes to the next waiting one.
+        assert_array_equal(futures[4].result().array, want[4], "future 4")
+        assert sent == [0, 1, 2, 3, 4, 5]
+        assert futures[0].done() and futures[1].done() and not futures[2].done()
+        futures[2].cancel()  # in flight: its place goes to the next waiting one (6 was cancelled)
+        assert sent == [0, 1, 2, 3, 4, 5, 7]
+        for i in (0, 1, 3, 5, 7):
+            assert_array_equal(futures[i].result().array, want[i], f"future {i}")
+        assert sent == [0, 1, 2, 3, 4, 5, 7]
+        with pytest.raises(vserve_client.Cancelled):
+            futures[6].result()
+        # Futures dropped unread give their places back.
+        dropped = [c.get_clips_async(*r, size=SIZE) for r in reqs[:5]]
+        del dropped
+        assert_array_equal(c.get_clips(*reqs[7], size=SIZE).array, want[7], "after dropped futures")
+        # get_clips_many keeps at most max_clips_in_flight in flight.
+        sent.clear()
+        it = c.get_clips_many(reqs, max_in_flight=6, size=SIZE)
+        next(it)
+        assert sent == [0, 1, 2]
+        assert len([b.array.copy() for b in it]) == 7
+        # Threads waiting on each other's calls, collected out of order, all get theirs.
+        errors = []
+
+        def worker(k):
+            try:
+                fs = [c.get_clips_async(*reqs[(k + j) % 8], size=SIZE) for j in range(6)]
+                for j in reversed(range(6)):
+                    assert_array_equal(fs[j].result().array, want[(k + j) % 8], f"thread {k} future {j}")
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "threads waiting on each other's calls hung"
+        assert not errors, errors
+    # Requests still waiting when the client closes fail with ClientClosed, and never go out.
+    c = daemon.client(max_clips_in_flight=1)
+    first, second = (c.get_clips_async(*r, size=SIZE) for r in reqs[:2])
+    c.close()
+    with pytest.raises(vserve_client.ClientClosed):
+        second.result()
+    with pytest.raises(vserve_client.VServeError):
+        first.result()  # in flight at close: cancelled with the channel
+    with pytest.raises(vserve_client.InvalidArgument, match="max_clips_in_flight=0"):
+        daemon.client(max_clips_in_flight=0)
 
 
 EXIT_SCRIPT = r"""

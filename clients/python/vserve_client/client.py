@@ -17,6 +17,7 @@ import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     Deque,
     Dict,
     Generator,
@@ -44,6 +45,15 @@ if TYPE_CHECKING:  # pragma: no cover
 #: The largest message accepted or sent. The daemon sends 8 MiB chunks; headers of huge requests (per-clip
 #: frame lists) are the other large messages.
 MAX_MESSAGE_BYTES = 64 << 20
+
+#: GetClips calls one :class:`Client` keeps in flight at most (its ``max_clips_in_flight`` by default);
+#: later ones wait in the client, unsent (see :class:`ClipsFuture`). The daemon refuses a client's streaming
+#: calls (GetClips, StreamBatches and CheckDataset together) past its ``--client-streams`` at once with
+#: RESOURCE_EXHAUSTED ("32 streams in flight"): 32 by default (half of ``--max-streams`` 64), where a client
+#: is a process on the Unix socket and an IP address on TCP. Clients are not told that limit, so this is
+#: half of its default: room for the process's streams (a training stream, another Client) beside it,
+#: and for a call the daemon still counts for a moment after its reply has arrived here.
+MAX_CLIPS_IN_FLIGHT = 16
 
 
 def _target(addr: str) -> Tuple[str, bool]:
@@ -147,32 +157,143 @@ class _Answer:
             raise from_rpc_error(e) from None
 
 
+# A ClipsFuture's request: waiting in its client (unsent), sent (a gRPC call), or done (collected,
+# cancelled or failed).
+_WAITING, _SENT, _DONE = "waiting", "sent", "done"
+
+
+class _ClipsQueue:
+    """The GetClips calls of one Client: at most ``limit`` sent and not yet collected (oldest first);
+    later ones wait, unsent, and go out in order as earlier ones are collected or cancelled. Futures are
+    held weakly: one dropped unread gives its place back (grpc cancels its garbage-collected call).
+    ``lock`` guards every future's ``_state``, ``_call`` and ``_req``; it is never held while waiting for a
+    reply or for a future's own lock."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.lock = threading.Lock()
+        self._sent: "Deque[weakref.ref[ClipsFuture]]" = collections.deque()
+        self._waiting: "Deque[weakref.ref[ClipsFuture]]" = collections.deque()
+
+    def submit(self, f: "ClipsFuture") -> None:
+        with self.lock:
+            self._waiting.append(f._ref)
+            self._pump()
+
+    def _pump(self) -> None:
+        """Sends waiting calls while there is room (lock held)."""
+        if any(r() is None for r in self._sent):
+            self._sent = collections.deque(r for r in self._sent if r() is not None)
+        while self._waiting and len(self._sent) < self.limit:
+            f = self._waiting.popleft()()
+            if f is None:
+                continue  # dropped before its turn: never sent
+            f._start()
+            if f._state == _SENT:
+                self._sent.append(f._ref)
+
+    def make_room(self, f: "ClipsFuture") -> "Optional[ClipsFuture]":
+        """For a waiting ``f`` whose reply is wanted: None once it is sent (or done), else the oldest call
+        in flight, for the caller to collect (its reply kept for its own ``result()``) so that ``f`` can
+        go out: a thread that made more calls than ``limit`` and waits for a late one does not wait
+        forever for places only its own collecting would free."""
+        with self.lock:
+            self._pump()
+            if f._state != _WAITING:
+                return None
+            for r in self._sent:
+                oldest = r()
+                if oldest is not None:
+                    return oldest
+        raise AssertionError("unreachable: calls wait only while `limit` are in flight")
+
+    def end(self, f: "ClipsFuture") -> Any:
+        """Ends ``f`` (collected, cancelled): its place goes to the next waiting call. Returns its gRPC
+        call when it was sent (for a cancel to cancel), else None."""
+        with self.lock:
+            call = f._call if f._state == _SENT else None
+            if f._state == _WAITING:
+                self._waiting.remove(f._ref)
+            elif f._state == _SENT and f._ref in self._sent:
+                self._sent.remove(f._ref)
+            f._state, f._call, f._req = _DONE, None, None
+            self._pump()
+        return call
+
+    def unsent(self, f: "ClipsFuture") -> bool:
+        with self.lock:
+            return f._state == _WAITING
+
+    def close(self, error: VServeError) -> None:
+        """Fails every waiting call with ``error``: its client was closed before its turn came."""
+        with self.lock:
+            for r in self._waiting:
+                f = r()
+                if f is not None:
+                    f._error = error
+                    f._state, f._req = _DONE, None
+            self._waiting.clear()
+
+
 class ClipsFuture:
-    """A GetClips call in flight (:meth:`Client.get_clips_async`). The request was sent when the future
-    was made; :meth:`result` waits for the reply and returns its :class:`Batch` (the same object on every
-    call), or raises the call's :class:`~vserve_client.errors.VServeError`. Thread-safe.
+    """A GetClips call (:meth:`Client.get_clips_async`). The request goes out when the future is made, or,
+    while its client has ``max_clips_in_flight`` calls in flight (:data:`MAX_CLIPS_IN_FLIGHT`), waits in
+    the client, unsent, and goes out in order as earlier calls are collected or cancelled, so that no call
+    is refused for being one too many. :meth:`result` waits for the reply (first sending a waiting request,
+    collecting the oldest call in flight to make room: its reply is kept for its own ``result()``) and
+    returns its :class:`Batch` (the same object on every call), or raises the call's
+    :class:`~vserve_client.errors.VServeError`. Thread-safe.
 
     GetClips is a server-streaming RPC (inline replies come in chunks), so the gRPC call completes only
     as its messages are read: ``done()`` says whether :meth:`result` has collected it (or it was
     cancelled), not whether the daemon has answered yet."""
 
-    def __init__(self, transport: Transport, call: Any, finish: rq.Finish):
+    def __init__(
+        self, queue: _ClipsQueue, transport: Transport, send: Callable[[Any], Any], request: Any, finish: rq.Finish
+    ):
+        self._queue = queue
         self._transport = transport
-        self._call = call
+        self._send = send
+        self._req: Any = request
+        self._call: Any = None
+        self._state = _WAITING
+        self._ref = weakref.ref(self)
         self._finish = finish
         self._lock = threading.Lock()
         self._batch: Optional[Batch] = None
         self._error: Optional[BaseException] = None
         self._cancelled = False
 
+    def _start(self) -> None:
+        """Sends the request (the queue's lock held); a failure to send becomes the call's error."""
+        req, self._req = self._req, None
+        try:
+            self._call = self._send(req)
+            self._state = _SENT
+        except Exception as e:  # noqa: BLE001 - raised by result(), as the call's own errors are
+            self._error = e
+            self._state = _DONE
+
     def result(self) -> Batch:
         with self._lock:
             if self._batch is None and self._error is None:
-                self._collect()
+                while True:
+                    oldest = self._queue.make_room(self)
+                    if oldest is None:
+                        break
+                    oldest._gather()
+                if self._error is None:  # sent (not failed to send, nor closed before its turn)
+                    self._collect()
             if self._error is not None:
                 raise self._error
             assert self._batch is not None
             return self._batch
+
+    def _gather(self) -> None:
+        """Collects the reply, kept for :meth:`result`, unless done already (its place goes to a waiting call)."""
+        with self._lock:
+            if self._batch is None and self._error is None:
+                self._collect()
 
     def _collect(self) -> None:
         call = self._call
@@ -193,7 +314,7 @@ class ClipsFuture:
         finally:
             it.close()
             call.cancel()  # a no-op once the call has finished
-            self._call = None
+            self._queue.end(self)
 
     def exception(self) -> Optional[BaseException]:
         """The call's error (waiting for the reply), or None when it succeeded."""
@@ -207,19 +328,32 @@ class ClipsFuture:
         return self._batch is not None or self._error is not None
 
     def cancel(self) -> bool:
-        """Cancels the call unless its reply was collected already (then returns False). ``result()``
-        then raises :class:`~vserve_client.errors.Cancelled`."""
+        """Cancels the call unless its reply was collected already (then returns False); a request still
+        waiting in the client is never sent. ``result()`` then raises :class:`~vserve_client.errors.Cancelled`."""
         with self._lock:
             if self.done():
                 return self._cancelled
-            self._call.cancel()
             self._cancelled = True
-            self._call = None
             self._error = Cancelled("the GetClips call was cancelled by the client", "CANCELLED")
+            call = self._queue.end(self)
+            if call is not None:
+                call.cancel()
             return True
 
     def cancelled(self) -> bool:
         return self._cancelled
+
+    def _drop(self, collect: bool) -> None:
+        """Ends a call nobody will read: a waiting one is never sent; a sent one is collected and its reply
+        dropped when ``collect`` (shared memory: a cancelled call's reply may already sit in an arena slot
+        nobody would release), else cancelled."""
+        if collect and not self._queue.unsent(self):
+            try:
+                self.result()
+            except Exception:  # noqa: BLE001 - an abandoned reply's error is nobody's to raise
+                pass
+        else:
+            self.cancel()
 
 
 class BatchStream:
@@ -287,6 +421,10 @@ class Client:
         tls_ca: for ``https://host:port``: the CA certificate that signed the daemon's certificate, as PEM
             bytes or a file path (None: the system's roots).
         timeout: seconds allowed for each unary call and each GetClips (None: no limit). Streams have none.
+        max_clips_in_flight: GetClips calls sent and not yet collected, at most (:data:`MAX_CLIPS_IN_FLIGHT`);
+            later ones wait in the client, unsent, as :meth:`get_clips_async` says. The daemon refuses more
+            than ``--client-streams`` streaming calls of one client at once (32 by default): raise it only
+            for a daemon started with more.
     """
 
     def __init__(
@@ -297,8 +435,10 @@ class Client:
         *,
         tls_ca: Union[None, str, bytes, "os.PathLike[str]"] = None,
         timeout: Optional[float] = None,
+        max_clips_in_flight: int = MAX_CLIPS_IN_FLIGHT,
     ):
         self.addr = addr
+        self._clips = _ClipsQueue(rq.uint("max_clips_in_flight", max_clips_in_flight, 1))
         self._transport: Transport = select(transport, addr, self._release_slots, self._release_slots_async)
         self._timeout = timeout
         target, secure = _target(addr)
@@ -354,6 +494,7 @@ class Client:
             return
         self._transport.close()  # its releases are calls of this client: made before it counts as closed
         self._closed = True
+        self._clips.close(self._closed_error())
         self._channel.close()
 
     @property
@@ -554,25 +695,34 @@ class Client:
         returned :class:`ClipsFuture`'s ``result()`` waits for the reply and gives its :class:`Batch`
         (or raises the call's error). Takes :meth:`get_clips`' keyword arguments.
 
-        Each call in flight is one of the daemon's streaming calls (``--client-streams`` per client
-        process, 32 by default). A shared-memory reply holds its arena slot from the moment the daemon
-        makes it: collect every future's ``result()`` and drop the batch when done. A future dropped
-        unread, or cancelled after the daemon made its reply, leaves that slot to the daemon's expiry
-        (60 s, counted against this client's shared-memory budget meanwhile)."""
+        Each call in flight is one of the daemon's streaming calls, which it limits per client process
+        (``--client-streams``, 32 by default, RESOURCE_EXHAUSTED past it): this client keeps at most
+        ``max_clips_in_flight`` (:data:`MAX_CLIPS_IN_FLIGHT`, 16) sent and not yet collected, and a
+        request made while that many are holds its place in the client, unsent, until an earlier one is
+        collected or cancelled (:class:`ClipsFuture`). A shared-memory reply holds its arena slot from
+        the moment the daemon makes it: collect every future's ``result()`` and drop the batch when done.
+        A future dropped unread, or cancelled after the daemon made its reply, leaves that slot to the
+        daemon's expiry (60 s, counted against this client's shared-memory budget meanwhile)."""
         unknown = set(kwargs) - _GET_CLIPS_KEYWORDS
         if unknown:
             raise TypeError(f"get_clips_async() got unexpected keyword arguments {sorted(unknown)}")
         req = rq.get_clips_request(dataset, clips, **kwargs)
         finish = rq.finish_of(kwargs.get("dtype", "uint8"), kwargs.get("layout", "THWC"))
         self._check_process()
+        future = ClipsFuture(self._clips, self._transport, self._send_clips, req, finish)
+        self._clips.submit(future)
+        return future
+
+    def _send_clips(self, req: "pb.GetClipsRequest") -> Any:
+        """Sends a GetClips request whose turn has come (:class:`_ClipsQueue`): its gRPC call."""
+        self._check_process()
         self._transport.prepare(req)
         try:
-            call = self._stub.GetClips(req, metadata=self._metadata, timeout=self._timeout)
+            return self._stub.GetClips(req, metadata=self._metadata, timeout=self._timeout)
         except ValueError:
             if self._closed:
                 raise self._closed_error() from None
             raise
-        return ClipsFuture(self._transport, call, finish)
 
     def get_clips_many(
         self, requests: Iterable[Any], *, max_in_flight: int = 4, **common: Any
@@ -580,6 +730,9 @@ class Client:
         """The replies of many GetClips requests, in the order of ``requests``, with up to
         ``max_in_flight`` of them in flight at once: the daemon's decode threads stay busy while this
         process consumes earlier replies, so one clip per request runs about as fast as many per request.
+        ``max_in_flight`` is capped at the client's ``max_clips_in_flight`` (:data:`MAX_CLIPS_IN_FLIGHT`),
+        under the daemon's limit per client (``--client-streams``), so no request is refused for being
+        one too many.
 
         Each request is ``(dataset, clips)``, ``(dataset, clips, {keyword: value})`` or a dict with
         ``dataset``, ``clips`` and any of :meth:`get_clips`' keywords; ``common`` keywords apply to every
@@ -591,6 +744,7 @@ class Client:
         """
         if int(max_in_flight) < 1:
             raise InvalidArgument(f"max_in_flight={max_in_flight!r}: expected at least 1")
+        max_in_flight = min(int(max_in_flight), self._clips.limit)
         pending: Deque[ClipsFuture] = collections.deque()
         source = iter(requests)
         exhausted = False
@@ -613,18 +767,15 @@ class Client:
             self._abandon(pending)
 
     def _abandon(self, futures: "Deque[ClipsFuture]") -> None:
-        """Ends calls nobody will read: inline ones are cancelled; shared-memory ones are collected and
-        dropped (a cancelled call's reply may already sit in an arena slot nobody would release), and
-        their slots released now."""
+        """Ends calls nobody will read: those still waiting in the client are never sent; inline ones are
+        cancelled; shared-memory ones are collected and dropped (a cancelled call's reply may already sit
+        in an arena slot nobody would release), and their slots released now."""
+        for f in futures:
+            if self._clips.unsent(f):
+                f.cancel()
         while futures:
             f = futures.popleft()
-            if self._transport.name == "shm":
-                try:
-                    f.result()
-                except Exception:  # noqa: BLE001 - an abandoned reply's error is nobody's to raise
-                    pass
-            else:
-                f.cancel()
+            f._drop(collect=self._transport.name == "shm")
             del f
         try:
             self._transport.flush()  # type: ignore[attr-defined]
