@@ -104,6 +104,11 @@ fn classify(path: &str) -> (&'static str, Kind) {
         .unwrap_or(("other", Kind::Unary))
 }
 
+/// The largest request message (tonic refuses larger ones, answered INVALID_ARGUMENT naming the size):
+/// far above a real one (a GetClips of 4096 clips with long paths is under 1 MiB); unfinished ones are
+/// bounded further by the request bodies' ledger ([`bodies`]).
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+
 /// Wraps each service of a listener; clones share the metrics and the stream count.
 #[derive(Clone, Debug)]
 pub struct RpcLayer {
@@ -235,12 +240,33 @@ where
             };
             // A trailers-only reply (most refusals) carries its status in the headers.
             if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+                // tonic answers a request over the decode limit OUT_OF_RANGE "decoded message length
+                // too large", which names no limit and reads as a frame past the end: say what it is.
+                if status.code() == tonic::Code::OutOfRange
+                    && status.message().contains("message length too large")
+                {
+                    let found = status
+                        .message()
+                        .split("found ")
+                        .nth(1)
+                        .and_then(|s| s.split(' ').next())
+                        .map_or(String::new(), |n| format!(" of {n} bytes"));
+                    let status = tonic::Status::invalid_argument(format!(
+                        "request message{found} is over the {} bytes (4 MiB) a request may have; send \
+                         fewer clips per GetClips",
+                        MAX_REQUEST_BYTES
+                    ));
+                    call.code = Some(status.code());
+                    crate::refusal::RefusalLog::global().log(
+                        method,
+                        &peer.describe(),
+                        status.message(),
+                    );
+                    return Ok(status.into_http::<Body>());
+                }
                 call.code = Some(status.code());
                 // Requests that never reached a handler: logged here, where the client is known.
-                if status.message().starts_with(codec::MALFORMED)
-                    || status.code() == tonic::Code::OutOfRange
-                        && status.message().contains("message length too large")
-                {
+                if status.message().starts_with(codec::MALFORMED) {
                     crate::refusal::RefusalLog::global().log(
                         method,
                         &peer.describe(),

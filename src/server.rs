@@ -373,9 +373,7 @@ fn transport() -> tonic::transport::Server {
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
 }
 
-/// The largest request message (tonic refuses larger ones): far above a real one (a GetClips of 4096
-/// clips with long paths is under 1 MiB); unfinished ones are bounded further by [`crate::rpc`].
-pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+pub use crate::rpc::MAX_REQUEST_BYTES;
 
 /// HTTP/2 streams one connection may have open at once: well above what a client process uses (its
 /// streaming calls are bounded by `--client-streams`, 32 by default).

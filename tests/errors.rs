@@ -519,3 +519,28 @@ async fn a_root_that_cannot_be_read_keeps_its_last_list() {
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(count(&c.list_datasets().await.unwrap()), Some((2, 2)));
 }
+
+/// A request message over the 4 MiB a request may have is INVALID_ARGUMENT naming its size and the
+/// limit (tonic's own answer was OUT_OF_RANGE "decoded message length too large", which names no limit
+/// and reads, to a client, as a frame past the end), and the daemon serves the next request.
+#[tokio::test]
+async fn a_request_over_the_message_limit_is_invalid_argument_naming_the_limit() {
+    let mut d = Daemon::start().await;
+    let mut c = d.client().await;
+    // 4096 clips whose paths are padded with "./" to 1.2 KB each: about 5 MB.
+    let video = format!("{}{}", "./".repeat(600), Control::VIDEO);
+    let clips = (0..4096)
+        .map(|_| frames_clip(&video, &[0], None))
+        .collect::<Vec<_>>();
+    let res = c.get_clips(clips_req(MEDIA, clips, sized(16, 16))).await;
+    let msg = status_message(&res);
+    expect_code(res, &["INVALID_ARGUMENT"], "a 5 MB request");
+    assert!(
+        msg.contains("is over the 4194304 bytes (4 MiB) a request may have")
+            && msg.contains("bytes"),
+        "{msg}"
+    );
+    Control::new()
+        .check(&mut d, &c, "a request over the limit")
+        .await;
+}
