@@ -35,9 +35,12 @@ impl TokenCheck {
                 "missing bearer token (authorization metadata)",
             ));
         };
-        let given = value
-            .as_bytes()
-            .strip_prefix(b"Bearer ")
+        // The scheme's name is case-insensitive (RFC 9110 11.1): `bearer` and `BEARER` count too.
+        let bytes = value.as_bytes();
+        let given = bytes
+            .get(..7)
+            .filter(|scheme| scheme.eq_ignore_ascii_case(b"Bearer "))
+            .map(|_| &bytes[7..])
             .ok_or_else(|| Status::unauthenticated("authorization is not a bearer token"))?;
         if constant_time_eq(given, &self.expected) {
             Ok(())
@@ -95,12 +98,16 @@ mod tests {
     #[test]
     fn accepts_only_the_configured_bearer_token() {
         let mut check = TokenCheck::new("s3cret");
-        assert!(check.call(with_auth(Some("Bearer s3cret"))).is_ok());
+        for good in ["Bearer s3cret", "bearer s3cret", "BEARER s3cret"] {
+            assert!(check.call(with_auth(Some(good))).is_ok(), "{good}");
+        }
         for bad in [
             None,
             Some("Bearer s3cre"),
             Some("Bearer s3cret2"),
             Some("s3cret"),
+            Some("Basic s3cret"),
+            Some("bearer S3CRET"),
         ] {
             let e = check.call(with_auth(bad)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad:?}");

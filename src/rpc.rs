@@ -104,6 +104,19 @@ fn classify(path: &str) -> (&'static str, Kind) {
         .unwrap_or(("other", Kind::Unary))
 }
 
+/// A request path for a message: at most 200 characters, control characters escaped.
+fn printable_path(path: &str) -> String {
+    let mut out: String = path
+        .chars()
+        .take(200)
+        .flat_map(char::escape_default)
+        .collect();
+    if path.chars().count() > 200 {
+        out.push_str("...");
+    }
+    out
+}
+
 /// The largest request message (tonic refuses larger ones, answered INVALID_ARGUMENT naming the size):
 /// far above a real one (a GetClips of 4096 clips with long paths is under 1 MiB); unfinished ones are
 /// bounded further by the request bodies' ledger ([`bodies`]).
@@ -175,6 +188,8 @@ where
 
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
         let (method, kind) = classify(req.uri().path());
+        // A method vserve does not serve: named in the UNIMPLEMENTED answer (tonic's has no message).
+        let unknown_path = (method == "other").then(|| printable_path(req.uri().path()));
         let peer = Peer::from_extensions(req.extensions());
         req.extensions_mut().insert(peer.clone());
         let class = match kind {
@@ -263,6 +278,16 @@ where
                         status.message(),
                     );
                     return Ok(status.into_http::<Body>());
+                }
+                if let (tonic::Code::Unimplemented, Some(path)) = (status.code(), &unknown_path) {
+                    if status.message().is_empty() {
+                        call.code = Some(status.code());
+                        return Ok(tonic::Status::unimplemented(format!(
+                            "no method {path} (vserve serves vserve.v1.VServe, grpc.health.v1.Health and \
+                             server reflection)"
+                        ))
+                        .into_http::<Body>());
+                    }
                 }
                 call.code = Some(status.code());
                 // Requests that never reached a handler: logged here, where the client is known.

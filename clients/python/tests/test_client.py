@@ -337,6 +337,21 @@ def test_unparseable_requests_are_invalid_argument(daemon):
         channel.close()
 
 
+def test_an_unknown_method_is_unimplemented_and_named(daemon):
+    # tonic answers a method no service has with UNIMPLEMENTED and no message at all.
+    import grpc
+
+    channel = grpc.insecure_channel(daemon.addr, options=[("grpc.default_authority", "localhost")])
+    try:
+        for path in ("/vserve.v1.VServe/Nope", "/other.Service/Call"):
+            with pytest.raises(grpc.RpcError) as e:
+                channel.unary_unary(path)(b"", timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED, path
+            assert f"no method {path}" in e.value.details(), e.value.details()
+    finally:
+        channel.close()
+
+
 def test_calls_past_their_deadline_end_deadline_exceeded(daemon):
     # A deadline shorter than the work: the client sees DEADLINE_EXCEEDED, whichever side's timer fires
     # first. The daemon's own answer used to be tonic's CANCELLED "Timeout expired" about a quarter of the
