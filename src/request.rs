@@ -226,6 +226,31 @@ impl Transform {
         if let Some(m) = spec.mean.iter().find(|m| !m.is_finite()) {
             return Err(Error::InvalidArgument(format!("mean {m} must be finite")));
         }
+        // Every output value is (x / 255 - mean) / std for x in 0..=255: its extremes are at 0 and 255.
+        // float16 holds magnitudes up to 65504; beyond, values silently became inf (std 1e-5: 1534 of
+        // them in one batch).
+        let bound = match spec.dtype {
+            batch::DType::F16 => Some(65504.0f32),
+            batch::DType::F32 => Some(f32::MAX),
+            batch::DType::U8 => None,
+        };
+        if let Some(bound) = bound {
+            for c in 0..3 {
+                let (m, s) = (spec.mean[c], spec.std[c]);
+                let worst = ((0.0 - m) / s).abs().max(((1.0 - m) / s).abs());
+                if worst.is_nan() || worst > bound {
+                    return Err(Error::InvalidArgument(format!(
+                        "mean {m} and std {s} (channel {c}) give values up to {worst:e} in magnitude, over \
+                         the {bound:e} {} holds",
+                        if spec.dtype == batch::DType::F16 {
+                            "float16"
+                        } else {
+                            "float32"
+                        }
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 

@@ -273,6 +273,18 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
             ),
         ),
         (
+            "a std so small that float16 values overflow to inf (65504 at most)",
+            clips_req(
+                MEDIA,
+                vec![frames_clip(BIKES, &[0], None)],
+                Some(proto::Transform {
+                    dtype: proto::DType::DtypeFloat16 as i32,
+                    std: vec![1e-5, 1.0, 1.0],
+                    ..Default::default()
+                }),
+            ),
+        ),
+        (
             "clip without positions",
             clips_req(
                 MEDIA,
