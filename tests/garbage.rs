@@ -929,3 +929,41 @@ async fn files_that_do_not_open_say_why() {
         .check(&mut d, &c, "files that do not open")
         .await;
 }
+
+/// Damage the HEVC decoder conceals and only logs (`cu_qp_delta` out of range: no error returned, no
+/// frame flagged, a region of the picture never written) is damage: the file is indexed by decoding and
+/// served as `ffmpeg -threads 1` decodes it, the same bytes for every request however it is asked
+/// (identical requests for frames 7-9 gave 4-5 different contents). `tests/data/damaged/SOURCES.md`.
+#[tokio::test]
+async fn damage_the_hevc_decoder_only_logs_gives_ffmpegs_frames_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/damaged/hevc_concealed.mp4");
+    let path = dir.path().join("hevc.mp4");
+    fs::copy(&src, &path).unwrap();
+    let reference = Ffmpeg {
+        threads: Some(1),
+        ..Ffmpeg::default()
+    }
+    .frames(&path, 128, 128, None);
+    let dataset = format!("h={}", dir.path().display());
+    let d = Daemon::start_with(&["--dataset", &dataset, "--state-dir", "none"]).await;
+    let mut c = d.client().await;
+    let n = reference.len() as u64;
+    assert!(n >= 9, "ffmpeg decodes {n} frames");
+    let all: Vec<u64> = (0..n).collect();
+    for round in 0..3 {
+        for wanted in [vec![7, 8], all.clone(), vec![8], vec![2, 7]] {
+            // Decoded every time (nothing from the cache), so each answer is a fresh decode.
+            let mut req = clips_req("h", vec![frames_clip("hevc.mp4", &wanted, None)], None);
+            req.cache_policy = proto::CachePolicy::OnePass as i32;
+            let batch = get(&mut c, req).await;
+            assert_frames_eq(
+                &batch,
+                &wanted,
+                &reference,
+                (128, 128),
+                &format!("round {round}, frames {wanted:?}"),
+            );
+        }
+    }
+}

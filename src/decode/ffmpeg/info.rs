@@ -23,7 +23,55 @@ pub fn init() {
         };
         // SAFETY: sets a process-global integer; FFmpeg reads it without other requirements.
         unsafe { ff::ffi::av_log_set_level(level) };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `log_callback` has the signature FFmpeg calls and forwards to its default callback.
+        unsafe {
+            ff::ffi::av_log_set_callback(Some(log_callback))
+        };
     });
+}
+
+thread_local! {
+    /// Error-level messages an HEVC decoder logged on this thread (see [`decoder_errors`]).
+    static DECODER_ERRORS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Error-level messages HEVC decoders have logged on this thread so far. libavcodec's HEVC decoder
+/// conceals some slice errors (`cu_qp_delta ... outside the valid range`) without flagging the frame or
+/// failing the packet: the picture comes out with a region it never wrote, whose bytes depend on what
+/// the decoder's buffers held before, so the same request gave different pixels. A run or a decode scan
+/// compares this count before and after each packet (decoders run one thread each, on the caller's
+/// thread) and treats an increase as damage, as it treats a flagged frame. Only HEVC: H.264 logs errors
+/// for the leading frames of an open GOP after a seek in clean files.
+pub fn decoder_errors() -> u64 {
+    DECODER_ERRORS.with(|c| c.get())
+}
+
+/// FFmpeg's log callback: counts HEVC decoders' error messages on this thread, then logs as FFmpeg would.
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn log_callback(
+    avcl: *mut std::ffi::c_void,
+    level: std::ffi::c_int,
+    fmt: *const std::ffi::c_char,
+    vl: *mut ff::ffi::__va_list_tag,
+) {
+    if level <= ff::ffi::AV_LOG_ERROR && !avcl.is_null() {
+        // SAFETY: FFmpeg's log contexts start with a pointer to their AVClass; an AVCodecContext's
+        // class is named "AVCodecContext", and only then is `avcl` read as one.
+        let hevc = unsafe {
+            let class = *(avcl as *const *const ff::ffi::AVClass);
+            !class.is_null()
+                && !(*class).class_name.is_null()
+                && std::ffi::CStr::from_ptr((*class).class_name).to_bytes() == b"AVCodecContext"
+                && (*(avcl as *const ff::ffi::AVCodecContext)).codec_id
+                    == ff::ffi::AVCodecID::AV_CODEC_ID_HEVC
+        };
+        if hevc {
+            DECODER_ERRORS.with(|c| c.set(c.get() + 1));
+        }
+    }
+    // SAFETY: the arguments FFmpeg passed, unchanged.
+    unsafe { ff::ffi::av_log_default_callback(avcl, level, fmt, vl) };
 }
 
 /// The video stream to use: `wanted` when given (it must be a video stream), else FFmpeg's best video

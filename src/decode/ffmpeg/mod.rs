@@ -533,7 +533,18 @@ fn decode_in(
                             sent.insert(k);
                         }
                     }
-                    if let Err(e) = video.decoder.send_packet(&packet) {
+                    let logged = info::decoder_errors();
+                    let sent_packet = video.decoder.send_packet(&packet);
+                    if watch_damage && info::decoder_errors() > logged {
+                        // Damage the decoder concealed and only logged (HEVC): the picture holds
+                        // bytes it never wrote. Indexed by decoding from now on, like flagged damage.
+                        video.next_frame = None;
+                        return Err(DecodeError::Damaged {
+                            path: path.clone(),
+                            frame: run.keyframe,
+                        });
+                    }
+                    if let Err(e) = sent_packet {
                         tracing::trace!(path = %video.path.display(), error = %e, "decoder rejected packet");
                         if watch_damage && matches!(e, ff::Error::InvalidData) {
                             video.next_frame = None;

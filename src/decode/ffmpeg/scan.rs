@@ -72,6 +72,17 @@ impl DecodeScan {
     }
 }
 
+impl DecodeScan {
+    /// Damage the decoder only logged (HEVC slices it concealed, [`super::info::decoder_errors`]) since
+    /// the count was `before`.
+    fn note_logged_errors(&mut self, before: u64) {
+        if super::info::decoder_errors() > before {
+            self.damaged = true;
+            self.first_error.get_or_insert(self.frames.len());
+        }
+    }
+}
+
 /// True when the decoder flagged this frame as damaged (concealment active, or marked corrupt).
 pub(super) fn frame_damaged(frame: &ff::frame::Video) -> bool {
     // SAFETY: `frame` holds a frame just returned by the decoder; these are plain fields.
@@ -120,6 +131,7 @@ pub fn scan_by_decoding(file: &CheckedFile, index: usize) -> Result<DecodeScan, 
         if packet.stream() != index {
             continue;
         }
+        let errors = super::info::decoder_errors();
         match decoder.send_packet(&packet) {
             Ok(()) => {
                 scan.damaged |= rejected_since_accepted;
@@ -132,9 +144,12 @@ pub fn scan_by_decoding(file: &CheckedFile, index: usize) -> Result<DecodeScan, 
             }
         }
         scan.take_frames(&mut decoder, &mut frame);
+        scan.note_logged_errors(errors);
     }
+    let errors = super::info::decoder_errors();
     let _ = decoder.send_eof();
     scan.take_frames(&mut decoder, &mut frame);
+    scan.note_logged_errors(errors);
     Ok(scan)
 }
 
