@@ -37,7 +37,6 @@ use std::sync::Arc;
 
 use ffmpeg_next as ff;
 
-use super::faults::Stage;
 use super::sink::Sink;
 use super::{Backend, DecodeError, Frame, Geometry, GopRun, RunOutput, VideoSource};
 use crate::dataset::CheckedFile;
@@ -52,7 +51,7 @@ pub use info::{
     read_only_stream, release, stream_facts, DecoderInfo, StreamFacts,
 };
 use keep::{open_bytes, to_close, CONVERTER_BYTES};
-use open::open_input;
+use open::open_for_decoding;
 use reuse::{announce_extradata, DecoderKey, Spares};
 pub use scan::{build_index, build_index_of, scan_by_decoding, DecodeScan};
 use scan::{frame_damaged, read_packet};
@@ -98,31 +97,6 @@ pub(super) fn open_decoder(
     ctx.decoder()
         .video()
         .map_err(|e| format!("no decoder for {}: {e}", st.parameters().id().name()))
-}
-
-/// Opens a file the index already describes. For MP4/MOV and Matroska/WebM the container header holds
-/// everything decoding needs, so FFmpeg's stream probing (`avformat_find_stream_info`, which decodes
-/// frames and costs ~2 ms per open against ~0.2 ms without) is skipped when the header's stream matches the
-/// index (codec and size). Other containers, or any mismatch, get the full open.
-fn open_for_decoding(
-    file: &CheckedFile,
-    index: &VideoIndex,
-) -> Result<ff::format::context::Input, open::OpenError> {
-    let input = open_input(file, false, Stage::Decode)?;
-    let container = input.format().name().to_owned();
-    let header_is_enough = container.starts_with("mov,mp4") || container.starts_with("matroska");
-    let matches = input.stream(index.stream).is_some_and(|st| {
-        let params = st.parameters();
-        // SAFETY: `params` wraps the stream's valid AVCodecParameters for the life of `input`.
-        let (w, h) = unsafe { ((*params.as_ptr()).width, (*params.as_ptr()).height) };
-        params.id().name() == index.codec && w as u32 == index.width && h as u32 == index.height
-    });
-    if header_is_enough && matches {
-        Ok(input)
-    } else {
-        drop(input);
-        open_input(file, true, Stage::Decode)
-    }
 }
 
 /// One open video: demuxer, decoder, and where the decoder stands.

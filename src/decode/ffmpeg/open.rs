@@ -17,6 +17,7 @@ use ffmpeg_next as ff;
 
 use crate::dataset::CheckedFile;
 use crate::decode::faults::{self, Stage};
+use crate::index::VideoIndex;
 
 /// The demuxers FFmpeg may pick (its names; a match on any name of a multi-name demuxer such as
 /// `mov,mp4,m4a,3gp,3g2,mj2` counts): MP4/MOV/3GP, Matroska/WebM, AVI, MPEG program and transport
@@ -210,6 +211,31 @@ pub fn open_input(
     }
     // SAFETY: `ctx` is a valid, opened AVFormatContext that `Input` now owns and closes on drop.
     Ok(unsafe { ff::format::context::Input::wrap(ctx) })
+}
+
+/// Opens a file the index already describes. For MP4/MOV and Matroska/WebM the container header holds
+/// everything decoding needs, so FFmpeg's stream probing (`avformat_find_stream_info`, which decodes
+/// frames and costs ~2 ms per open against ~0.2 ms without) is skipped when the header's stream matches the
+/// index (codec and size). Other containers, or any mismatch, get the full open.
+pub(super) fn open_for_decoding(
+    file: &CheckedFile,
+    index: &VideoIndex,
+) -> Result<ff::format::context::Input, OpenError> {
+    let input = open_input(file, false, Stage::Decode)?;
+    let container = input.format().name().to_owned();
+    let header_is_enough = container.starts_with("mov,mp4") || container.starts_with("matroska");
+    let matches = input.stream(index.stream).is_some_and(|st| {
+        let params = st.parameters();
+        // SAFETY: `params` wraps the stream's valid AVCodecParameters for the life of `input`.
+        let (w, h) = unsafe { ((*params.as_ptr()).width, (*params.as_ptr()).height) };
+        params.id().name() == index.codec && w as u32 == index.width && h as u32 == index.height
+    });
+    if header_is_enough && matches {
+        Ok(input)
+    } else {
+        drop(input);
+        open_input(file, true, Stage::Decode)
+    }
 }
 
 #[cfg(test)]

