@@ -142,7 +142,37 @@ impl RefusalLog {
         code: &'static str,
         message: &str,
     ) {
-        if let Some(suppressed) = self.note_at(client, code, Instant::now()) {
+        self.log_keyed(method, client, client, code, message);
+    }
+
+    /// Logs a failure of a file `client` asked for (DATA_LOSS and the like) at WARN if its (client,
+    /// message) key is due: a loader retrying one corrupt file in a loop costs a line per interval,
+    /// and every other file or failure still gets its own first line.
+    pub fn log_failure(
+        &self,
+        method: &'static str,
+        client: &str,
+        code: &'static str,
+        message: &str,
+    ) {
+        self.log_keyed(
+            method,
+            client,
+            &format!("{client} {message}"),
+            code,
+            message,
+        );
+    }
+
+    fn log_keyed(
+        &self,
+        method: &'static str,
+        client: &str,
+        key: &str,
+        code: &'static str,
+        message: &str,
+    ) {
+        if let Some(suppressed) = self.note_at(key, code, Instant::now()) {
             let message = &*printable(message);
             tracing::warn!(method, client, code, suppressed, message, "request refused");
         }

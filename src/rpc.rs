@@ -106,15 +106,11 @@ fn classify(path: &str) -> (&'static str, Kind) {
 
 /// A request path for a message: at most 200 characters, control characters escaped.
 fn printable_path(path: &str) -> String {
-    let mut out: String = path
-        .chars()
-        .take(200)
-        .flat_map(char::escape_default)
-        .collect();
+    let mut out: String = path.chars().take(200).collect();
     if path.chars().count() > 200 {
         out.push_str("...");
     }
-    out
+    crate::refusal::printable(&out).into_owned()
 }
 
 /// The largest request message (tonic refuses larger ones, answered INVALID_ARGUMENT naming the size):

@@ -82,26 +82,12 @@ fn fail_for(method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
                 status.message(),
             );
         }
-        code => {
-            // A file's failure (DATA_LOSS, DEADLINE_EXCEEDED, ...): thinned per (client, message), so a
-            // loader retrying one corrupt file in a loop costs a line per interval, and each other
-            // file or failure still gets its own first line.
-            let key = format!("{} {}", client(), status.message());
-            if let Some(suppressed) = crate::refusal::RefusalLog::global().note_at(
-                &key,
-                vserve_client::code_name(code),
-                std::time::Instant::now(),
-            ) {
-                tracing::warn!(
-                    method,
-                    client = client(),
-                    code = ?code,
-                    suppressed,
-                    message = status.message(),
-                    "request refused"
-                )
-            }
-        }
+        code => crate::refusal::RefusalLog::global().log_failure(
+            method,
+            &client(),
+            vserve_client::code_name(code),
+            status.message(),
+        ),
     }
     status
 }

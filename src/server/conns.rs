@@ -318,7 +318,6 @@ where
 /// `quiet`'s time (first call, between calls; checked every quarter of the shorter, at most every
 /// second); ends with the connection.
 pub async fn watch(link: Arc<Link>, stall: Option<Duration>, quiet: Option<Quiet>, holder: Holder) {
-    let idle = stall.unwrap_or(Duration::MAX);
     let tick = [
         stall.map(|s| s / 4),
         quiet.map(|q| (q.first_call.min(q.between_calls) / 4).min(Duration::from_secs(1))),
@@ -359,9 +358,9 @@ pub async fn watch(link: Arc<Link>, stall: Option<Duration>, quiet: Option<Quiet
                 return;
             }
         }
-        if stall.is_none() {
+        let Some(idle) = stall else {
             continue;
-        }
+        };
         let progress = link.progress();
         let was_held = std::mem::replace(&mut held, link.pieces() > 0);
         if !held || !was_held || progress != seen {
