@@ -251,22 +251,9 @@ where
             };
             // A trailers-only reply (most refusals) carries its status in the headers.
             if let Some(status) = tonic::Status::from_header_map(response.headers()) {
-                // tonic answers a request over the decode limit OUT_OF_RANGE "decoded message length
-                // too large", which names no limit and reads as a frame past the end: say what it is.
-                if status.code() == tonic::Code::OutOfRange
-                    && status.message().contains("message length too large")
-                {
-                    let found = status
-                        .message()
-                        .split("found ")
-                        .nth(1)
-                        .and_then(|s| s.split(' ').next())
-                        .map_or(String::new(), |n| format!(" of {n} bytes"));
-                    let status = tonic::Status::invalid_argument(format!(
-                        "request message{found} is over the {} bytes (4 MiB) a request may have; send \
-                         fewer clips per GetClips",
-                        MAX_REQUEST_BYTES
-                    ));
+                // tonic's statuses for a request the client framed wrongly (too large, cut short, no
+                // message at all), restated with what they are and logged where the client is known.
+                if let Some(status) = codec::restate(&status, MAX_REQUEST_BYTES) {
                     call.code = Some(status.code());
                     crate::refusal::RefusalLog::global().log(
                         method,

@@ -556,3 +556,77 @@ async fn a_request_over_the_message_limit_is_invalid_argument_naming_the_limit()
         .check(&mut d, &c, "a request over the limit")
         .await;
 }
+
+/// Sends `body` as the whole request body of a call to `method` over the daemon's Unix socket, as
+/// raw HTTP/2 (framing a gRPC client would never send), and returns the call's status (from a
+/// trailers-only reply's headers, or from its trailers).
+async fn raw_call(socket: &std::path::Path, method: &str, body: &[u8]) -> tonic::Status {
+    let io = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let (client, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://localhost/vserve.v1.VServe/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (reply, mut send) = client.send_request(req, body.is_empty()).unwrap();
+    if !body.is_empty() {
+        send.send_data(bytes::Bytes::copy_from_slice(body), true)
+            .unwrap();
+    }
+    let (parts, mut body) = reply.await.unwrap().into_parts();
+    if let Some(status) = tonic::Status::from_header_map(&parts.headers) {
+        return status;
+    }
+    while let Some(data) = body.data().await {
+        data.unwrap();
+    }
+    let trailers = body
+        .trailers()
+        .await
+        .unwrap()
+        .expect("a reply with no status");
+    tonic::Status::from_header_map(&trailers).expect("trailers with no grpc-status")
+}
+
+#[tokio::test]
+async fn requests_framed_wrongly_get_named_client_statuses_not_internal() {
+    let mut d = Daemon::start().await;
+    let c = d.client().await;
+    // A length prefix announcing 100 bytes with 10 sent; a flag byte of 7; no message at all; a
+    // message flagged compressed on a call that names no grpc-encoding (gRPC's compression spec: MUST
+    // fail INTERNAL, the one framing status kept).
+    let mut cut = vec![0, 0, 0, 0, 100];
+    cut.extend_from_slice(&[0x0a; 10]);
+    let flag7 = [7, 0, 0, 0, 0];
+    let compressed = [1, 0, 0, 0, 0];
+    for method in ["Probe", "GetClips", "StreamBatches"] {
+        let cases: [(&[u8], tonic::Code, &str); 4] = [
+            (&cut, tonic::Code::InvalidArgument, "ended inside a message"),
+            (
+                &flag7,
+                tonic::Code::InvalidArgument,
+                "flag byte must be 0 or 1",
+            ),
+            (&[], tonic::Code::Unimplemented, "cardinality"),
+            (&compressed, tonic::Code::Internal, "grpc-encoding"),
+        ];
+        for (body, code, says) in cases {
+            let status = raw_call(&d.socket, method, body).await;
+            assert_eq!(status.code(), code, "{method} {body:?}: {status:?}");
+            assert!(
+                status.message().contains(says),
+                "{method} {body:?}: {}",
+                status.message()
+            );
+        }
+    }
+    Control::new()
+        .check(&mut d, &c, "requests framed wrongly")
+        .await;
+}
