@@ -166,6 +166,27 @@ pub struct RpcService<S> {
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
+impl<S> RpcService<S> {
+    /// Answers `status` at once without calling the service: logged through the refusal log's rate
+    /// limit and always counted in the metrics.
+    fn refuse<E: Send + 'static>(
+        &self,
+        method: &'static str,
+        peer: &Peer,
+        status: tonic::Status,
+    ) -> BoxFuture<http::Response<Body>, E> {
+        crate::refusal::RefusalLog::global().log(method, &peer.describe(), status.message());
+        self.metrics
+            .requests
+            .get_or_create(&MethodCodeLabels {
+                method,
+                code: vserve_client::code_name(status.code()),
+            })
+            .inc();
+        Box::pin(std::future::ready(Ok(status.into_http::<Body>())))
+    }
+}
+
 impl<S, ReqBody> tower::Service<http::Request<ReqBody>> for RpcService<S>
 where
     S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
@@ -193,34 +214,29 @@ where
             Kind::Work => Some(Class::Unary),
             Kind::Unary | Kind::OtherStream => None,
         };
-        let permit = if let Some(class) = class {
-            match self.admission.try_admit(class, &peer) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    let status = tonic::Status::from(e);
-                    crate::refusal::RefusalLog::global().log(
-                        method,
-                        &peer.describe(),
-                        status.message(),
-                    );
-                    self.metrics
-                        .requests
-                        .get_or_create(&MethodCodeLabels {
-                            method,
-                            code: vserve_client::code_name(status.code()),
-                        })
-                        .inc();
-                    return Box::pin(std::future::ready(Ok(status.into_http::<Body>())));
-                }
-            }
-        } else {
-            None
-        };
         // The client's deadline, taken before tonic's own `grpc-timeout` timer starts (that one is made
         // after this call returns), so this one fires first and the call ends DEADLINE_EXCEEDED rather
         // than tonic's CANCELLED "Timeout expired". It covers the wait for the reply's headers, as
-        // tonic's does; a reply stream past its deadline is ended by the client resetting it.
-        let deadline = grpc_timeout(req.headers()).map(|d| tokio::time::Instant::now() + d);
+        // tonic's does; a reply stream past its deadline is ended by the client resetting it. A
+        // malformed one is refused (tonic would serve the call with no deadline at all).
+        let deadline = match grpc_timeout(req.headers()) {
+            Ok(timeout) => timeout.map(|d| tokio::time::Instant::now() + d),
+            Err(bad) => {
+                return self.refuse(
+                    method,
+                    &peer,
+                    tonic::Status::invalid_argument(format!(
+                        "grpc-timeout {bad:?} is malformed: gRPC writes 1 to 8 digits and a unit (H, M, \
+                         S, m, u or n)"
+                    )),
+                )
+            }
+        };
+        let permit = match class.map(|class| self.admission.try_admit(class, &peer)) {
+            None => None,
+            Some(Ok(p)) => Some(p),
+            Some(Err(e)) => return self.refuse(method, &peer, e.into()),
+        };
         let call = Call::start(self.metrics.clone(), method, kind, permit);
         let sent = sent::Sent::on(Link::from_extensions(req.extensions()));
         req.extensions_mut().insert(sent.keep());
@@ -299,25 +315,35 @@ where
     }
 }
 
-/// The `grpc-timeout` header's duration (gRPC over HTTP/2: at most 8 digits and a unit, H M S m u n);
-/// `None` when absent or malformed, which leaves the call without a deadline, as tonic does.
-fn grpc_timeout(headers: &http::HeaderMap) -> Option<std::time::Duration> {
+/// The `grpc-timeout` header's duration (gRPC over HTTP/2: at most 8 digits and a unit, H M S m u n):
+/// `Ok(None)` when absent, `Err` with the header's text (printable, at most 40 characters) when
+/// malformed.
+fn grpc_timeout(headers: &http::HeaderMap) -> Result<Option<std::time::Duration>, String> {
     use std::time::Duration;
-    let text = headers.get("grpc-timeout")?.to_str().ok()?;
-    let digits = text.get(..text.len().checked_sub(1)?)?;
+    let Some(value) = headers.get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let bad = || {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        crate::refusal::printable(&text.chars().take(40).collect::<String>()).into_owned()
+    };
+    let text = value.to_str().map_err(|_| bad())?;
+    let Some(digits) = text.len().checked_sub(1).and_then(|n| text.get(..n)) else {
+        return Err(bad());
+    };
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+        return Err(bad());
     }
-    let n: u64 = digits.parse().ok()?;
-    Some(match &text[digits.len()..] {
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    Ok(Some(match &text[digits.len()..] {
         "H" => Duration::from_secs(n * 3600),
         "M" => Duration::from_secs(n * 60),
         "S" => Duration::from_secs(n),
         "m" => Duration::from_millis(n),
         "u" => Duration::from_micros(n),
         "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
+        _ => return Err(bad()),
+    }))
 }
 
 /// One call's bookkeeping; recorded once, when the reply's end is read (before the client can see it)
@@ -574,7 +600,7 @@ mod tests {
         let parse = |v: &str| {
             let mut h = http::HeaderMap::new();
             h.insert("grpc-timeout", v.parse().unwrap());
-            grpc_timeout(&h)
+            grpc_timeout(&h).unwrap()
         };
         assert_eq!(parse("5m"), Some(Duration::from_millis(5)));
         assert_eq!(parse("99999999S"), Some(Duration::from_secs(99_999_999)));
@@ -582,14 +608,29 @@ mod tests {
         assert_eq!(parse("3M"), Some(Duration::from_secs(180)));
         assert_eq!(parse("7u"), Some(Duration::from_micros(7)));
         assert_eq!(parse("9n"), Some(Duration::from_nanos(9)));
-        for bad in ["", "m", "5", "5x", "123456789m", "-5m", "+5m", "5 m", "5é"] {
+        for bad in [
+            "",
+            "m",
+            "5",
+            "5x",
+            "123456789m",
+            "-5m",
+            "+5m",
+            "5 m",
+            "abc",
+            "-1S",
+        ] {
             let mut h = http::HeaderMap::new();
-            if let Ok(v) = http::HeaderValue::from_str(bad) {
-                h.insert("grpc-timeout", v);
-            }
-            assert_eq!(grpc_timeout(&h), None, "{bad:?}");
+            h.insert("grpc-timeout", http::HeaderValue::from_str(bad).unwrap());
+            assert_eq!(grpc_timeout(&h), Err(bad.to_string()), "{bad:?}");
         }
-        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "grpc-timeout",
+            http::HeaderValue::from_bytes(b"5\xff").unwrap(),
+        );
+        assert_eq!(grpc_timeout(&h), Err("5\u{fffd}".to_string()));
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), Ok(None));
     }
 
     /// A call whose handler has not answered by the client's deadline ends DEADLINE_EXCEEDED (in the

@@ -560,20 +560,27 @@ async fn a_request_over_the_message_limit_is_invalid_argument_naming_the_limit()
 /// Sends `body` as the whole request body of a call to `method` over the daemon's Unix socket, as
 /// raw HTTP/2 (framing a gRPC client would never send), and returns the call's status (from a
 /// trailers-only reply's headers, or from its trailers).
-async fn raw_call(socket: &std::path::Path, method: &str, body: &[u8]) -> tonic::Status {
+async fn raw_call(
+    socket: &std::path::Path,
+    method: &str,
+    body: &[u8],
+    timeout: Option<&str>,
+) -> tonic::Status {
     let io = tokio::net::UnixStream::connect(socket).await.unwrap();
     let (client, conn) = h2::client::handshake(io).await.unwrap();
     tokio::spawn(async move {
         let _ = conn.await;
     });
     let mut client = client.ready().await.unwrap();
-    let req = http::Request::builder()
+    let mut req = http::Request::builder()
         .method("POST")
         .uri(format!("http://localhost/vserve.v1.VServe/{method}"))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
+        .header("te", "trailers");
+    if let Some(t) = timeout {
+        req = req.header("grpc-timeout", t);
+    }
+    let req = req.body(()).unwrap();
     let (reply, mut send) = client.send_request(req, body.is_empty()).unwrap();
     if !body.is_empty() {
         send.send_data(bytes::Bytes::copy_from_slice(body), true)
@@ -595,7 +602,7 @@ async fn raw_call(socket: &std::path::Path, method: &str, body: &[u8]) -> tonic:
 }
 
 #[tokio::test]
-async fn requests_framed_wrongly_get_named_client_statuses_not_internal() {
+async fn requests_framed_wrongly_or_with_a_malformed_timeout_get_named_client_statuses() {
     let mut d = Daemon::start().await;
     let c = d.client().await;
     // A length prefix announcing 100 bytes with 10 sent; a flag byte of 7; no message at all; a
@@ -617,11 +624,40 @@ async fn requests_framed_wrongly_get_named_client_statuses_not_internal() {
             (&compressed, tonic::Code::Internal, "grpc-encoding"),
         ];
         for (body, code, says) in cases {
-            let status = raw_call(&d.socket, method, body).await;
+            let status = raw_call(&d.socket, method, body, None).await;
             assert_eq!(status.code(), code, "{method} {body:?}: {status:?}");
             assert!(
                 status.message().contains(says),
                 "{method} {body:?}: {}",
+                status.message()
+            );
+        }
+    }
+    // A grpc-timeout that is no gRPC timeout is refused, naming it (tonic would serve the call with no
+    // deadline); a well-formed one of zero has passed before any reply.
+    let probe = proto::ProbeRequest {
+        dataset: MEDIA.into(),
+        video: Control::VIDEO.into(),
+        ..Default::default()
+    };
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(prost::Message::encoded_len(&probe) as u32).to_be_bytes());
+    framed.extend_from_slice(&prost::Message::encode_to_vec(&probe));
+    for (timeout, code) in [
+        ("abc", tonic::Code::InvalidArgument),
+        ("-1S", tonic::Code::InvalidArgument),
+        ("123456789m", tonic::Code::InvalidArgument),
+        ("0n", tonic::Code::DeadlineExceeded),
+        ("30S", tonic::Code::Ok),
+    ] {
+        let status = raw_call(&d.socket, "Probe", &framed, Some(timeout)).await;
+        assert_eq!(status.code(), code, "grpc-timeout {timeout}: {status:?}");
+        if code == tonic::Code::InvalidArgument {
+            assert!(
+                status
+                    .message()
+                    .starts_with(&format!("grpc-timeout \"{timeout}\" is malformed")),
+                "{}",
                 status.message()
             );
         }
