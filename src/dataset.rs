@@ -19,8 +19,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 mod beneath;
+mod walk;
 
 use beneath::{node_of, open_root, openat2_beneath, walk_beneath, OPENAT2_MISSING};
+#[cfg(test)]
+pub(crate) use walk::make_too_long_dir;
+pub use walk::{visit_videos, walk_videos, WalkTrouble, MAX_UNREADABLE_LISTED};
 
 /// Extensions counted as videos when a dataset root is scanned.
 pub const VIDEO_EXTENSIONS: &[&str] = &[
@@ -399,109 +403,6 @@ impl Dataset {
     pub fn count_videos(&self) -> u64 {
         walk_videos(&self.root).len() as u64
     }
-}
-
-/// The video files under `root` (by extension; symlinks are not followed), in no particular order.
-pub fn walk_videos(root: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let trouble = visit_videos(root, &mut |rel| found.push(root.join(rel)));
-    if !trouble.complete() || trouble.non_utf8 > 0 {
-        tracing::warn!(root = %root.display(), "walk incomplete: {}", trouble.describe());
-    }
-    found
-}
-
-/// What a walk could not read. A walk that met an unreadable directory is incomplete: callers keep what
-/// they knew before, or fail, rather than take it for a smaller dataset (an unreadable root once listed
-/// as an empty one, and the daemon served nothing until the next walk).
-#[derive(Debug, Default)]
-pub struct WalkTrouble {
-    /// Directories `read_dir` failed on (the root included), and the first with its error.
-    pub unreadable_dirs: u64,
-    pub first_unreadable: Option<String>,
-    /// Video files whose names are not UTF-8 (never served: paths are strings), and the first.
-    pub non_utf8: u64,
-    pub first_non_utf8: Option<String>,
-}
-
-impl WalkTrouble {
-    /// Whether the walk read every directory.
-    pub fn complete(&self) -> bool {
-        self.unreadable_dirs == 0
-    }
-
-    /// One line for a log or an error: what was not read, and the first example.
-    pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(first) = &self.first_unreadable {
-            parts.push(format!(
-                "{} unreadable director{} (first: {first})",
-                self.unreadable_dirs,
-                if self.unreadable_dirs == 1 {
-                    "y"
-                } else {
-                    "ies"
-                }
-            ));
-        }
-        if let Some(first) = &self.first_non_utf8 {
-            parts.push(format!(
-                "{} video file{} with a name that is not UTF-8, left out (first: {first})",
-                self.non_utf8,
-                if self.non_utf8 == 1 { "" } else { "s" }
-            ));
-        }
-        parts.join("; ")
-    }
-}
-
-/// Calls `found` with the path relative to `root` of every video file under it (by extension; symlinks
-/// not followed; names that are not UTF-8 skipped), in no particular order, and says what it could not
-/// read. Streams: holds only the directories still to read, so a walk of a million files keeps none of
-/// their paths.
-pub fn visit_videos(root: &Path, found: &mut dyn FnMut(&str)) -> WalkTrouble {
-    let mut trouble = WalkTrouble::default();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let unreadable = |trouble: &mut WalkTrouble, e: std::io::Error| {
-            trouble.unreadable_dirs += 1;
-            trouble
-                .first_unreadable
-                .get_or_insert_with(|| format!("{}: {e}", dir.display()));
-        };
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) => {
-                unreadable(&mut trouble, e);
-                continue;
-            }
-        };
-        for entry in entries {
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    unreadable(&mut trouble, e);
-                    break;
-                }
-            };
-            let Ok(ft) = entry.file_type() else { continue };
-            let path = entry.path();
-            if ft.is_dir() {
-                stack.push(path);
-            } else if ft.is_file() && is_video(&path) {
-                match path.strip_prefix(root).ok().and_then(|r| r.to_str()) {
-                    Some(rel) => found(rel),
-                    None => {
-                        trouble.non_utf8 += 1;
-                        trouble
-                            .first_non_utf8
-                            .get_or_insert_with(|| format!("{:?}", path.display().to_string()));
-                    }
-                }
-            }
-        }
-    }
-    trouble
 }
 
 pub fn is_video(path: &Path) -> bool {

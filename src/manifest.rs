@@ -331,7 +331,7 @@ impl Samples {
                 trouble.describe()
             ));
         }
-        if trouble.non_utf8 > 0 {
+        if trouble.any() {
             tracing::warn!(root = %root.display(), "{}", trouble.describe());
         }
         Ok(b.finish_sorted())

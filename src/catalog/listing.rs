@@ -12,7 +12,8 @@
 //! again. ListDatasets never walks: before a root's first walk completes it reports the videos found so
 //! far with `building` set. A stream planned before the first walk completes waits for it (never walks
 //! per stream). A manifest that no longer parses on reload keeps its previous samples (the error is
-//! logged and returned). Gulp datasets are read once at start.
+//! logged and returned); a walk that cannot read a directory keeps the previous list's videos under it
+//! (all of them when the root is unreadable) and lists the rest afresh. Gulp datasets are read once at start.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -60,7 +61,8 @@ pub(super) struct Listings {
     manifests: RwLock<BTreeMap<String, Arc<Samples>>>,
     /// The manifest file of each dataset that has one, re-read on reload.
     manifest_files: BTreeMap<String, PathBuf>,
-    /// The last complete walk of each directory root.
+    /// The last walk of each directory root (with what an incomplete one could not read kept from
+    /// the list before it: `install_walk`).
     walked: RwLock<BTreeMap<String, Listing>>,
     /// Every directory dataset (every dataset but gulp sets) and its walk's progress.
     progress: BTreeMap<String, Progress>,
@@ -121,6 +123,34 @@ impl Listings {
         let old = self.walked.write().insert(name.to_owned(), fresh);
         self.retire(name, old.and_then(|l| l.samples), new.as_ref());
     }
+}
+
+/// A walk's list `new` with the videos of `old` under `dirs` (directories relative to the root that the
+/// walk could not read) added back, sorted, and how many were added.
+fn keep_under(new: &Samples, old: &Samples, dirs: &[String]) -> (Samples, usize) {
+    let under = |video: &str| {
+        dirs.iter().any(|d| {
+            video
+                .strip_prefix(d.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+        })
+    };
+    let mut b = SamplesBuilder::new();
+    for s in new.iter() {
+        b.push(s.video, None, None, None);
+    }
+    // A directory that failed partway through its entries gave the walk some of them already.
+    let found: std::collections::HashSet<&str> =
+        new.iter().map(|s| s.video).filter(|v| under(v)).collect();
+    let mut kept = 0;
+    for s in old
+        .iter()
+        .filter(|s| under(s.video) && !found.contains(s.video))
+    {
+        b.push(s.video, None, None, None);
+        kept += 1;
+    }
+    (b.finish_sorted(), kept)
 }
 
 /// How often a walk publishes its count of videos found.
@@ -267,28 +297,60 @@ impl Catalog {
         (Listing { samples, videos }, trouble)
     }
 
-    /// Swaps in a walk of `name`, unless it is incomplete and a list is held: an unreadable directory
-    /// (permissions, a failing disk, a dropped mount) must not shrink the dataset until it reads again.
-    /// Err(why) when the previous list was kept. Whatever the walk could not list is logged here, once.
+    /// Swaps in a walk of `name`. An incomplete walk (an unreadable directory: permissions, a failing
+    /// disk, a dropped mount) must not shrink the dataset until it reads again: the videos the held list
+    /// has under the unreadable directories are kept alongside what the walk found elsewhere, and the
+    /// whole held list is kept when the root itself, or more directories than are named one by one,
+    /// could not be read. Returns the videos listed if a list was swapped in, and what the walk could
+    /// not read (logged here, once).
     fn install_walk(
         &self,
         name: &str,
-        fresh: Listing,
+        mut fresh: Listing,
         trouble: &crate::dataset::WalkTrouble,
-    ) -> Result<(), String> {
-        if !trouble.complete() && self.listings.walked.read().contains_key(name) {
+    ) -> (Option<u64>, Option<String>) {
+        if trouble.any() {
+            tracing::warn!(dataset = %name, "the walk could not list everything: {}", trouble.describe());
+        }
+        if trouble.complete() {
+            let videos = fresh.videos;
+            self.listings.swap_walked(name, fresh);
+            return (Some(videos), None);
+        }
+        let held = self
+            .listings
+            .walked
+            .read()
+            .get(name)
+            .map(|l| l.samples.clone());
+        let problem = |kept: String| {
             let why = format!(
-                "dataset {name:?}: the walk could not read {}; the previous list is kept",
+                "dataset {name:?}: the walk could not read {}; {kept}",
                 trouble.describe()
             );
             tracing::warn!(dataset = %name, "{why}");
-            return Err(why);
+            Some(why)
+        };
+        let merged = match (&held, &trouble.unreadable, &fresh.samples) {
+            (None, _, _) => None, // nothing held: the walk's list is all there is
+            (Some(Some(old)), Some(dirs), Some(new)) if !dirs.iter().any(|d| d.is_empty()) => {
+                Some(keep_under(new, old, dirs))
+            }
+            (Some(_), _, _) => return (None, problem("the previous list is kept".into())),
+        };
+        let kept = merged.as_ref().map(|(s, kept)| {
+            fresh.videos = s.len() as u64;
+            format!("the {kept} videos listed under them before are kept")
+        });
+        if let Some((samples, _)) = merged {
+            fresh.samples = Some(Arc::new(samples));
         }
-        if !trouble.complete() || trouble.non_utf8 > 0 {
-            tracing::warn!(dataset = %name, "the walk could not list everything: {}", trouble.describe());
-        }
+        let videos = fresh.videos;
         self.listings.swap_walked(name, fresh);
-        Ok(())
+        (
+            Some(videos),
+            problem(kept.unwrap_or_else(|| "listed what could be read".into())),
+        )
     }
 
     /// Walks every directory root again and re-reads every manifest, swapping each list whole
@@ -352,15 +414,14 @@ impl Catalog {
             }
             let (fresh, trouble) = self.walk(name);
             let before = self.listings.walked.read().get(name).map(|l| l.videos);
-            let videos = fresh.videos;
-            match self.install_walk(name, fresh, &trouble) {
-                Ok(()) if before != Some(videos) && !out.changed.contains(name) => {
+            let (listed, problem) = self.install_walk(name, fresh, &trouble);
+            if let Some(videos) = listed.filter(|&v| before != Some(v)) {
+                if !out.changed.contains(name) {
                     tracing::info!(dataset = %name, videos, "dataset listed");
                     out.changed.push(name.clone());
                 }
-                Ok(()) => {}
-                Err(why) => out.errors.push(why),
             }
+            out.errors.extend(problem);
         }
         out
     }
@@ -550,5 +611,69 @@ mod tests {
             "one reload for the four"
         );
         assert_eq!(cat.samples("d").await.unwrap().len(), 2);
+    }
+
+    #[test]
+    fn an_unreadable_directory_keeps_the_videos_listed_under_it_before() {
+        let samples = |v: &[&str]| {
+            let mut b = SamplesBuilder::new();
+            for x in v {
+                b.push(x, None, None, None);
+            }
+            b.finish_sorted()
+        };
+        let old = samples(&[
+            "a.mp4",
+            "sub/b.mp4",
+            "sub/x/y.mp4",
+            "subway.mp4",
+            "other/d.mp4",
+            "deep/s/1.mp4",
+            "deep/s/2.mp4",
+        ]);
+        // "sub" and "deep/s" could not be read ("deep/s" after giving one entry); the rest was listed.
+        let new = samples(&["a.mp4", "sub2/c.mp4", "deep/s/1.mp4"]);
+        let (merged, kept) = keep_under(&new, &old, &["sub".into(), "deep/s".into()]);
+        let got: Vec<&str> = merged.iter().map(|s| s.video).collect();
+        assert_eq!(
+            got,
+            vec![
+                "a.mp4",
+                "deep/s/1.mp4",
+                "deep/s/2.mp4",
+                "sub/b.mp4",
+                "sub/x/y.mp4",
+                "sub2/c.mp4"
+            ]
+        );
+        assert_eq!(kept, 3);
+    }
+
+    /// A directory too deep to open (its path over PATH_MAX) is left out with a warning; it does not
+    /// make every later walk keep the previous list (new files went unseen for as long as it existed).
+    #[tokio::test]
+    async fn a_directory_too_long_to_open_does_not_freeze_the_list() {
+        let dir = tempfile::tempdir().unwrap();
+        touch(dir.path(), "a.mp4");
+        let cat = catalog(dir.path(), None);
+        assert_eq!(cat.samples("d").await.unwrap().len(), 1);
+        crate::dataset::make_too_long_dir(dir.path());
+        touch(dir.path(), "b.mp4");
+        let r = cat.reload();
+        assert_eq!(
+            r,
+            Reloaded {
+                changed: vec!["d".into()],
+                errors: vec![]
+            }
+        );
+        let got: Vec<String> = cat
+            .samples("d")
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.video.to_owned())
+            .collect();
+        assert_eq!(got, vec!["a.mp4", "b.mp4"]);
     }
 }
