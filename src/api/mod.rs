@@ -432,6 +432,7 @@ impl pb::v_serve_server::VServe for Api {
                 dataset: req.dataset,
                 jobs: req.jobs as usize,
                 shard,
+                client: peer.key.clone(),
             },
         )
         .await

@@ -78,6 +78,9 @@ pub struct Catalog {
     /// thread count, so a batch of new videos cannot oversubscribe the cores from the blocking pool;
     /// places go round the waiting clients (`gate.rs`).
     build_places: Arc<Gate>,
+    /// Bounds the videos CheckDataset calls decode at once, all calls together, to the decode thread
+    /// count, places going round the clients as for builds (`handle/check.rs`).
+    check_places: Arc<Gate>,
     /// Bounds concurrent lookups (a file open and a cache or store read, `builds.rs`).
     lookups: Arc<tokio::sync::Semaphore>,
     index_builds: AtomicU64,
@@ -167,6 +170,7 @@ impl Catalog {
             damaged: Mutex::new(HashSet::new()),
             listings,
             build_places: Gate::new(config.decode.threads.max(1)),
+            check_places: Gate::new(config.decode.threads.max(1)),
             lookups: Arc::new(tokio::sync::Semaphore::new(
                 config.decode.threads.max(1) * builds::LOOKUPS_PER_THREAD,
             )),
@@ -192,6 +196,11 @@ impl Catalog {
     pub fn with_store(mut self, store: Option<Arc<Store>>) -> Catalog {
         self.store = store;
         self
+    }
+
+    /// A place to decode one video of a CheckDataset call for `who` (see `check_places`).
+    pub async fn check_place(&self, who: &crate::peer::PeerKey) -> Option<gate::Place> {
+        self.check_places.acquire(who).await
     }
 
     pub fn store(&self) -> Option<&Arc<Store>> {
