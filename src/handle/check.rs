@@ -7,7 +7,7 @@
 //! caller goes away or the server drains; a video being decoded then finishes first.
 //!
 //! A check is background work next to the training traffic the daemon is for: its threads run at nice
-//! [`CHECK_NICE`], so the decode fleet's threads win the cores whenever both want them, and every video
+//! [`super::BACKGROUND_NICE`], so the decode fleet's threads win the cores whenever both want them, and every video
 //! it decodes takes a place from the catalogue's check places (the decode thread count, all calls
 //! together, going round the clients), so N calls at once decode no more than one call's worth.
 //! Eight CheckDataset calls of 2 jobs each raised another client's uncached GetClips p50 from 24 to
@@ -30,20 +30,6 @@ pub struct CheckRequest {
     pub shard: Shard,
     /// Who asked (check places go round the clients).
     pub client: crate::peer::PeerKey,
-}
-
-/// The nice value of a check's threads (0 is the fleet's; 19 the lowest priority).
-pub const CHECK_NICE: i32 = 10;
-
-/// Lowers the calling thread's CPU priority to [`CHECK_NICE`] (Linux: per thread). A failure leaves it
-/// as it was: the check is then only bounded by its places.
-fn lower_priority() {
-    // SAFETY: setpriority on this thread's own id; no memory is passed.
-    let r =
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, CHECK_NICE) };
-    if r != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "check thread keeps its priority");
-    }
 }
 
 /// One video checked.
@@ -89,7 +75,7 @@ pub async fn check_dataset(
                           store: Option<&crate::store::Store>| {
             thread_local!(static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
             if !LOWERED.replace(true) {
-                lower_priority();
+                crate::handle::lower_priority("a check thread");
             }
             let _place = runtime.block_on(catalog.check_place(&client));
             crate::check::check_one(ds, video, store)

@@ -6,3 +6,24 @@ pub mod check;
 pub mod clips;
 pub mod probe;
 pub mod stream;
+
+/// The nice value of background work (builds ahead of a stream, CheckDataset): 0 is the decode
+/// fleet's, 19 the lowest priority, so the fleet wins the cores whenever both want them.
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Lowers the calling thread's CPU priority to [`BACKGROUND_NICE`] (Linux: per thread). A failure
+/// leaves it as it was, logged at debug.
+pub(crate) fn lower_priority(what: &str) {
+    // SAFETY: gettid and setpriority take and return plain integers; they touch only this thread's
+    // scheduling priority.
+    let r = unsafe {
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            libc::gettid() as libc::id_t,
+            BACKGROUND_NICE,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the priority of {what}");
+    }
+}

@@ -43,7 +43,7 @@ fn queue() -> Option<&'static SyncSender<Job>> {
                 let spawned = std::thread::Builder::new()
                     .name(format!("vserve-index-ahead-{i}"))
                     .spawn(move || {
-                        lower_priority();
+                        crate::handle::lower_priority("an index-ahead thread");
                         loop {
                             let job = rx.lock().recv();
                             let Ok(job) = job else { return };
@@ -58,16 +58,6 @@ fn queue() -> Option<&'static SyncSender<Job>> {
             (started > 0).then_some(tx)
         })
         .as_ref()
-}
-
-/// Nice 10 for the calling thread: a build ahead yields the cores to fills and decodes.
-fn lower_priority() {
-    // SAFETY: gettid and setpriority take and return plain integers; they touch only this thread's
-    // scheduling priority.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
-    if r != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the index-ahead thread's priority");
-    }
 }
 
 fn run(job: Job) {
