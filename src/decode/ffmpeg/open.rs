@@ -70,6 +70,8 @@ pub enum OpenError {
     /// More streams than [`MAX_STREAMS`], or video streams than [`MAX_VIDEO_STREAMS`]: refused before
     /// stream probing.
     TooManyStreams { streams: usize, video: usize },
+    /// An MP4/MOV FFmpeg could not open whose boxes end early or lack the index ([`iso_truncation`]).
+    Truncated(String),
 }
 
 impl std::fmt::Display for OpenError {
@@ -92,6 +94,7 @@ impl std::fmt::Display for OpenError {
                 write!(f, "its header cannot be read ({e}): truncated or damaged")
             }
             OpenError::Ffmpeg(e) => e.fmt(f),
+            OpenError::Truncated(how) => write!(f, "truncated: {how}"),
             OpenError::TooManyStreams { streams, video } => write!(
                 f,
                 "too many streams: {streams} streams, {video} of them video (vserve opens files of at \
@@ -153,7 +156,13 @@ pub fn open_input(
         ret
     };
     if ret < 0 || ctx.is_null() {
-        return Err(ff::Error::from(ret.min(-1)).into());
+        let e = ff::Error::from(ret.min(-1));
+        if matches!(e, ff::Error::InvalidData | ff::Error::Eof) {
+            if let Some(how) = iso_truncation(file) {
+                return Err(OpenError::Truncated(how));
+            }
+        }
+        return Err(e.into());
     }
     // SAFETY: `ctx` is a valid, opened AVFormatContext, closed here when refused.
     let refused = unsafe {
@@ -211,6 +220,77 @@ pub fn open_input(
     }
     // SAFETY: `ctx` is a valid, opened AVFormatContext that `Input` now owns and closes on drop.
     Ok(unsafe { ff::format::context::Input::wrap(ctx) })
+}
+
+/// For a file FFmpeg could not open: how it is cut short, when it is an ISO media file (MP4, MOV, 3GP)
+/// whose top-level boxes run past its end or that has no `moov` box. Most MP4s are written with their
+/// index (`moov`) last, so a copy cut short, or a recording still being written, has the media data
+/// and no index; FFmpeg says only "Invalid data found when processing input". None when the file does
+/// not start with one of the top-level boxes such files start with, or its boxes are whole and it has
+/// a `moov` (then it is damaged some other way).
+pub fn iso_truncation(file: &CheckedFile) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    const STILL: &str = "cut short, or still being written";
+    const NO_INDEX: &str = "no 'moov' box (the index an MP4 needs)";
+    let len = file.file.metadata().ok()?.len();
+    let (mut at, mut moov) = (0u64, false);
+    while at < len {
+        let mut head = [0u8; 16];
+        let got = file.file.read_at(&mut head, at).ok()?;
+        if got < 8 {
+            let index = if moov {
+                String::new()
+            } else {
+                format!(" and has {NO_INDEX}")
+            };
+            return Some(format!(
+                "it ends inside a box header ({} bytes at {at}){index}: {STILL}",
+                len - at
+            ));
+        }
+        let kind = &head[4..8];
+        let first = at == 0;
+        if first
+            && !matches!(
+                kind,
+                b"ftyp" | b"moov" | b"mdat" | b"free" | b"wide" | b"skip" | b"pnot"
+            )
+        {
+            return None;
+        }
+        if !kind.iter().all(|b| b.is_ascii_alphanumeric() || *b == b' ') {
+            return None; // not a box: damaged, not cut
+        }
+        let size = match u32::from_be_bytes([head[0], head[1], head[2], head[3]]) {
+            0 => len - at,
+            1 if got < 16 => u64::MAX,
+            1 => u64::from_be_bytes(head[8..16].try_into().ok()?),
+            s => u64::from(s),
+        };
+        if size < 8 {
+            return None;
+        }
+        moov |= kind == b"moov";
+        let name = String::from_utf8_lossy(kind);
+        if size > len - at {
+            let have = len - at;
+            let index = if moov {
+                String::new()
+            } else {
+                format!(", and it has {NO_INDEX}")
+            };
+            let of = if size == u64::MAX {
+                String::new()
+            } else {
+                format!(" of its {size}")
+            };
+            return Some(format!(
+                "it ends inside its '{name}' box ({have}{of} bytes){index}: {STILL}"
+            ));
+        }
+        at += size;
+    }
+    (!moov && at > 0).then(|| format!("it has {NO_INDEX}: {STILL}"))
 }
 
 /// Opens a file the index already describes. For MP4/MOV and Matroska/WebM the container header holds
@@ -288,5 +368,61 @@ mod tests {
         // Without the whitelist FFmpeg opens it as WAV.
         assert!(ff::format::input(&wav).is_ok());
         assert!(open_input(&f, true, Stage::Index).is_err());
+    }
+
+    /// An MP4 with its index last, cut in its media data, in its index or in a box header: said to be
+    /// truncated, with where; whole files and files that are no ISO media are not.
+    #[test]
+    fn mp4s_cut_short_are_told_apart_from_damaged_ones() {
+        super::super::init();
+        let whole = std::fs::read(media("moviepy/chaplin.mp4")).unwrap(); // ftyp, free, mdat, moov
+        let moov_at = whole.windows(4).rposition(|w| w == b"moov").unwrap() - 4;
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            let f = CheckedFile::open_trusted(&p).unwrap();
+            (
+                iso_truncation(&f),
+                open_input(&f, true, Stage::Index)
+                    .err()
+                    .map(|e| e.to_string()),
+            )
+        };
+        let (how, err) = open("in-mdat.mp4", &whole[..300_000]);
+        let how = how.unwrap();
+        assert!(
+            how.starts_with("it ends inside its 'mdat' box (299960 of its "),
+            "{how}"
+        );
+        assert!(how.contains("no 'moov' box"), "{how}");
+        assert_eq!(err.unwrap(), format!("truncated: {how}"));
+        let (how, err) = open("in-moov.mp4", &whole[..moov_at + 100]);
+        let how = how.unwrap();
+        assert!(
+            how.starts_with("it ends inside its 'moov' box (100 of its "),
+            "{how}"
+        );
+        assert!(!how.contains("no 'moov'"), "{how}");
+        // FFmpeg opens this one (the index's first 100 bytes declare no track): the index build asks.
+        assert!(err.is_none(), "{err:?}");
+        let (how, _) = open("in-header.mp4", &whole[..moov_at + 5]);
+        assert!(how
+            .unwrap()
+            .starts_with("it ends inside a box header (5 bytes at "));
+        // Whole: nothing to say. Not ISO media: nothing to say. Damaged inside a whole box structure
+        // (the index box renamed): no index, though nothing is cut.
+        assert_eq!(open("whole.mp4", &whole).0, None);
+        assert_eq!(open("text.mp4", b"hello, this is no video at all").0, None);
+        let mut renamed = whole.clone();
+        renamed[moov_at + 4..moov_at + 8].copy_from_slice(b"junk");
+        let (how, err) = open("no-moov.mp4", &renamed);
+        assert_eq!(
+            how.as_deref(),
+            Some(
+                "it has no 'moov' box (the index an MP4 needs): cut short, or still being written"
+            )
+        );
+        assert!(err.unwrap().starts_with("truncated: it has no 'moov' box"));
     }
 }

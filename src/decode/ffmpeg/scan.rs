@@ -273,13 +273,29 @@ pub fn build_index_of(
 ) -> Result<VideoIndex, IndexError> {
     let pstr = file.path.display().to_string();
     init();
-    let mut input = open_input(file, true, Stage::Index).map_err(|e| IndexError::Open {
-        path: pstr.clone(),
-        reason: e.to_string(),
+    let mut input = open_input(file, true, Stage::Index).map_err(|e| match e {
+        // A video cut short is media whose data is lost (DATA_LOSS), not a file vserve cannot read.
+        super::open::OpenError::Truncated(_) => IndexError::Corrupt {
+            path: pstr.clone(),
+            reason: e.to_string(),
+        },
+        e => IndexError::Open {
+            path: pstr.clone(),
+            reason: e.to_string(),
+        },
     })?;
-    let st_index = pick_stream(&input, stream).map_err(|detail| IndexError::NoVideo {
-        path: pstr.clone(),
-        detail,
+    let st_index = pick_stream(&input, stream).map_err(|detail| {
+        // An MP4 cut inside its index can open with no track at all.
+        match super::open::iso_truncation(file) {
+            Some(how) => IndexError::Corrupt {
+                path: pstr.clone(),
+                reason: format!("truncated: {how}"),
+            },
+            None => IndexError::NoVideo {
+                path: pstr.clone(),
+                detail,
+            },
+        }
     })?;
     let facts = stream_facts(&input, st_index).map_err(|reason| IndexError::Corrupt {
         path: pstr.clone(),
