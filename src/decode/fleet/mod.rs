@@ -161,6 +161,27 @@ struct Running {
     /// When the watchdog raised `cancel` (None: not yet).
     cancelled_at: Option<Instant>,
     still_wanted: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// A long run's count against its client ([`LongCount`]): released by the thread when the run
+    /// returns, or by the watchdog when it abandons the thread, whichever comes first.
+    long: Option<Arc<LongCount>>,
+}
+
+/// A long job taken from the queue counts against its client's cap of long runs until released, once:
+/// by its thread when the job is skipped or its run returns, or by the watchdog when it abandons the
+/// thread (a thread stuck in the kernel for good kept its client's count, and with it the client's
+/// long runs, forever; so did a skipped job: a copy of a run another tenant's copy ran, or a run
+/// nobody wanted any more).
+struct LongCount {
+    client: u64,
+    counted: AtomicBool,
+}
+
+impl LongCount {
+    fn release(&self, shared: &Shared) {
+        if self.counted.swap(false, Ordering::AcqRel) {
+            shared.scheduler.long_done(self.client);
+        }
+    }
 }
 
 /// What the decode threads and the watchdog share.
@@ -462,19 +483,34 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
             on_done,
             still_wanted,
         } = job;
+        // Taken from the queue, a long job counts against its client: released on every way out.
+        let long = long.then(|| {
+            Arc::new(LongCount {
+                client,
+                counted: AtomicBool::new(true),
+            })
+        });
+        let release = |long: &Option<Arc<LongCount>>| {
+            if let Some(l) = long {
+                l.release(&shared);
+            }
+        };
         let run = {
             let mut pending = run.lock();
             if pending.started {
                 // Another copy of this run was taken first.
+                release(&long);
                 continue;
             }
             pending.started = true;
             pending.run.clone()
         };
         if on_done.lock().is_none() {
+            release(&long);
             continue;
         }
         if !still_wanted() {
+            release(&long);
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             let f = on_done.lock().take();
             if let Some(f) = f {
@@ -497,6 +533,7 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
             cancel: cancel.clone(),
             cancelled_at: None,
             still_wanted: still_wanted.clone(),
+            long: long.clone(),
         });
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _scope = crate::decode::cancel::Scope::enter(cancel);
@@ -517,9 +554,7 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
         if let Some(j) = &journal {
             j.leave();
         }
-        if long {
-            shared.scheduler.long_done(client);
-        }
+        release(&long);
         let mut st = shared.slots[slot].lock();
         if st.generation != generation {
             // The watchdog abandoned this thread and failed the run's waiters; the result is dropped.

@@ -57,6 +57,10 @@ pub(super) fn watchdog(shared: Arc<Shared>) {
             if let Some(j) = &running.journal {
                 j.mark_stalled();
             }
+            // The thread may never return: its client's long run ends here.
+            if let Some(l) = &running.long {
+                l.release(&shared);
+            }
             let replaced = stuck <= shared.options.max_stuck
                 && !shared.is_stopping()
                 && match spawn_worker(&shared, slot, st.generation) {
@@ -530,5 +534,78 @@ mod tests {
             }
             assert_eq!(journal.syncs() - before, want, "device: {device}");
         }
+    }
+
+    /// A long job gives its client's long-run count back however it ends: skipped because nobody wants
+    /// it any more, skipped because another tenant's copy of its run ran, or abandoned with its thread
+    /// (stuck in the kernel). Each once leaked the count, and with two threads (one long run per
+    /// client) the client's next long run then never ran.
+    #[test]
+    fn every_way_a_long_job_ends_gives_its_clients_count_back() {
+        let (tx, rx) = mpsc::channel();
+        let long = |name: &str| {
+            let mut j = job(name, &tx);
+            j.long = true;
+            j
+        };
+        let fleet = || {
+            let (factory, gate) = stalling_factory(false);
+            let options = FleetOptions {
+                deadline: Duration::from_millis(200),
+                max_stuck: 1,
+                journal: None,
+            };
+            (Fleet::start(2, 16, factory, options).unwrap(), gate)
+        };
+        let next_long_runs = |fleet: &Fleet, case: &str| {
+            fleet.submit(long("good.mp4")).unwrap();
+            let (name, result) = rx
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap_or_else(|_| panic!("{case}: the client's next long run never ran"));
+            assert_eq!(
+                (name.as_str(), result.unwrap()),
+                ("good.mp4", vec![2, 3]),
+                "{case}"
+            );
+        };
+
+        let (f, _gate) = fleet();
+        for _ in 0..3 {
+            let mut unwanted = long("good.mp4");
+            unwanted.still_wanted = Arc::new(|| false);
+            f.submit(unwanted).unwrap();
+            let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert!(
+                matches!(result, Err(DecodeError::ShuttingDown)),
+                "{result:?}"
+            );
+        }
+        next_long_runs(&f, "unwanted");
+
+        let (f, _gate) = fleet();
+        let first = long("good.mp4");
+        let mut copy = first.clone();
+        copy.tenant = 2;
+        f.submit(first).unwrap();
+        f.submit(copy).unwrap();
+        let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(result.unwrap(), vec![2, 3]);
+        wait_for("the copy to be taken", || {
+            f.counters.queued.load(Ordering::Relaxed) == 0
+        });
+        next_long_runs(&f, "a copy");
+
+        let (f, gate) = fleet();
+        f.submit(long("stuck.mp4")).unwrap();
+        let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(
+            matches!(result, Err(DecodeError::Deadline { .. })),
+            "{result:?}"
+        );
+        wait_for("the stuck thread to be abandoned", || {
+            f.counters.stuck.load(Ordering::Relaxed) == 1
+        });
+        next_long_runs(&f, "abandoned");
+        gate.open();
     }
 }
