@@ -54,33 +54,36 @@ impl WalkTrouble {
 
     /// One line for a log or an error: what was not read, and the first example.
     pub fn describe(&self) -> String {
-        let plural =
-            |n: u64, one: &'static str, many: &'static str| if n == 1 { one } else { many };
-        let mut parts = Vec::new();
-        if let Some(first) = &self.first_unreadable {
-            parts.push(format!(
-                "{} unreadable director{} (first: {})",
+        let kinds = [
+            (
                 self.unreadable_dirs,
-                plural(self.unreadable_dirs, "y", "ies"),
-                example(first)
-            ));
-        }
-        if let Some(first) = &self.first_non_utf8 {
-            parts.push(format!(
-                "{} video file{} with a name that is not UTF-8, left out (first: {})",
+                &self.first_unreadable,
+                ("unreadable directory", "unreadable directories"),
+            ),
+            (
                 self.non_utf8,
-                plural(self.non_utf8, "", "s"),
-                example(first)
-            ));
-        }
-        if let Some(first) = &self.first_too_long {
-            parts.push(format!(
-                "{} director{} whose path is too long to open, left out (first: {})",
+                &self.first_non_utf8,
+                (
+                    "video file with a name that is not UTF-8, left out",
+                    "video files with a name that is not UTF-8, left out",
+                ),
+            ),
+            (
                 self.too_long,
-                plural(self.too_long, "y", "ies"),
-                example(first)
-            ));
-        }
+                &self.first_too_long,
+                (
+                    "directory whose path is too long to open, left out",
+                    "directories whose path is too long to open, left out",
+                ),
+            ),
+        ];
+        let parts: Vec<String> = kinds
+            .into_iter()
+            .filter_map(|(n, first, (one, many))| {
+                let what = if n == 1 { one } else { many };
+                Some(format!("{n} {what} (first: {})", example(first.as_ref()?)))
+            })
+            .collect();
         parts.join("; ")
     }
 
