@@ -222,6 +222,9 @@ pub fn open_input(
     Ok(unsafe { ff::format::context::Input::wrap(ctx) })
 }
 
+/// The top-level boxes [`iso_truncation`] reads before it gives up (100,000 reads of 16 bytes).
+const MAX_TOP_LEVEL_BOXES: usize = 100_000;
+
 /// For a file FFmpeg could not open: how it is cut short, when it is an ISO media file (MP4, MOV, 3GP)
 /// whose top-level boxes run past its end or that has no `moov` box. Most MP4s are written with their
 /// index (`moov`) last, so a copy cut short, or a recording still being written, has the media data
@@ -234,7 +237,12 @@ pub fn iso_truncation(file: &CheckedFile) -> Option<String> {
     const NO_INDEX: &str = "no 'moov' box (the index an MP4 needs)";
     let len = file.file.metadata().ok()?.len();
     let (mut at, mut moov) = (0u64, false);
-    while at < len {
+    // A real file has a handful of top-level boxes (a fragmented one a pair a fragment); a file of
+    // millions of empty boxes is read no further than this (one read a box).
+    for _ in 0..MAX_TOP_LEVEL_BOXES {
+        if at >= len {
+            break;
+        }
         let mut head = [0u8; 16];
         let got = file.file.read_at(&mut head, at).ok()?;
         if got < 8 {
@@ -290,7 +298,7 @@ pub fn iso_truncation(file: &CheckedFile) -> Option<String> {
         }
         at += size;
     }
-    (!moov && at > 0).then(|| format!("it has {NO_INDEX}: {STILL}"))
+    (!moov && at >= len && len > 0).then(|| format!("it has {NO_INDEX}: {STILL}"))
 }
 
 /// Opens a file the index already describes. For MP4/MOV and Matroska/WebM the container header holds
@@ -414,6 +422,16 @@ mod tests {
         // (the index box renamed): no index, though nothing is cut.
         assert_eq!(open("whole.mp4", &whole).0, None);
         assert_eq!(open("text.mp4", b"hello, this is no video at all").0, None);
+        // Past MAX_TOP_LEVEL_BOXES boxes the walk gives up rather than read one box at a time for ever.
+        let mut many = b"\0\0\0\x08ftyp".to_vec();
+        many.extend(b"\0\0\0\x08free".repeat(MAX_TOP_LEVEL_BOXES));
+        many.extend(b"\0\0\x10\0mdat");
+        assert_eq!(open("many.mp4", &many).0, None);
+        many.truncate(8 * 1000);
+        assert!(open("fewer.mp4", &many)
+            .0
+            .unwrap()
+            .starts_with("it has no 'moov' box"));
         let mut renamed = whole.clone();
         renamed[moov_at + 4..moov_at + 8].copy_from_slice(b"junk");
         let (how, err) = open("no-moov.mp4", &renamed);
