@@ -70,16 +70,14 @@ pub async fn check_dataset(
         let catalog = engine.catalog();
         let store = catalog.store().map(|s| s.as_ref());
         let mut checked = 0;
-        let decode_one = |ds: &crate::dataset::Dataset,
-                          video: &str,
-                          store: Option<&crate::store::Store>| {
-            thread_local!(static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
-            if !LOWERED.replace(true) {
+        let decode_one =
+            |ds: &crate::dataset::Dataset, video: &str, store: Option<&crate::store::Store>| {
+                // Each call's threads are its own (run_each starts them): lowered for good, one call a
+                // video (a syscall against decoding a whole video).
                 crate::handle::lower_priority("a check thread");
-            }
-            let _place = runtime.block_on(catalog.check_place(&client));
-            crate::check::check_one(ds, video, store)
-        };
+                let _place = runtime.block_on(catalog.check_place(&client));
+                crate::check::check_one(ds, video, store)
+            };
         crate::check::run_each(
             &ds,
             &videos,
