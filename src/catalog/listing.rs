@@ -309,10 +309,10 @@ impl Catalog {
         mut fresh: Listing,
         trouble: &crate::dataset::WalkTrouble,
     ) -> (Option<u64>, Option<String>) {
-        if trouble.any() {
-            tracing::warn!(dataset = %name, "the walk could not list everything: {}", trouble.describe());
-        }
         if trouble.complete() {
+            if trouble.any() {
+                tracing::warn!(dataset = %name, "the walk left out {}", trouble.describe());
+            }
             let videos = fresh.videos;
             self.listings.swap_walked(name, fresh);
             return (Some(videos), None);
@@ -323,34 +323,28 @@ impl Catalog {
             .read()
             .get(name)
             .map(|l| l.samples.clone());
-        let problem = |kept: String| {
+        let why = |kept: &str| {
             let why = format!(
                 "dataset {name:?}: the walk could not read {}; {kept}",
                 trouble.describe()
             );
             tracing::warn!(dataset = %name, "{why}");
-            Some(why)
+            why
         };
-        let merged = match (&held, &trouble.unreadable, &fresh.samples) {
-            (None, _, _) => None, // nothing held: the walk's list is all there is
+        let kept = match (&held, &trouble.unreadable, &fresh.samples) {
+            (None, _, _) => "listed what it could read (there was no list before)".to_owned(),
             (Some(Some(old)), Some(dirs), Some(new)) if !dirs.iter().any(|d| d.is_empty()) => {
-                Some(keep_under(new, old, dirs))
+                let (samples, kept) = keep_under(new, old, dirs);
+                fresh.videos = samples.len() as u64;
+                fresh.samples = Some(Arc::new(samples));
+                format!("the {kept} videos listed under them before are kept")
             }
-            (Some(_), _, _) => return (None, problem("the previous list is kept".into())),
+            (Some(_), _, _) => return (None, Some(why("the previous list is kept"))),
         };
-        let kept = merged.as_ref().map(|(s, kept)| {
-            fresh.videos = s.len() as u64;
-            format!("the {kept} videos listed under them before are kept")
-        });
-        if let Some((samples, _)) = merged {
-            fresh.samples = Some(Arc::new(samples));
-        }
+        let why = why(&kept);
         let videos = fresh.videos;
         self.listings.swap_walked(name, fresh);
-        (
-            Some(videos),
-            problem(kept.unwrap_or_else(|| "listed what could be read".into())),
-        )
+        (Some(videos), Some(why))
     }
 
     /// Walks every directory root again and re-reads every manifest, swapping each list whole
@@ -675,5 +669,53 @@ mod tests {
             .map(|s| s.video.to_owned())
             .collect();
         assert_eq!(got, vec!["a.mp4", "b.mp4"]);
+    }
+
+    /// An incomplete walk swaps in what it read plus the held list's videos under the directories it
+    /// could not read; one that could not read the root keeps the held list whole.
+    #[tokio::test]
+    async fn an_incomplete_walk_keeps_the_held_videos_under_what_it_could_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["a.mp4", "sub/b.mp4", "sub/c.mp4"] {
+            touch(dir.path(), f);
+        }
+        let cat = catalog(dir.path(), None);
+        assert_eq!(cat.samples("d").await.unwrap().len(), 3);
+        let listing = |videos: &[&str]| {
+            let mut b = SamplesBuilder::new();
+            for v in videos {
+                b.push(v, None, None, None);
+            }
+            Listing {
+                samples: Some(Arc::new(b.finish_sorted())),
+                videos: videos.len() as u64,
+            }
+        };
+        let unreadable = |dir: &str| crate::dataset::WalkTrouble {
+            unreadable_dirs: 1,
+            first_unreadable: Some(format!("{dir}: Input/output error")),
+            unreadable: Some(vec![dir.to_owned()]),
+            ..Default::default()
+        };
+        // "sub" failed to read; "new.mp4" appeared at the root.
+        let (listed, why) =
+            cat.install_walk("d", listing(&["a.mp4", "new.mp4"]), &unreadable("sub"));
+        assert_eq!(listed, Some(4));
+        assert!(why
+            .unwrap()
+            .ends_with("the 2 videos listed under them before are kept"));
+        let got: Vec<String> = cat
+            .samples("d")
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.video.to_owned())
+            .collect();
+        assert_eq!(got, vec!["a.mp4", "new.mp4", "sub/b.mp4", "sub/c.mp4"]);
+        // The root failed: the held list stays whole.
+        let (listed, why) = cat.install_walk("d", listing(&[]), &unreadable(""));
+        assert_eq!(listed, None);
+        assert!(why.unwrap().ends_with("the previous list is kept"));
+        assert_eq!(cat.samples("d").await.unwrap().len(), 4);
     }
 }
