@@ -271,7 +271,7 @@ async fn one_process_cannot_take_every_connection() {
 
 /// CheckDataset is background work next to training traffic: its threads run at nice 10, below the
 /// decode fleet's, so the fleet wins the cores when both want them (eight 2-job checks had raised
-/// another client's uncached GetClips p50 from 24 to 167 ms; 29 ms after).
+/// another client's uncached GetClips p50 from 23 to 169 ms; 29 ms after).
 #[tokio::test]
 async fn check_threads_run_below_the_fleets_priority() {
     let d = Daemon::start_with(&["--decode-threads", "2"]).await;

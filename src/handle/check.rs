@@ -10,8 +10,8 @@
 //! [`super::BACKGROUND_NICE`], so the decode fleet's threads win the cores whenever both want them, and every video
 //! it decodes takes a place from the catalogue's check places (the decode thread count, all calls
 //! together, going round the clients), so N calls at once decode no more than one call's worth.
-//! Eight CheckDataset calls of 2 jobs each raised another client's uncached GetClips p50 from 24 to
-//! 167 ms when every call had threads of its own at full priority (probe Q, F4).
+//! Eight CheckDataset calls of 2 jobs each raised another client's uncached GetClips p50 from 23 to
+//! 169 ms when every call had threads of its own at full priority; 29 ms now (benches/background_load.py).
 
 use std::sync::Arc;
 
