@@ -218,6 +218,35 @@ async fn a_stuck_index_build_fails_at_its_deadline_and_releases_its_permit() {
     assert_eq!(metric(&d, "index_stuck_builds"), 1.0);
 }
 
+/// A request that goes away while its index build is stuck (its client's own deadline, usually far
+/// shorter than `--index-deadline`) leaves the build's deadline kept: the build place is released then
+/// and the stall is counted. Before, the place stayed with the stuck thread for ever, and every later
+/// build (here the control video's first request) waited with no end.
+#[tokio::test]
+async fn a_stuck_index_build_keeps_its_deadline_when_its_request_goes_away() {
+    let mut d = Daemon::start_with_env(
+        &["--decode-threads", "1", "--index-deadline", "2"],
+        &[("VSERVE_TEST_STALL_ON", "index:stall.mov")],
+    )
+    .await;
+    scratch_copies(&d, &["stall.mov"]);
+    let mut c = d.client().await;
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        c.probe(probe_req(SCRATCH, "stall.mov", None, false)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the stuck Probe answered: {gave_up:?}");
+    while !d.log_text().contains("VSERVE_TEST_STALL_ON: blocking") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ctl = Control::new();
+    let (took, ()) = timed(ctl.check(&mut d, &c, "a stuck build whose request went away")).await;
+    eprintln!("the control's index build ran after {took:?}");
+    wait_metric(&d, "index_stuck_builds", 1.0).await;
+    assert_eq!(d.admin_get("/livez").0, 200);
+}
+
 #[tokio::test]
 async fn sigterm_with_reads_stuck_exits_within_the_grace_period() {
     let mut d = Daemon::start_with_env(

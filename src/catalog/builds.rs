@@ -90,9 +90,15 @@ enum Held {
     Build(#[allow(dead_code)] Place),
 }
 
-/// A lookup or index build under way on a blocking thread.
+/// A lookup or index build under way on a blocking thread. Its deadline holds whether or not the
+/// request still waits: a request that goes away first (a client's cancel or deadline) leaves a task
+/// that keeps the deadline for it (`Drop`), so a thread stuck for good (a hung network file system)
+/// does not keep its lookup permit or build place for ever, out of sight of `stuck_builds`: once all
+/// of them were held so, every resolve, of indexed videos too, waited with no end.
 struct Build {
-    handle: tokio::task::JoinHandle<Result<Option<Resolved>, Error>>,
+    catalog: Arc<Catalog>,
+    /// Taken when the build's outcome is known to the request or to the task keeping its deadline.
+    handle: Option<tokio::task::JoinHandle<Result<Option<Resolved>, Error>>>,
     /// Released by whichever ends first: the build, or the request at the deadline.
     held: Arc<Mutex<Option<Held>>>,
     state: Arc<Mutex<BuildState>>,
@@ -102,6 +108,72 @@ struct Build {
     video: String,
     /// A lookup (no build): worded so in a refusal past the deadline.
     lookup: bool,
+}
+
+impl Build {
+    /// Past the deadline: the permit or place is released, the file is remembered as stalled, and the
+    /// thread is left to return on its own. Returns the request's message.
+    fn abandon(&self) -> String {
+        let cat = &self.catalog;
+        self.held.lock().take();
+        {
+            let mut state = self.state.lock();
+            if *state == BuildState::Running {
+                *state = BuildState::Abandoned;
+                cat.stuck_builds.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        cat.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+        let msg = format!(
+            "{} video {:?} in dataset {:?} took longer than the {} s deadline (--index-deadline): its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); it is not tried again for {} s unless it changes",
+            if self.lookup { "opening" } else { "indexing" },
+            self.video,
+            self.dataset,
+            cat.index_deadline.as_secs_f64(),
+            STALLED_FOR.as_secs()
+        );
+        if let Some(k) = self.probe.key.get() {
+            cat.stalled.insert(k.clone(), (Instant::now(), msg.clone()));
+        }
+        if let Some(j) = self.probe.journal.lock().as_ref() {
+            // A stall, not a crash: not quarantined should the daemon die later.
+            j.mark_stalled();
+        }
+        tracing::error!(dataset = %self.dataset, video = %self.video, lookup = self.lookup, deadline_s = cat.index_deadline.as_secs_f64(), "index build past its deadline; request failed, thread abandoned");
+        msg
+    }
+}
+
+impl Drop for Build {
+    /// The request went away before the build ended: a task keeps the build's deadline.
+    fn drop(&mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        if handle.is_finished() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let deadline = tokio::time::Instant::from_std(self.started + self.catalog.index_deadline);
+        let keeper = Build {
+            catalog: self.catalog.clone(),
+            handle: None,
+            held: self.held.clone(),
+            state: self.state.clone(),
+            probe: self.probe.clone(),
+            started: self.started,
+            dataset: std::mem::take(&mut self.dataset),
+            video: std::mem::take(&mut self.video),
+            lookup: self.lookup,
+        };
+        rt.spawn(async move {
+            if tokio::time::timeout_at(deadline, handle).await.is_err() {
+                keeper.abandon();
+            }
+        });
+    }
 }
 
 impl Catalog {
@@ -227,7 +299,8 @@ impl Catalog {
             result
         });
         Build {
-            handle,
+            catalog: self.clone(),
+            handle: Some(handle),
             held,
             state,
             probe,
@@ -238,41 +311,16 @@ impl Catalog {
         }
     }
 
-    /// Awaits a build until its deadline. Past it the request fails with DEADLINE_EXCEEDED, the permit
-    /// is released, the file is remembered as stalled, and the thread is left to return on its own.
-    async fn finish(&self, b: Build) -> Result<Option<Resolved>, Error> {
+    /// Awaits a build until its deadline. Past it the request fails with DEADLINE_EXCEEDED and the
+    /// build is abandoned ([`Build::abandon`]).
+    async fn finish(&self, mut b: Build) -> Result<Option<Resolved>, Error> {
         let deadline = tokio::time::Instant::from_std(b.started + self.index_deadline);
-        match tokio::time::timeout_at(deadline, b.handle).await {
+        let handle = b.handle.as_mut().expect("a build awaited once");
+        let outcome = tokio::time::timeout_at(deadline, handle).await;
+        b.handle = None;
+        match outcome {
             Ok(joined) => joined.map_err(|e| Error::Internal(format!("index task failed: {e}")))?,
-            Err(_) => {
-                b.held.lock().take();
-                {
-                    let mut state = b.state.lock();
-                    if *state == BuildState::Running {
-                        *state = BuildState::Abandoned;
-                        self.stuck_builds.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                self.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
-                let msg = format!(
-                    "{} video {:?} in dataset {:?} took longer than the {} s deadline (--index-deadline): its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); it is not tried again for {} s unless it changes",
-                    if b.lookup { "opening" } else { "indexing" },
-                    b.video,
-                    b.dataset,
-                    self.index_deadline.as_secs_f64(),
-                    STALLED_FOR.as_secs()
-                );
-                if let Some(k) = b.probe.key.get() {
-                    self.stalled
-                        .insert(k.clone(), (Instant::now(), msg.clone()));
-                }
-                if let Some(j) = b.probe.journal.lock().as_ref() {
-                    // A stall, not a crash: not quarantined should the daemon die later.
-                    j.mark_stalled();
-                }
-                tracing::error!(dataset = %b.dataset, video = %b.video, lookup = b.lookup, deadline_s = self.index_deadline.as_secs_f64(), "index build past its deadline; request failed, thread abandoned");
-                Err(Error::DeadlineExceeded(msg))
-            }
+            Err(_) => Err(Error::DeadlineExceeded(b.abandon())),
         }
     }
 
