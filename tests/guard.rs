@@ -247,6 +247,48 @@ async fn a_stuck_index_build_keeps_its_deadline_when_its_request_goes_away() {
     assert_eq!(d.admin_get("/livez").0, 200);
 }
 
+/// A stream its client leaves while a build ahead of it is stuck ends at once: the build holds none of
+/// the stream's resources (it held the whole stream, its budget included, for as long as it ran).
+#[tokio::test]
+async fn a_stream_left_while_its_build_ahead_is_stuck_gives_back_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a.mov", "b-stall.mov"] {
+        std::fs::copy(media_path(CONTROL_VIDEO), dir.path().join(name)).unwrap();
+    }
+    let dataset = format!("ahead={}", dir.path().display());
+    let mut d = Daemon::start_with_env(
+        &["--dataset", &dataset, "--index-deadline", "600"],
+        &[("VSERVE_TEST_STALL_ON", "index:b-stall.mov")],
+    )
+    .await;
+    let mut c = d.client().await;
+    let mut s = c
+        .stream_batches(proto::StreamBatchesRequest {
+            dataset: "ahead".into(),
+            transform: sized(16, 16),
+            batch_size: 1,
+            world_size: 1,
+            no_shuffle: true, // a.mov first; the build ahead of it is b-stall.mov's
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (_, first) = timed(s.next()).await;
+    first.unwrap().expect("the first batch");
+    let (_, ()) = timed(async {
+        while !d.log_text().contains("VSERVE_TEST_STALL_ON: blocking") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(metric(&d, "budget_inflight_bytes") > 0.0);
+    drop(s);
+    wait_metric(&d, "budget_inflight_bytes", 0.0).await;
+    Control::new()
+        .check(&mut d, &c, "a stream left while its build ahead is stuck")
+        .await;
+}
+
 #[tokio::test]
 async fn sigterm_with_reads_stuck_exits_within_the_grace_period() {
     let mut d = Daemon::start_with_env(

@@ -61,12 +61,19 @@ fn queue() -> Option<&'static SyncSender<Job>> {
 }
 
 fn run(job: Job) {
-    // The stream ended: nothing to build for.
-    let Some(ctx) = job.ctx.upgrade() else { return };
-    let catalog = ctx.engine.catalog();
-    if let Err(e) = catalog.index_ahead(&ctx.req.dataset, &job.video) {
+    // The stream ended: nothing to build for. Otherwise only what the build needs is kept: holding the
+    // stream's context through a build (minutes for a long file indexed by decoding, for ever on a hung
+    // mount) kept a stream its client had left alive, with its budget, arenas and call.
+    let Some((engine, dataset)) = job
+        .ctx
+        .upgrade()
+        .map(|ctx| (ctx.engine.clone(), ctx.req.dataset.clone()))
+    else {
+        return;
+    };
+    if let Err(e) = engine.catalog().index_ahead(&dataset, &job.video) {
         // The fill meets the same error (remembered by the catalogue) and reports it with its sample.
-        tracing::debug!(dataset = %ctx.req.dataset, video = %job.video, error = %e, "index build ahead failed");
+        tracing::debug!(dataset = %dataset, video = %job.video, error = %e, "index build ahead failed");
     }
 }
 
