@@ -135,13 +135,6 @@ async fn reloads_asked_while_one_runs_share_the_next() {
 
 #[test]
 fn an_unreadable_directory_keeps_the_videos_listed_under_it_before() {
-    let samples = |v: &[&str]| {
-        let mut b = SamplesBuilder::new();
-        for x in v {
-            b.push(x, None, None, None);
-        }
-        b.finish_sorted()
-    };
     let old = samples(&[
         "a.mp4",
         "sub/b.mp4",
@@ -187,13 +180,7 @@ async fn a_directory_too_long_to_open_does_not_freeze_the_list() {
             errors: vec![]
         }
     );
-    let got: Vec<String> = cat
-        .samples("d")
-        .await
-        .unwrap()
-        .iter()
-        .map(|s| s.video.to_owned())
-        .collect();
+    let got = listed_videos(&cat).await;
     assert_eq!(got, vec!["a.mp4", "b.mp4"]);
 }
 
@@ -207,15 +194,9 @@ async fn an_incomplete_walk_keeps_the_held_videos_under_what_it_could_not_read()
     }
     let cat = catalog(dir.path(), None);
     assert_eq!(cat.samples("d").await.unwrap().len(), 3);
-    let listing = |videos: &[&str]| {
-        let mut b = SamplesBuilder::new();
-        for v in videos {
-            b.push(v, None, None, None);
-        }
-        Listing {
-            samples: Some(Arc::new(b.finish_sorted())),
-            videos: videos.len() as u64,
-        }
+    let listing = |videos: &[&str]| Listing {
+        samples: Some(Arc::new(samples(videos))),
+        videos: videos.len() as u64,
     };
     let unreadable = |dir: &str| crate::dataset::WalkTrouble {
         unreadable_dirs: 1,
@@ -229,17 +210,26 @@ async fn an_incomplete_walk_keeps_the_held_videos_under_what_it_could_not_read()
     assert!(why
         .unwrap()
         .ends_with("the 2 videos listed under them before are kept"));
-    let got: Vec<String> = cat
-        .samples("d")
-        .await
-        .unwrap()
-        .iter()
-        .map(|s| s.video.to_owned())
-        .collect();
+    let got = listed_videos(&cat).await;
     assert_eq!(got, vec!["a.mp4", "new.mp4", "sub/b.mp4", "sub/c.mp4"]);
     // The root failed: the held list stays whole.
     let (listed, why) = cat.install_walk("d", listing(&[]), &unreadable(""));
     assert_eq!(listed, None);
     assert!(why.unwrap().ends_with("the previous list is kept"));
     assert_eq!(cat.samples("d").await.unwrap().len(), 4);
+}
+
+/// A walked list of `videos`, sorted.
+fn samples(videos: &[&str]) -> Samples {
+    let mut b = SamplesBuilder::new();
+    for v in videos {
+        b.push(v, None, None, None);
+    }
+    b.finish_sorted()
+}
+
+/// The videos dataset "d" lists now.
+async fn listed_videos(cat: &Arc<Catalog>) -> Vec<String> {
+    let s = cat.samples("d").await.unwrap();
+    s.iter().map(|s| s.video.to_owned()).collect()
 }
