@@ -104,10 +104,14 @@ impl Api {
 
 /// One batch as messages: the header first, then the bytes in chunks.
 fn stream_batch_messages(
-    b: StreamBatch,
+    mut b: StreamBatch,
     dtype: DType,
     layout: Layout,
 ) -> Vec<Result<pb::StreamBatchesResponse, Status>> {
+    // The client releases the slot from here on.
+    if let Some(slot) = b.slot.take() {
+        slot.handed();
+    }
     let nbytes = b.shape.iter().product::<u64>() * dtype.size() as u64;
     let header = pb::BatchHeader {
         shape: b.shape,

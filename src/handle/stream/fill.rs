@@ -15,6 +15,7 @@ use crate::batch;
 use crate::error::{blocking, Error};
 use crate::request::{check_output_bytes, display_dims, ClipMeta, Transform};
 use crate::sample::{self, ClipAug, CropBox, Purpose, Rng};
+use crate::transport::shm::SlotHold;
 use crate::transport::{deliver, Destination, Transport};
 
 use super::slots::Filled;
@@ -102,17 +103,20 @@ pub(super) async fn assemble(
             tracing::info!(dataset = %ctx.req.dataset, client = %ctx.peer.describe(), "stream ended: its client released no slot");
             return Err(super::idle_error(idle, "released no shared-memory slot"));
         };
-        Some((arena, slot))
+        // Given back if the batch never reaches the client (the stream stopped while preparing it).
+        let hold = SlotHold::new(ctx.engine.shm(), &arena, slot, &ctx.peer);
+        Some((arena, slot, hold))
     } else {
         None
     };
     // Frames only this batch holds (they bypassed the cache) go back to the buffer pool once assembled.
     drop(frames);
     let engine = ctx.engine.clone();
-    let (shape, data, shm) = blocking(move || {
-        let to = match to {
-            Some((arena, slot)) => Destination::Slot { arena, slot },
-            None => Destination::Inline,
+    // The hold goes with the write: dropped (the request gone) only once nothing writes the slot.
+    let (shape, data, shm, slot) = blocking(move || {
+        let (to, hold) = match to {
+            Some((arena, slot, hold)) => (Destination::Slot { arena, slot }, Some(hold)),
+            None => (Destination::Inline, None),
         };
         let (shape, delivered) = deliver(to, nbytes, engine.metrics(), |buf| {
             Ok::<_, Error>(batch::assemble_augmented_into(
@@ -124,7 +128,7 @@ pub(super) async fn assemble(
         })?;
         drop(clip_frames); // frames only this batch held: their buffers go back to the pool
         let (data, shm) = delivered.into_parts();
-        Ok((shape, data, shm))
+        Ok((shape, data, shm, hold))
     })
     .await?;
     Ok(StreamBatch {
@@ -136,6 +140,7 @@ pub(super) async fn assemble(
         skipped,
         stats,
         shm,
+        slot,
         samples_fingerprint: 0,
     })
 }

@@ -51,7 +51,7 @@ use crate::manifest::Samples;
 use crate::peer::Peer;
 use crate::request::{check_output_bytes, ClipMeta, RequestStats, Resize, Transform};
 use crate::sample::{self, AugmentSpec, CropBox, Remainder, SamplerSpec};
-use crate::transport::shm::{Arena, ShmRef};
+use crate::transport::shm::{Arena, ShmRef, SlotHold};
 use crate::transport::Transport;
 
 use slots::{count_clips, fail_error, none_readable, skip_record, Failure, Window};
@@ -137,6 +137,9 @@ pub struct StreamBatch {
     pub stats: RequestStats,
     /// Transport SHM: where `data`'s bytes went (`data` is then empty).
     pub shm: Option<ShmRef>,
+    /// Transport SHM: the slot, given back if the batch is dropped before it is handed to the client
+    /// ([`SlotHold::handed`], when the reply is built).
+    pub slot: Option<SlotHold>,
     /// The fingerprint of the sample list the epoch is planned over.
     pub samples_fingerprint: u64,
 }

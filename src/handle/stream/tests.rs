@@ -257,6 +257,46 @@ async fn an_unreadable_sample_is_replaced_by_the_next_readable_one_and_reported(
     assert!(rx.recv().await.is_none());
 }
 
+/// A stream whose client goes away with batches prepared but never handed out (one waiting in the
+/// channel, the next in the producer) gives their slots back, so its arena, every slot free once the
+/// client has released what it read, is pooled or removed at once. Before, those slots stayed taken
+/// and the arena stayed retired, open and charged to the client, until its time to live (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_of_batches_never_handed_out_are_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let mut req = request("demo", 1);
+    req.transport = Transport::Shm;
+    let mut rx = start(&e, req, Peer::local()).await.unwrap();
+    let b = rx.recv().await.unwrap().unwrap();
+    let r = b.shm.clone().expect("an shm batch");
+    e.shm()
+        .release(&r.arena, &[r.slot], &Peer::local())
+        .unwrap();
+    // The producer prepares the next batches meanwhile: one waits in the channel, the next ones
+    // (prefetch 2) in the producer, each with its slot taken.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while rx.is_empty() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the next batch was never prepared"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    drop(b);
+    drop(rx);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    // Every arena still open is a pooled one, nobody's.
+    while e.shm().open_arenas() != e.shm().spare_stream_arenas() as u64 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the stream's arena is still open: slots of batches never handed out are still taken"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuming_gives_the_tail_of_the_uninterrupted_stream() {
     let dir = tempfile::tempdir().unwrap();

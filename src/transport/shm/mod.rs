@@ -53,6 +53,7 @@ pub(crate) use arena::index as slot_index;
 pub use arena::{filesystem_bytes, Arena};
 use arena::{random_hex, Access};
 pub use pending::PendingReply;
+pub use streams::SlotHold;
 
 /// Released reusable GetClips arenas kept for later replies: at least this many may be kept, more while
 /// clients keep more reusable replies in flight at once (pipelining), up to [`MAX_SPARE_ARENAS`]...

@@ -108,3 +108,48 @@ fn live_bytes(streams: &HashMap<String, Weak<Arena>>) -> usize {
         .map(|a| a.bytes())
         .sum()
 }
+
+/// A slot of a stream's arena taken for a batch not yet handed to its client: given back through the
+/// registry (as the client's own release would be) if the batch is dropped first. A stream that stopped
+/// early (a failed batch, a closed call, an idle client) dropped the batches it was still preparing with
+/// their slots taken, and their arena, which waits for every slot, stayed retired and charged to the
+/// client until its time to live.
+pub struct SlotHold {
+    /// None once handed (or released).
+    held: Option<(Arc<ShmRegistry>, String, Peer)>,
+    token: u32,
+}
+
+impl SlotHold {
+    pub fn new(shm: &Arc<ShmRegistry>, arena: &Arena, token: u32, owner: &Peer) -> SlotHold {
+        SlotHold {
+            held: Some((shm.clone(), arena.name().to_owned(), owner.clone())),
+            token,
+        }
+    }
+
+    /// The batch is on its way to the client, who releases the slot from now on.
+    pub fn handed(mut self) {
+        self.held = None;
+    }
+}
+
+impl std::fmt::Debug for SlotHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let arena = self.held.as_ref().map(|(_, a, _)| a.as_str());
+        f.debug_struct("SlotHold")
+            .field("arena", &arena)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        if let Some((shm, arena, owner)) = self.held.take() {
+            if let Err(e) = shm.release(&arena, &[self.token], &owner) {
+                tracing::debug!(arena = %arena, error = %e, "slot of a batch never handed out: not released");
+            }
+        }
+    }
+}
