@@ -202,9 +202,26 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
+/// `text` cut to its first `chars` characters (marked, with its length in bytes, when cut) and made
+/// [`printable`]: a quote, in a message or a log line, of something a client or a file system gave
+/// (a request path, a header, a 4 KiB directory path).
+pub fn quoted(text: &str, chars: usize) -> String {
+    let cut = match text.char_indices().nth(chars) {
+        Some((at, _)) => format!("{}... ({} bytes)", &text[..at], text.len()),
+        None => text.to_owned(),
+    };
+    printable(&cut).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quotes_are_cut_and_printable() {
+        assert_eq!(quoted("short\n", 10), "short\\n");
+        assert_eq!(quoted("abcdef", 3), "abc... (6 bytes)");
+    }
 
     #[test]
     fn messages_cannot_forge_log_lines() {

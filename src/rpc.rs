@@ -107,15 +107,6 @@ fn classify(path: &str) -> (&'static str, Kind) {
         .unwrap_or(("other", Kind::Unary))
 }
 
-/// A request path for a message: at most 200 characters, control characters escaped.
-fn printable_path(path: &str) -> String {
-    let mut out: String = path.chars().take(200).collect();
-    if path.chars().count() > 200 {
-        out.push_str("...");
-    }
-    crate::refusal::printable(&out).into_owned()
-}
-
 /// The largest request message (tonic refuses larger ones, answered INVALID_ARGUMENT naming the size):
 /// far above a real one (a GetClips of 4096 clips with long paths is under 1 MiB); unfinished ones are
 /// bounded further by the request bodies' ledger ([`bodies`]).
@@ -209,7 +200,8 @@ where
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
         let (method, kind) = classify(req.uri().path());
         // A method vserve does not serve: named in the UNIMPLEMENTED answer (tonic's has no message).
-        let unknown_path = (method == "other").then(|| printable_path(req.uri().path()));
+        let unknown_path =
+            (method == "other").then(|| crate::refusal::quoted(req.uri().path(), 200));
         let peer = Peer::from_extensions(req.extensions());
         req.extensions_mut().insert(peer.clone());
         let class = match kind {

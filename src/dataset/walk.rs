@@ -81,7 +81,10 @@ impl WalkTrouble {
             .into_iter()
             .filter_map(|(n, first, (one, many))| {
                 let what = if n == 1 { one } else { many };
-                Some(format!("{n} {what} (first: {})", example(first.as_ref()?)))
+                Some(format!(
+                    "{n} {what} (first: {})",
+                    crate::refusal::quoted(first.as_ref()?, EXAMPLE_CHARS)
+                ))
             })
             .collect();
         parts.join("; ")
@@ -123,14 +126,6 @@ pub(crate) fn make_too_long_dir(root: &Path) {
         assert!(f >= 0);
         libc::close(f);
         libc::close(fd);
-    }
-}
-
-/// `text` cut to [`EXAMPLE_CHARS`] characters (a path may be 4 KiB long).
-fn example(text: &str) -> String {
-    match text.char_indices().nth(EXAMPLE_CHARS) {
-        Some((at, _)) => format!("{}... ({} bytes)", &text[..at], text.len()),
-        None => text.to_owned(),
     }
 }
 

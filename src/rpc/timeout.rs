@@ -1,7 +1,7 @@
 //! The client's deadline: gRPC's `grpc-timeout` request header, parsed as gRPC over HTTP/2 writes it.
 
 /// The `grpc-timeout` header's duration (gRPC over HTTP/2: at most 8 digits and a unit, H M S m u n):
-/// `Ok(None)` when absent, `Err` with the header's text (printable, at most 40 characters) when
+/// `Ok(None)` when absent, `Err` with the header's text (quoted: at most 40 characters) when
 /// malformed.
 pub(super) fn grpc_timeout(
     headers: &http::HeaderMap,
@@ -10,10 +10,7 @@ pub(super) fn grpc_timeout(
     let Some(value) = headers.get("grpc-timeout") else {
         return Ok(None);
     };
-    let bad = || {
-        let text = String::from_utf8_lossy(value.as_bytes());
-        crate::refusal::printable(&text.chars().take(40).collect::<String>()).into_owned()
-    };
+    let bad = || crate::refusal::quoted(&String::from_utf8_lossy(value.as_bytes()), 40);
     let text = value.to_str().map_err(|_| bad())?;
     let Some(digits) = text.len().checked_sub(1).and_then(|n| text.get(..n)) else {
         return Err(bad());
