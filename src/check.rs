@@ -228,7 +228,14 @@ pub fn run(
     store: Option<&Store>,
     report: impl FnMut(VideoReport, Option<Record>, usize, usize) -> bool,
 ) {
-    run_each(ds, videos, jobs, store, check_one, report)
+    run_each(
+        ds,
+        videos,
+        jobs,
+        store,
+        |d, v, s| Some(check_one(d, v, s)),
+        report,
+    )
 }
 
 /// Status of a video `vserve index` built a table for now.
@@ -340,13 +347,14 @@ impl Unstored {
 }
 
 /// Runs `one` over `videos` on `jobs` named threads, calling `report(result, done, total)` on the
-/// calling thread as each finishes; stops early when it returns false.
+/// calling thread as each finishes; stops early when it returns false, and a thread stops when its
+/// `one` returns None (the work is no longer wanted).
 pub fn run_each(
     ds: &Dataset,
     videos: &[String],
     jobs: usize,
     store: Option<&Store>,
-    one: impl Fn(&Dataset, &str, Option<&Store>) -> (VideoReport, Option<Record>) + Sync,
+    one: impl Fn(&Dataset, &str, Option<&Store>) -> Option<(VideoReport, Option<Record>)> + Sync,
     mut report: impl FnMut(VideoReport, Option<Record>, usize, usize) -> bool,
 ) {
     let total = videos.len();
@@ -363,7 +371,10 @@ pub fn run_each(
                     if stop.load(Ordering::Relaxed) || i >= total {
                         break;
                     }
-                    if tx.send(one(ds, &videos[i], store)).is_err() {
+                    let Some(result) = one(ds, &videos[i], store) else {
+                        break;
+                    };
+                    if tx.send(result).is_err() {
                         break;
                     }
                 });

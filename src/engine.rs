@@ -407,6 +407,11 @@ impl Engine {
                 self.catalog.builds_waiting().0 as u64,
             ),
             Scraped::gauge(
+                "check_waiting_videos",
+                "CheckDataset videos waiting for a check place (as many as decode threads, all calls together).",
+                self.catalog.checks_waiting() as u64,
+            ),
+            Scraped::gauge(
                 "index_stuck_builds",
                 "Index builds abandoned past their deadline whose threads have not returned.",
                 self.catalog.stuck_builds().0,

@@ -203,6 +203,11 @@ impl Catalog {
         self.check_places.acquire(who).await
     }
 
+    /// CheckDataset videos waiting for a check place.
+    pub fn checks_waiting(&self) -> usize {
+        self.check_places.waiting().0
+    }
+
     pub fn store(&self) -> Option<&Arc<Store>> {
         self.store.as_ref()
     }

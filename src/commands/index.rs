@@ -59,7 +59,7 @@ pub fn run(args: &IndexArgs) -> ExitCode {
         &local.videos,
         local.jobs(args.jobs),
         local.store.as_ref(),
-        crate::check::index_one,
+        |d, v, s| Some(crate::check::index_one(d, v, s)),
         |r, _, done, _| {
             summary.add(&r);
             out.video(&r, done);

@@ -66,6 +66,7 @@ pub async fn check_dataset(
     let (tx, rx) = mpsc::channel(16);
     let engine = engine.clone();
     let (runtime, client) = (tokio::runtime::Handle::current(), req.client);
+    let caller = tx.clone();
     tokio::task::spawn_blocking(move || {
         let catalog = engine.catalog();
         let store = catalog.store().map(|s| s.as_ref());
@@ -75,8 +76,18 @@ pub async fn check_dataset(
                 // Each call's threads are its own (run_each starts them): lowered for good, one call a
                 // video (a syscall against decoding a whole video).
                 crate::handle::lower_priority("a check thread");
-                let _place = runtime.block_on(catalog.check_place(&client));
-                crate::check::check_one(ds, video, store)
+                // A thread waiting for its place gives up when the caller goes away meanwhile, instead
+                // of decoding one more video for nobody once its turn comes.
+                let _place = runtime.block_on(async {
+                    tokio::select! {
+                        place = catalog.check_place(&client) => place,
+                        () = caller.closed() => None,
+                    }
+                })?;
+                if caller.is_closed() || engine.is_draining() {
+                    return None;
+                }
+                Some(crate::check::check_one(ds, video, store))
             };
         crate::check::run_each(
             &ds,
@@ -105,4 +116,81 @@ pub async fn check_dataset(
         }
     });
     Ok(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::PeerKey;
+    use std::time::Duration;
+
+    /// Waits (up to 10 s) until `cond` holds.
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let start = std::time::Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A check whose caller goes away while its thread waits for a check place leaves the queue at once
+    /// (before, it decoded one more video for nobody once its turn came); a check still wanted waits on
+    /// and reports its video.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_check_waiting_for_a_place_leaves_when_its_caller_does() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/data/demo/nasa_13013.mp4"
+            ),
+            dir.path().join("nasa.mp4"),
+        )
+        .unwrap();
+        let config = crate::cli::ServeArgs {
+            dataset: vec![format!("d={}", dir.path().display())],
+            decode_threads: Some(1),
+            state_dir: Some("none".into()),
+            ..Default::default()
+        }
+        .to_config()
+        .unwrap();
+        let factory: crate::decode::fleet::BackendFactory =
+            Arc::new(|_| Box::new(crate::decode::fake::FakeBackend::default()));
+        let engine = Engine::new(&config, factory).unwrap();
+        let catalog = engine.catalog();
+        // The only place (one decode thread), held by another client's check.
+        let held = catalog
+            .check_place(&PeerKey::Process { pid: 1, start: 1 })
+            .await
+            .unwrap();
+        let request = |pid| CheckRequest {
+            dataset: "d".into(),
+            jobs: 1,
+            shard: Shard::ALL,
+            client: PeerKey::Process { pid, start: 1 },
+        };
+        let gone = check_dataset(&engine, request(2)).await.unwrap();
+        let mut kept = check_dataset(&engine, request(3)).await.unwrap();
+        until("both checks wait for the place", || {
+            catalog.checks_waiting() == 2
+        })
+        .await;
+        drop(gone);
+        until("the check whose caller left stops waiting", || {
+            catalog.checks_waiting() == 1
+        })
+        .await;
+        drop(held);
+        let progress = tokio::time::timeout(Duration::from_secs(60), kept.recv())
+            .await
+            .expect("the check still wanted gets the place")
+            .unwrap()
+            .unwrap();
+        assert_eq!(progress.report.video, "nasa.mp4");
+        assert_eq!(progress.report.status, "ok");
+        assert_eq!((progress.done, progress.total), (1, 1));
+        assert!(kept.recv().await.is_none(), "one video, then the end");
+        assert_eq!(catalog.checks_waiting(), 0);
+    }
 }
