@@ -605,15 +605,18 @@ async fn raw_call(
 async fn requests_framed_wrongly_or_with_a_malformed_timeout_get_named_client_statuses() {
     let mut d = Daemon::start().await;
     let c = d.client().await;
-    // A length prefix announcing 100 bytes with 10 sent; a flag byte of 7; no message at all; a
-    // message flagged compressed on a call that names no grpc-encoding (gRPC's compression spec: MUST
+    // A length prefix announcing 100 bytes with 10 sent; a flag byte of 7; no message at all; two
+    // messages; a message flagged compressed on a call that names no grpc-encoding (gRPC's compression spec: MUST
     // fail INTERNAL, the one framing status kept).
     let mut cut = vec![0, 0, 0, 0, 100];
     cut.extend_from_slice(&[0x0a; 10]);
     let flag7 = [7, 0, 0, 0, 0];
     let compressed = [1, 0, 0, 0, 0];
+    // Two (empty) request messages on a call that takes one: gRPC's request cardinality violation
+    // (tonic read the second and dropped it).
+    let twice = [0; 10];
     for method in ["Probe", "GetClips", "StreamBatches"] {
-        let cases: [(&[u8], tonic::Code, &str); 4] = [
+        let cases: [(&[u8], tonic::Code, &str); 5] = [
             (&cut, tonic::Code::InvalidArgument, "ended inside a message"),
             (
                 &flag7,
@@ -621,6 +624,7 @@ async fn requests_framed_wrongly_or_with_a_malformed_timeout_get_named_client_st
                 "flag byte must be 0 or 1",
             ),
             (&[], tonic::Code::Unimplemented, "cardinality"),
+            (&twice, tonic::Code::Unimplemented, "carried more than one"),
             (&compressed, tonic::Code::Internal, "grpc-encoding"),
         ];
         for (body, code, says) in cases {

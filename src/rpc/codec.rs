@@ -37,17 +37,33 @@ where
     }
 
     fn decoder(&mut self) -> RequestDecoder<U> {
-        RequestDecoder(PhantomData)
+        RequestDecoder {
+            decoded: false,
+            message: PhantomData,
+        }
     }
 }
 
-pub struct RequestDecoder<U>(PhantomData<U>);
+/// Decodes a call's request messages: one per call (every vserve method takes one request; tonic reads
+/// the body to its end before the handler runs, so a second message reaches here and fails the call
+/// with UNIMPLEMENTED, gRPC's code for a request cardinality violation, instead of being dropped
+/// unseen).
+pub struct RequestDecoder<U> {
+    decoded: bool,
+    message: PhantomData<U>,
+}
 
 impl<U: Message + Default> Decoder for RequestDecoder<U> {
     type Item = U;
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        if std::mem::replace(&mut self.decoded, true) {
+            return Err(Status::unimplemented(format!(
+                "{MALFORMED}: the call carried more than one, and every vserve method takes exactly \
+                 one (a request cardinality violation)"
+            )));
+        }
         U::decode(buf)
             .map(Some)
             .map_err(|e| Status::invalid_argument(format!("{MALFORMED}: {e}")))
