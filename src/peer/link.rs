@@ -1,22 +1,32 @@
-//! The connection a call came on: what its replies have handed the transport and not yet written, and
+//! The connection a call came on: its replies' pieces the transport holds and has not yet written, and
 //! a way to close it.
 //!
 //! hyper stops polling a reply while its next data frame waits for the client's flow-control window,
 //! so nothing of the reply's own (its idle reset, `budget::sent`) runs: a client that opens no window
-//! kept the reply's budget and stream slot until it closed the connection. Every reply piece is
-//! counted on its connection's [`Link`] as well as on its reply, and the connection's watchdog
-//! (`server::conns`) closes a connection whose pieces make no progress for twice `--stream-idle-timeout`.
-//! [`OnLink`] carries the link in the connection information tonic hands every request.
+//! kept the reply's budget and stream slot until it closed the connection. So every reply registers
+//! itself ([`Link::follow`]) on its connection's [`Link`], and the connection's watchdog
+//! (`server::conns`) closes a connection on which any one reply's pieces make no progress for twice
+//! `--stream-idle-timeout`, whatever its other replies do: a client reading its other calls kept a
+//! stalled reply's bytes and budget for as long as it went on calling, when the measure was the
+//! connection's pieces as a whole. [`OnLink`] carries the link in the connection information tonic
+//! hands every request.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use futures::task::AtomicWaker;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 
-/// One connection's unwritten reply pieces, its open calls, and its close switch.
+/// A reply as its connection's watchdog sees it.
+pub trait Reply: Send + Sync {
+    /// Pieces the transport holds now, their bytes, and pieces written so far.
+    fn pieces(&self) -> (usize, u64, u64);
+}
+
+/// One connection's replies, its open calls, and its close switch.
 pub struct Link {
     /// Calls open on the connection: a call is open from its start until its reply has ended and the
     /// transport has dropped its last byte (`budget::sent::Sent`'s life).
@@ -27,12 +37,8 @@ pub struct Link {
     /// from there): milliseconds after `born`.
     born: tokio::time::Instant,
     quiet_from_ms: AtomicU64,
-    /// Pieces handed to the transport and not yet dropped by it.
-    pieces: AtomicU64,
-    /// Their bytes.
-    bytes: AtomicU64,
-    /// Pieces dropped so far: the watchdog's measure of progress.
-    written: AtomicU64,
+    /// The replies the watchdog follows.
+    replies: Mutex<Followed>,
     /// Set to close the connection: its reads and writes fail from then on.
     closed: AtomicBool,
     /// The connection's reader, woken to see `closed`.
@@ -41,6 +47,26 @@ pub struct Link {
     gone: Notify,
 }
 
+/// The replies registered on a connection (the ended ones are pruned at each watchdog tick, and when
+/// the list has doubled since the last pruning).
+#[derive(Default)]
+struct Followed {
+    replies: Vec<Watch>,
+    prune_at: usize,
+}
+
+/// A reply, and what the watchdog saw of it at its last tick.
+struct Watch {
+    reply: Weak<dyn Reply>,
+    written: u64,
+    held: bool,
+    /// Ticks in a row that found pieces held, held at the tick before, and none written since.
+    stalled: u32,
+}
+
+/// Replies a connection may have registered before they are pruned, at the least.
+const PRUNE_AT: usize = 64;
+
 impl Link {
     pub fn new() -> Arc<Link> {
         Arc::new(Link {
@@ -48,9 +74,7 @@ impl Link {
             begun: AtomicU64::new(0),
             born: tokio::time::Instant::now(),
             quiet_from_ms: AtomicU64::new(0),
-            pieces: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            written: AtomicU64::new(0),
+            replies: Mutex::default(),
             closed: AtomicBool::new(false),
             reader: AtomicWaker::new(),
             gone: Notify::new(),
@@ -81,32 +105,44 @@ impl Link {
         Some((self.born.elapsed().saturating_sub(from), had_calls))
     }
 
-    /// A reply handed the transport a piece of `bytes`.
-    pub fn handed(&self, bytes: u64) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.pieces.fetch_add(1, Ordering::Release);
+    /// Follows `reply` until it ends (its watchdog reads it at every tick).
+    pub fn follow(&self, reply: Weak<dyn Reply>) {
+        let mut f = self.replies.lock();
+        if f.replies.len() >= f.prune_at.max(PRUNE_AT) {
+            f.replies.retain(|w| w.reply.strong_count() > 0);
+            f.prune_at = 2 * f.replies.len();
+        }
+        f.replies.push(Watch {
+            reply,
+            written: 0,
+            held: false,
+            stalled: 0,
+        });
     }
 
-    /// The transport dropped a piece of `bytes` (written, or its stream reset).
-    pub fn dropped(&self, bytes: u64) {
-        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.written.fetch_add(1, Ordering::Relaxed);
-        self.pieces.fetch_sub(1, Ordering::Release);
-    }
-
-    /// Pieces held by the transport now.
-    pub fn pieces(&self) -> u64 {
-        self.pieces.load(Ordering::Acquire)
-    }
-
-    /// Their bytes.
-    pub fn unsent_bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
-    }
-
-    /// Pieces dropped so far.
-    pub fn progress(&self) -> u64 {
-        self.written.load(Ordering::Relaxed)
+    /// The watchdog's tick: the most ticks in a row any one reply has held pieces with none written,
+    /// and the bytes the transport holds for all of them.
+    pub fn tick(&self) -> (u32, u64) {
+        let mut f = self.replies.lock();
+        let (mut most, mut unsent) = (0, 0);
+        f.replies.retain_mut(|w| {
+            let Some(reply) = w.reply.upgrade() else {
+                return false;
+            };
+            let (pieces, bytes, written) = reply.pieces();
+            let was_held = std::mem::replace(&mut w.held, pieces > 0);
+            if w.held && was_held && written == w.written {
+                w.stalled += 1;
+            } else {
+                w.stalled = 0;
+            }
+            w.written = written;
+            most = most.max(w.stalled);
+            unsent += bytes;
+            true
+        });
+        f.prune_at = 2 * f.replies.len();
+        (most, unsent)
     }
 
     /// Closes the connection: its next read or write fails, and its reader is woken for that.
@@ -197,19 +233,41 @@ pub struct OnLink<I> {
 mod tests {
     use super::*;
 
+    /// A reply's pieces as a test sets them: (held, bytes, written).
+    #[derive(Default)]
+    struct Pieces(Mutex<(usize, u64, u64)>);
+
+    impl Reply for Pieces {
+        fn pieces(&self) -> (usize, u64, u64) {
+            *self.0.lock()
+        }
+    }
+
+    /// Each reply's stall is counted apart from its siblings' progress; an ended reply is let go.
     #[test]
-    fn a_link_counts_its_pieces_and_wakes_its_reader_when_closed() {
+    fn a_link_counts_each_replys_stall_and_wakes_its_reader_when_closed() {
         let link = Link::new();
-        link.handed(100);
-        link.handed(5);
+        let (steady, stuck) = (Arc::new(Pieces::default()), Arc::new(Pieces::default()));
+        link.follow(Arc::downgrade(&steady) as Weak<dyn Reply>);
+        link.follow(Arc::downgrade(&stuck) as Weak<dyn Reply>);
+        assert_eq!(link.tick(), (0, 0), "nothing held");
+        *stuck.0.lock() = (1, 100, 0);
+        for written in 1..=3 {
+            *steady.0.lock() = (1, 5, written);
+            // Held since the tick before, nothing written: one more tick stalled (the first tick
+            // only sees it held).
+            assert_eq!(link.tick(), (written as u32 - 1, 105));
+        }
+        *stuck.0.lock() = (1, 100, 1);
+        *steady.0.lock() = (1, 5, 4);
+        assert_eq!(link.tick().0, 0, "a piece written");
+        drop(stuck);
+        *steady.0.lock() = (0, 0, 5);
+        assert_eq!(link.tick(), (0, 0));
         assert_eq!(
-            (link.pieces(), link.unsent_bytes(), link.progress()),
-            (2, 105, 0)
-        );
-        link.dropped(100);
-        assert_eq!(
-            (link.pieces(), link.unsent_bytes(), link.progress()),
-            (1, 5, 1)
+            link.replies.lock().replies.len(),
+            1,
+            "the ended reply let go"
         );
 
         let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -19,7 +19,7 @@ use std::net::IpAddr;
 mod link;
 mod loopback;
 
-pub use link::{closed_error, connection, Conn, Link, OnLink};
+pub use link::{closed_error, connection, Conn, Link, OnLink, Reply};
 
 /// The key limits are counted by and arenas owned by.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -23,11 +23,11 @@
 //! and discards until the client closes, for at most [`LINGER`]; it keeps its place in the counts
 //! meanwhile, so shutdown can wait for it ([`Gate::open`]).
 //!
-//! A connection whose replies wait for a flow-control window its client never opens is closed: each
-//! connection has a [`Link`] on which its replies count the pieces the transport holds, and a watchdog
-//! ([`watch`]) that closes the connection when pieces are held and none was written for twice
-//! `--stream-idle-timeout` (its reads and writes then fail, and hyper drops its streams, their bytes and
-//! budget). hyper polls no reply while its next frame waits for the window, so the reply's own idle
+//! A connection with a reply waiting for a flow-control window its client never opens is closed: each
+//! connection has a [`Link`] that follows its replies and the pieces the transport holds of each, and a
+//! watchdog ([`watch`]) that closes the connection when one reply's pieces are held and none was
+//! written for twice `--stream-idle-timeout`, however its other replies progress (its reads and writes
+//! then fail, and hyper drops its streams, their bytes and budget). hyper polls no reply while its next frame waits for the window, so the reply's own idle
 //! reset (`budget::sent`) cannot see this case. Twice: the calls' own idle ends (a stream's, a
 //! GetClips reply's, each after `--stream-idle-timeout`) come first and end only the call, with a
 //! status the client can read; the connection's close, which ends every call on it, is the backstop.
@@ -313,8 +313,9 @@ where
         .filter_map(|x| x)
 }
 
-/// Closes `link`'s connection once reply pieces are held and none was written for `stall` (checked
-/// every quarter of it: closed after `stall` to `1.25 stall`), or once it has had no call open for
+/// Closes `link`'s connection once one reply's pieces are held and none of them was written for
+/// `stall`, whatever its other replies do (checked every quarter of it: closed after `stall` to
+/// `1.25 stall`), or once it has had no call open for
 /// `quiet`'s time (first call, between calls; checked every quarter of the shorter, at most every
 /// second); ends with the connection.
 pub async fn watch(link: Arc<Link>, stall: Option<Duration>, quiet: Option<Quiet>, holder: Holder) {
@@ -327,11 +328,6 @@ pub async fn watch(link: Arc<Link>, stall: Option<Duration>, quiet: Option<Quiet
     .min()
     .unwrap_or(Duration::from_secs(1))
     .max(Duration::from_millis(10));
-    // Ticks in a row that found pieces held, held at the tick before, and none written since: the
-    // pieces held then have waited that many ticks (a piece leaves only by being written or dropped).
-    let mut stalled = 0u32;
-    let mut seen = link.progress();
-    let mut held = false;
     loop {
         tokio::select! {
             _ = link.ended() => return,
@@ -361,23 +357,20 @@ pub async fn watch(link: Arc<Link>, stall: Option<Duration>, quiet: Option<Quiet
         let Some(idle) = stall else {
             continue;
         };
-        let progress = link.progress();
-        let was_held = std::mem::replace(&mut held, link.pieces() > 0);
-        if !held || !was_held || progress != seen {
-            seen = progress;
-            stalled = 0;
-            continue;
-        }
-        stalled += 1;
+        // Ticks in a row that one reply's pieces were held, held at the tick before, and none written
+        // since: the pieces held then have waited that many ticks (a piece leaves only by being
+        // written or dropped).
+        let (stalled, unsent_bytes) = link.tick();
         if tick * stalled < idle {
             continue;
         }
         tracing::warn!(
             client = %holder.describe(),
             seconds = idle.as_secs_f64(),
-            unsent_bytes = link.unsent_bytes(),
-            "connection closed: its replies' bytes waited for the client's flow-control window and none \
-             was written (twice --stream-idle-timeout); their budget and stream slots are released"
+            unsent_bytes,
+            "connection closed: a reply's bytes waited for the client's flow-control window and none \
+             was written (twice --stream-idle-timeout); the connection's calls end, and their budget and \
+             stream slots are released"
         );
         link.close();
         return;
@@ -468,9 +461,25 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Counted
 mod tests {
     use super::*;
 
-    /// The watchdog closes a connection only when pieces were held and none written for the whole idle
-    /// time: a slow but steady reader keeps it, pieces held for less than the idle time keep it, and it
-    /// ends with the connection.
+    /// A reply's pieces as a test sets them: (held, bytes, written).
+    #[derive(Default)]
+    struct Pieces(parking_lot::Mutex<(usize, u64, u64)>);
+
+    impl crate::peer::Reply for Pieces {
+        fn pieces(&self) -> (usize, u64, u64) {
+            *self.0.lock()
+        }
+    }
+
+    fn follow(link: &Link) -> Arc<Pieces> {
+        let reply = Arc::new(Pieces::default());
+        link.follow(Arc::downgrade(&reply) as std::sync::Weak<dyn crate::peer::Reply>);
+        reply
+    }
+
+    /// The watchdog closes a connection only when one reply's pieces were held and none written for the
+    /// whole idle time: a slow but steady reader keeps it, pieces held for less than the idle time keep
+    /// it, a sibling reply's progress does not keep it, and it ends with the connection.
     #[tokio::test(start_paused = true)]
     async fn the_watchdog_closes_only_a_connection_whose_pieces_wait_the_idle_time() {
         let idle = Duration::from_secs(8);
@@ -478,26 +487,31 @@ mod tests {
         let link = Link::new();
         let dog = tokio::spawn(watch(link.clone(), Some(idle), None, Holder::Process(1)));
         // A reader writing one piece every 7 s of 8: never closed.
-        for _ in 0..6 {
-            link.handed(10);
-            link.handed(10);
+        let steady = follow(&link);
+        for written in 1..=6 {
+            *steady.0.lock() = (2, 20, written - 1);
             tokio::time::sleep(Duration::from_secs(7)).await;
-            link.dropped(10);
-            link.dropped(10);
+            *steady.0.lock() = (1, 10, written);
             assert!(!link.is_closed(), "a steady reader was cut off");
         }
         // Nothing held for long: never closed.
+        *steady.0.lock() = (0, 0, 7);
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert!(!link.is_closed());
-        // Held with nothing written: closed after 8 to 10 s.
-        link.handed(10);
+        // One reply held with nothing written while its sibling writes a piece every second: closed
+        // after 8 to 10 s.
+        let stuck = follow(&link);
+        *stuck.0.lock() = (1, 10, 0);
         let stall = tokio::time::Instant::now();
+        let mut written = 7;
         while !link.is_closed() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            written += 1;
+            *steady.0.lock() = (1, 10, written);
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
         let waited = stall.elapsed();
         assert!(
-            waited >= idle && waited <= idle + idle / 4 + Duration::from_millis(100),
+            waited >= idle && waited <= idle + idle / 4 + Duration::from_secs(1),
             "closed after {waited:?}"
         );
         dog.await.unwrap();
@@ -506,7 +520,7 @@ mod tests {
         // A connection that goes ends its watchdog.
         let link = Link::new();
         let dog = tokio::spawn(watch(link.clone(), Some(idle), None, Holder::Unknown));
-        link.handed(1);
+        *follow(&link).0.lock() = (1, 1, 0);
         tokio::time::sleep(Duration::from_secs(3)).await;
         link.end();
         tokio::time::timeout(Duration::from_secs(1), dog)
