@@ -289,6 +289,78 @@ async fn a_stream_left_while_its_build_ahead_is_stuck_gives_back_its_budget() {
         .await;
 }
 
+/// A request that waits for another's build of a file (here a stream's build ahead, which has no
+/// request of its own to fail) and passes `--index-deadline` marks the file stalled, as the build's
+/// own request would: later requests are refused at once. Before, each one waited the whole deadline
+/// again (600 s by default, every epoch, every rank), since nothing ever marked the file.
+#[tokio::test]
+async fn waiting_past_the_deadline_for_a_stuck_build_ahead_marks_the_file_stalled() {
+    let dir = tempfile::tempdir().unwrap();
+    // Eight samples before the stuck file: the fill (two batches ahead) does not reach it, the builds
+    // ahead (16 samples) do.
+    for name in ["a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "b-stall"] {
+        std::fs::copy(
+            media_path(CONTROL_VIDEO),
+            dir.path().join(format!("{name}.mov")),
+        )
+        .unwrap();
+    }
+    let dataset = format!("ahead={}", dir.path().display());
+    let mut d = Daemon::start_with_env(
+        &[
+            "--dataset",
+            &dataset,
+            "--index-deadline",
+            "1",
+            "--max-prefetch",
+            "2",
+        ],
+        &[("VSERVE_TEST_STALL_ON", "index:b-stall.mov")],
+    )
+    .await;
+    let mut c = d.client().await;
+    let mut s = c
+        .stream_batches(proto::StreamBatchesRequest {
+            dataset: "ahead".into(),
+            transform: sized(16, 16),
+            batch_size: 1,
+            world_size: 1,
+            no_shuffle: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    s.next().await.unwrap().expect("the first batch");
+    while !d.log_text().contains("VSERVE_TEST_STALL_ON: blocking") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(s);
+    let probe = || probe_req("ahead", "b-stall.mov", None, false);
+    let (took, res) = timed(c.probe(probe())).await;
+    let msg = status_message(&res);
+    expect_code(res, &["DEADLINE_EXCEEDED"], "Probe joining the stuck build");
+    assert!(
+        took >= Duration::from_secs(1),
+        "answered after {took:?}: {msg}"
+    );
+    for _ in 0..2 {
+        let (took, res) = timed(c.probe(probe())).await;
+        let msg = status_message(&res);
+        expect_code(res, &["DEADLINE_EXCEEDED"], "Probe of the stalled file");
+        assert!(
+            took < Duration::from_millis(500),
+            "waited {took:?} again: {msg}"
+        );
+        assert!(
+            msg.contains("stalled") && msg.contains("\"b-stall.mov\""),
+            "{msg}"
+        );
+    }
+    Control::new()
+        .check(&mut d, &c, "a file stalled in a build ahead")
+        .await;
+}
+
 #[tokio::test]
 async fn sigterm_with_reads_stuck_exits_within_the_grace_period() {
     let mut d = Daemon::start_with_env(

@@ -189,17 +189,27 @@ impl Catalog {
             Ok(found) => return Ok(found),
             Err(building) => building,
         };
-        if let Some(mut done) = building {
+        if let Some((mut done, key)) = building {
             // Another request builds this table: wait for it without a place (holding one would keep
             // other clients' builds waiting behind a build that is already running), then look again.
             if tokio::time::timeout(self.index_deadline, done.changed())
                 .await
                 .is_err()
             {
-                return Err(Error::DeadlineExceeded(format!(
-                    "video {video:?} in dataset {dataset:?} was being indexed for another request for longer than the {} s deadline (--index-deadline)",
-                    self.index_deadline.as_secs_f64()
-                )));
+                let msg = format!(
+                    "video {video:?} in dataset {dataset:?} was being indexed for another request for longer than the {} s deadline (--index-deadline): its read or decoder is stuck; it is not tried again for {} s unless it changes",
+                    self.index_deadline.as_secs_f64(),
+                    STALLED_FOR.as_secs()
+                );
+                // The build has run at least the deadline: the file is stalled, as its own request
+                // would have marked it. A build with no request of its own (a stream's build ahead)
+                // marks nothing, and every request joining it waited the whole deadline again.
+                if let Some(k) = key {
+                    self.stalled.insert(k, (Instant::now(), msg.clone()));
+                }
+                self.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(dataset, video, deadline_s = self.index_deadline.as_secs_f64(), "waited past the deadline for another request's index build; the file is refused as stalled");
+                return Err(Error::DeadlineExceeded(msg));
             }
             if let Ok(found) = self.look_up(dataset, video, stream).await? {
                 return Ok(found);
@@ -223,7 +233,8 @@ impl Catalog {
         dataset: &str,
         video: &str,
         stream: Option<u32>,
-    ) -> Result<Result<Resolved, Option<tokio::sync::watch::Receiver<()>>>, Error> {
+    ) -> Result<Result<Resolved, Option<(tokio::sync::watch::Receiver<()>, Option<FileKey>)>>, Error>
+    {
         let permit = self
             .lookups
             .clone()
@@ -234,7 +245,11 @@ impl Catalog {
         let probe = lookup.probe.clone();
         Ok(match self.finish(lookup).await? {
             Some(found) => Ok(found),
-            None => Err(probe.in_progress.lock().take()),
+            None => Err(probe
+                .in_progress
+                .lock()
+                .take()
+                .map(|done| (done, probe.key.get().cloned()))),
         })
     }
 
