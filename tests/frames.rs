@@ -1056,3 +1056,68 @@ async fn open_gop_files_give_their_last_frames() {
         assert_frames_eq(&batch, &all, &reference, (w, h), name);
     }
 }
+
+/// AVI gives B-frame streams' packets no pts: the CLI stamps each frame with its best-effort timestamp
+/// (the dts of the packet that let it out of the decoder's reorder delay), so the first H.264 frame of
+/// such a file is at 0.08 s and MPEG-4 Part 2's at 0.04 s. The table took those timestamps as missing
+/// and counted from 0, so every pts and every time lookup was off (all 75 frames 0.08 s early).
+#[tokio::test]
+async fn avi_b_frame_streams_take_the_clis_best_effort_timestamps() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let (w, h) = (176usize, 144usize);
+    for (name, codec) in [("bf_h264.avi", "libx264"), ("bf_mpeg4.avi", "mpeg4")] {
+        let path = d.scratch.join(name);
+        let status = std::process::Command::new("ffmpeg")
+            .args(["-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i"])
+            .arg(format!("testsrc2=size={w}x{h}:rate=25:duration=3"))
+            .args(["-c:v", codec, "-bf", "2", "-g", "12", "-pix_fmt", "yuv420p"])
+            .arg(&path)
+            .status()
+            .expect("run ffmpeg");
+        assert!(status.success());
+        // The CLI's frame timestamps (framemd5's pts column, here in the stream's 1/25 time base).
+        let out = std::process::Command::new("ffmpeg")
+            .args(["-nostdin", "-v", "error", "-i"])
+            .arg(&path)
+            .args(["-fps_mode", "passthrough", "-f", "framemd5", "-"])
+            .output()
+            .expect("run ffmpeg");
+        let want: Vec<i64> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split(',').nth(2).unwrap().trim().parse().unwrap())
+            .collect();
+        assert_eq!(want.len(), 75, "{name}");
+        assert!(
+            want[0] > 0,
+            "{name}: the CLI's first frame is not at 0: {want:?}"
+        );
+        let p = probe(&mut c, probe_req(SCRATCH, name, None, true)).await;
+        assert_eq!(p.pts, want, "{name}: pts (time base 1/25)");
+        let reference = Ffmpeg::default().frames(&path, w, h, None);
+        let all: Vec<u64> = (0..75).collect();
+        let batch = get(
+            &mut c,
+            clips_req(SCRATCH, vec![frames_clip(name, &all, None)], None),
+        )
+        .await;
+        assert_frames_eq(&batch, &all, &reference, (w, h), name);
+        // The frame showing at the first frame's time and just before the second's.
+        let t0 = want[0] as f64 / 25.0;
+        let t = [t0, t0 + 0.039];
+        let batch = get(
+            &mut c,
+            clips_req(SCRATCH, vec![times_clip(name, &t, None)], None),
+        )
+        .await;
+        assert_frames_eq(
+            &batch,
+            &[0, 0],
+            &reference,
+            (w, h),
+            &format!("{name} by time"),
+        );
+    }
+}

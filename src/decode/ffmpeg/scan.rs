@@ -63,8 +63,12 @@ impl DecodeScan {
             self.size.get_or_insert((frame.width(), frame.height()));
             // SAFETY: `frame` holds a frame just returned by the decoder.
             let duration = unsafe { (*frame.as_ptr()).pkt_duration };
+            // The frame's pts, else its best-effort timestamp, as the CLI numbers its frames: AVI
+            // gives no pts to B-frame streams' packets, and frames from the decoder's reorder delay
+            // are stamped with the dts of the packet that let them out (the first H.264 frame of
+            // h264_bf.avi at 0.08 s, not 0).
             self.frames.push(ScannedFrame {
-                pts: frame.pts(),
+                pts: frame.pts().or(frame.timestamp()),
                 duration,
                 key: frame.is_key(),
             });
