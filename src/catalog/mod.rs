@@ -263,6 +263,11 @@ impl Catalog {
             .insert(key, (Instant::now(), detail.to_owned()));
     }
 
+    /// How long one video's index build may take (`--index-deadline`).
+    pub fn index_deadline(&self) -> Duration {
+        self.index_deadline
+    }
+
     /// Video indexes built since start-up.
     pub fn index_builds(&self) -> u64 {
         self.index_builds.load(Ordering::Relaxed)
