@@ -1,12 +1,14 @@
-//! The store's file format, version 3: one little-endian file per (video, stream), laid out so that a
+//! The store's file format, version 4: one little-endian file per (video, stream), laid out so that a
 //! reader can memory-map it and read any field or frame in O(1) without parsing the rest.
 //!
 //! ```text
 //! offset  bytes  field
 //!      0      8  magic "VSRVSTOR"
-//!      8      4  format version (3; versions 1 and 2 had no content sample, and version 1 no mirror flag:
+//!      8      4  format version (4; versions 1 and 2 had no content sample, and version 1 no mirror flag:
 //!                a version 2 record is read with content 0, a version 1 record also without its table;
-//!                their headers end at 272)
+//!                their headers end at 272. Version 3 is laid out as 4, but its tables made by decoding
+//!                counted frames with no pts from 0 instead of taking their best-effort timestamps: such
+//!                a table is read without its table, as version 1's)
 //!     12      4  CRC-32 (IEEE) of bytes 16..len
 //!     16      8  len: the whole file's size
 //!     24      8  identity: file size           32 16 identity: mtime, ns since the epoch (i128)
@@ -45,7 +47,7 @@ use crate::index::table::{Column, ColumnKind, Packed, TableBytes};
 use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
 
 pub const MAGIC: &[u8; 8] = b"VSRVSTOR";
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 const HEADER: usize = 280;
 /// Where the header of a version 1 or 2 record ends (it had no content sample).
 const HEADER_V2: usize = 272;
@@ -443,9 +445,11 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
     let decode_table = flags & 2 != 0;
     let written_ms = b.u64(56)?;
     let content = if version >= 3 { b.u64(272)? } else { 0 };
-    // Version 1 did not record a mirrored display matrix: its table is left to be built again (as for a
-    // changed file), its health kept.
-    let table = if flags & 1 != 0 && version >= 2 {
+    // Version 1 did not record a mirrored display matrix, and before version 4 a table made by decoding
+    // gave frames with no pts made-up timestamps (AVI B-frame streams): such a table is left to be built
+    // again (as for a changed file), its health kept.
+    let stale = version < 2 || (version < 4 && bytes[54] == 1);
+    let table = if flags & 1 != 0 && !stale {
         if n == 0 {
             return Err(FormatError::Malformed("empty table"));
         }

@@ -516,9 +516,9 @@ mod tests {
                 "truncation to {len}"
             );
         }
-        let mut v4 = bytes.clone();
-        v4[8] = 4;
-        assert_eq!(format::decode(&v4), Err(format::FormatError::Version(4)));
+        let mut v5 = bytes.clone();
+        v5[8] = 5;
+        assert_eq!(format::decode(&v5), Err(format::FormatError::Version(5)));
         // A version 1 record keeps its health; its table, which could not say whether the display matrix
         // mirrors, is built again. Neither version 1 nor 2 knew the content sample (0: unknown).
         let mut v1 = bytes.clone();
@@ -528,10 +528,24 @@ mod tests {
         assert_eq!(old.key, r.key);
         assert!(old.table.is_none());
         assert_eq!(old.content, 0);
-        let mut v2 = bytes.clone();
-        v2[8] = 2;
-        let old = format::decode(&v2).unwrap();
-        assert_eq!((old.table, old.content), (r.table.clone(), 0));
+        // Versions 2 and 3 made up the timestamps of frames with no pts in tables made by decoding (as
+        // `r`'s): such a table is built again, its health kept; one made by the packet scan is kept.
+        let mut by_packets = r.clone();
+        let mut t = (**by_packets.table.as_ref().unwrap()).clone();
+        t.method = crate::index::IndexMethod::PacketScan;
+        by_packets.table = Some(Arc::new(t));
+        let packets = format::encode(&by_packets);
+        for version in [2, 3] {
+            let mut old = bytes.clone();
+            old[8] = version;
+            let old = format::decode(&old).unwrap();
+            assert_eq!((old.table, &old.health), (None, &r.health), "v{version}");
+            let mut old = packets.clone();
+            old[8] = version;
+            let old = format::decode(&old).unwrap();
+            assert_eq!(old.table, by_packets.table, "v{version}");
+            assert_eq!(old.content, if version == 2 { 0 } else { r.content });
+        }
         assert_eq!(
             format::decode(b"PK\x03\x04 not ours at all, a zip or anything"),
             Err(format::FormatError::Magic)
