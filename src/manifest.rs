@@ -88,6 +88,13 @@ pub enum ManifestError {
     },
 }
 
+/// The largest manifest read: about ten million rows of a typical dataset (its sample list takes about
+/// as much memory as the file).
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+
+/// The longest path a manifest row may name (Linux's `PATH_MAX`).
+const MAX_PATH_BYTES: usize = 4096;
+
 /// Collects samples one at a time into the compact layout; [`SamplesBuilder::finish`] ranks the labels.
 #[derive(Default)]
 pub struct SamplesBuilder {
@@ -237,14 +244,43 @@ impl Samples {
         self.trims.iter().map(|t| [t[0].to_bits(), t[1].to_bits()])
     }
 
-    /// Reads a manifest; the format follows the extension (`.jsonl`/`.ndjson`, else CSV).
+    /// Reads a manifest; the format follows the extension (`.jsonl`/`.ndjson`, else CSV). Only a
+    /// regular file of at most [`MAX_MANIFEST_BYTES`] is read: opening a FIFO waited for a writer for
+    /// ever (every later reload waited behind it), and a symlink to /dev/zero grew the daemon until its
+    /// allocator aborted it.
     pub fn from_manifest(path: &Path) -> Result<Samples, ManifestError> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
         let shown = path.display().to_string();
-        let file = std::fs::File::open(path).map_err(|e| ManifestError::Io {
+        let io = |reason: String| ManifestError::Io {
             path: shown.clone(),
-            reason: e.to_string(),
-        })?;
-        let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+            reason,
+        };
+        // Non-blocking: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| io(e.to_string()))?;
+        let meta = file.metadata().map_err(|e| io(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(io(
+                "not a regular file (a FIFO, a device or a directory): a manifest is read whole, from a file"
+                    .into(),
+            ));
+        }
+        let too_big = || {
+            io(format!(
+                "it is over the {} MiB a manifest may have",
+                MAX_MANIFEST_BYTES >> 20
+            ))
+        };
+        if meta.len() > MAX_MANIFEST_BYTES {
+            return Err(too_big());
+        }
+        // A file growing while read stops at the bound too.
+        let mut reader =
+            std::io::BufReader::with_capacity(1 << 16, file.take(MAX_MANIFEST_BYTES + 1));
         skip_bom(&mut reader).map_err(|e| ManifestError::Io {
             path: shown.clone(),
             reason: e.to_string(),
@@ -256,9 +292,12 @@ impl Samples {
             .to_ascii_lowercase();
         let mut b = SamplesBuilder::new();
         if ext == "jsonl" || ext == "ndjson" {
-            parse_jsonl(reader, &shown, &mut b)?;
+            parse_jsonl(&mut reader, &shown, &mut b)?;
         } else {
-            parse_csv(reader, &shown, &mut b)?;
+            parse_csv(&mut reader, &shown, &mut b)?;
+        }
+        if reader.into_inner().limit() == 0 {
+            return Err(too_big());
         }
         Ok(b.finish())
     }
@@ -444,9 +483,23 @@ fn check_row(video: &str, start: Option<f64>, end: Option<f64>) -> Result<(), St
     if video.is_empty() {
         return Err("empty path".into());
     }
+    if video.contains('\0') {
+        return Err(format!(
+            "path {} holds a NUL byte, which no file name can (not a text manifest?)",
+            crate::refusal::quoted(video, 60)
+        ));
+    }
+    if video.len() > MAX_PATH_BYTES {
+        return Err(format!(
+            "path {} is {} bytes long, longer than any path ({MAX_PATH_BYTES} bytes)",
+            crate::refusal::quoted(video, 60),
+            video.len()
+        ));
+    }
     if video.contains(['\n', '\r']) {
         return Err(format!(
-            "path {video:?} holds a line break (an unterminated quote?)"
+            "path {} holds a line break (an unterminated quote?)",
+            crate::refusal::quoted(video, 200)
         ));
     }
     if let (Some(s), Some(e)) = (start, end) {

@@ -342,3 +342,56 @@ fn a_byte_order_mark_is_skipped() {
         Err(ManifestError::Parse { line: 2, .. })
     ));
 }
+
+/// Only a regular file of at most `MAX_MANIFEST_BYTES` is read, and a row's path must be one a file
+/// could have: a FIFO waited for a writer for ever (every later reload behind it), a symlink to
+/// /dev/zero grew the daemon until its allocator aborted it, and binary junk (NUL bytes) became samples.
+#[test]
+fn a_manifest_that_is_no_text_file_or_too_big_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |p: &Path| match Samples::from_manifest(p) {
+        Err(e) => e.to_string(),
+        Ok(s) => panic!("{}: {} samples", p.display(), s.len()),
+    };
+    let fifo = dir.path().join("fifo.csv");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let start = std::time::Instant::now();
+    assert!(refused(&fifo).contains("not a regular file"));
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(2),
+        "waited for a writer"
+    );
+    let zero = dir.path().join("zero.csv");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    assert!(refused(&zero).contains("not a regular file"));
+    assert!(refused(dir.path()).contains("not a regular file"));
+    // Over the bound (a sparse file: nothing is written).
+    let big = dir.path().join("big.csv");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(MAX_MANIFEST_BYTES + 1)
+        .unwrap();
+    assert!(
+        refused(&big).contains("over the 1024 MiB"),
+        "{}",
+        refused(&big)
+    );
+    // Junk: NUL bytes in a path, a path longer than any.
+    let junk = write(
+        dir.path(),
+        "junk.csv",
+        &format!("{}\nok.mp4\n", "\0\u{ff}".repeat(1000)),
+    );
+    let e = refused(&junk);
+    assert!(e.contains("line 1") && e.contains("NUL byte"), "{e}");
+    assert!(e.contains("... (3000 bytes)"), "the path is cut: {e}");
+    let long = write(
+        dir.path(),
+        "long.jsonl",
+        &format!("{{\"path\": \"{}\"}}\n", "a".repeat(5000)),
+    );
+    let e = refused(&long);
+    assert!(e.contains("5000 bytes long"), "{e}");
+}
