@@ -61,6 +61,7 @@ fn child(mode: &str, n: usize) {
                 table: Some(Arc::new(tables[i % tables.len()].clone())),
                 written_ms: 0,
                 content: 0,
+                node: Default::default(),
             };
             store.put(&r).expect("store write");
         }

@@ -195,6 +195,7 @@ pub fn examine(file: &CheckedFile, key: Key) -> Record {
                 table: None,
                 written_ms: 0,
                 content,
+                node: file.node,
             }
         }
     };
@@ -216,6 +217,7 @@ pub fn examine(file: &CheckedFile, key: Key) -> Record {
         table,
         written_ms: 0,
         content,
+        node: file.node,
     }
 }
 
@@ -302,6 +304,7 @@ pub fn index_one(
         table: table.map(|t| Arc::new(crate::store::format::pack(t))),
         written_ms: 0,
         content: file.content_sample(),
+        node: file.node,
     };
     if let Some(store) = store.filter(|_| remember) {
         if let Err(e) = store.put(&record) {

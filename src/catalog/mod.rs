@@ -516,6 +516,7 @@ impl Catalog {
             table,
             written_ms: 0,
             content: file.content_sample(),
+            node: file.node,
         };
         self.learn(&record);
         if let Err(e) = store.put(&record) {

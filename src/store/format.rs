@@ -32,7 +32,9 @@
 //!    256      8  offset of damaged ranges (r x [u64 start, u64 end))
 //!    264      8  offset of strings (u32 length + UTF-8 each: path, codec, pixel format, reason)
 //!    272      8  content sample of the file the record was made from (0: unknown)
-//!    280         sections, each starting on an 8-byte boundary
+//!    280      8  file node it was made from: device    288 8 inode    296 16 status-change time, ns (i128)
+//!                (all 0: unknown, versions 1 to 3)
+//!    312         sections, each starting on an 8-byte boundary
 //! ```
 //!
 //! Column value k: linear `base + k*step`; i32 offsets `base + data[k]`; i64 `data[k]`. Constant frame
@@ -43,12 +45,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{Health, Key, Record};
+use crate::dataset::FileNode;
 use crate::index::table::{Column, ColumnKind, Packed, TableBytes};
 use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
 
 pub const MAGIC: &[u8; 8] = b"VSRVSTOR";
 pub const VERSION: u32 = 4;
-const HEADER: usize = 280;
+const HEADER: usize = 312;
+/// Where the header of a version 3 record ends (it had no file node).
+const HEADER_V3: usize = 280;
 /// Where the header of a version 1 or 2 record ends (it had no content sample).
 const HEADER_V2: usize = 272;
 /// More frames than any real video has (a day at 1000 fps): a bound on what a decoder allocates.
@@ -182,6 +187,9 @@ pub fn encode(r: &Record) -> Vec<u8> {
     out[55] = u8::from(matches!(r.health, Health::Unreadable { corrupt: true, .. }));
     put(&mut out, 56, &r.written_ms.to_le_bytes());
     put(&mut out, 272, &r.content.to_le_bytes());
+    put(&mut out, 280, &r.node.dev.to_le_bytes());
+    put(&mut out, 288, &r.node.ino.to_le_bytes());
+    put(&mut out, 296, &r.node.ctime_ns.to_le_bytes());
     let (checked, first_bad, ranges, reason): (u64, u64, &[(u64, u64)], &str) = match &r.health {
         Health::Unchecked => (0, u64::MAX, &[], ""),
         Health::Ok { frames } => (*frames, u64::MAX, &[], ""),
@@ -345,6 +353,7 @@ pub fn pack(index: VideoIndex) -> VideoIndex {
         table: Some(index.clone()),
         written_ms: 0,
         content: 0,
+        node: FileNode::default(),
     };
     let packed = decode_owned(TableBytes::Heap(encode(&record).into_boxed_slice()));
     drop(record);
@@ -373,7 +382,11 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
     if !(1..=VERSION).contains(&version) {
         return Err(FormatError::Version(version));
     }
-    let header = if version >= 3 { HEADER } else { HEADER_V2 };
+    let header = match version {
+        4.. => HEADER,
+        3 => HEADER_V3,
+        _ => HEADER_V2,
+    };
     if bytes.len() < header || b.u64(16)? != bytes.len() as u64 {
         return Err(FormatError::Checksum);
     }
@@ -445,6 +458,15 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
     let decode_table = flags & 2 != 0;
     let written_ms = b.u64(56)?;
     let content = if version >= 3 { b.u64(272)? } else { 0 };
+    let node = if version >= 4 {
+        FileNode {
+            dev: b.u64(280)?,
+            ino: b.u64(288)?,
+            ctime_ns: i128::from_le_bytes(b.array(296)?),
+        }
+    } else {
+        FileNode::default()
+    };
     // Version 1 did not record a mirrored display matrix, and before version 4 a table made by decoding
     // gave frames with no pts made-up timestamps (AVI B-frame streams): such a table is left to be built
     // again (as for a changed file), its health kept.
@@ -508,5 +530,6 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
         table,
         written_ms,
         content,
+        node,
     })
 }

@@ -141,13 +141,30 @@ pub struct Record {
     /// record was made; 0 when unknown (records of format versions 1 and 2, which are trusted on path,
     /// size and mtime alone).
     pub content: u64,
+    /// The file node (device, inode, status-change time) the record was made from; all 0 when unknown
+    /// (format versions 1 to 3). A damaged or unreadable verdict holds only for it ([`Record::made_from`]).
+    pub node: crate::dataset::FileNode,
 }
 
 impl Record {
     /// Whether this record may describe `file`, whose path, size and mtime it has: false (logged) when
     /// its content sample says another file, of the same size and mtime, took the path since; true when
     /// the record has none (format versions 1 and 2) or the file cannot be read.
+    ///
+    /// A record saying the file is damaged or unreadable holds only for the file node it was made from:
+    /// a repaired copy renamed over a file damaged in its middle has its size, mtime and content sample,
+    /// and was refused as DATA_LOSS for good. Such a file is checked again (a rebuild that costs a few
+    /// damaged files a decode after a dataset is copied elsewhere). Tables of sound files are trusted
+    /// across copies, on their content sample.
     pub fn made_from(&self, file: &crate::dataset::CheckedFile) -> bool {
+        let verdict = matches!(
+            self.health,
+            Health::Damaged { .. } | Health::Unreadable { .. }
+        );
+        if verdict && self.node != crate::dataset::FileNode::default() && self.node != file.node {
+            tracing::info!(video = %self.key.path.display(), status = self.health.status(), "the stored verdict was made from another file node (replaced or rewritten since); checked again");
+            return false;
+        }
         if self.content == 0 {
             return true;
         }
@@ -335,6 +352,7 @@ impl Store {
             table: None,
             written_ms: 0,
             content: 0,
+            node: crate::dataset::FileNode::default(),
         });
         record.health = health;
         self.put(&record)
@@ -447,6 +465,11 @@ mod tests {
             table: t,
             written_ms: 42,
             content: 0x5eed,
+            node: crate::dataset::FileNode {
+                dev: 0x801,
+                ino: 123_456,
+                ctime_ns: 1_700_000_001_000_000_007,
+            },
         }
     }
 
@@ -545,6 +568,11 @@ mod tests {
             let old = format::decode(&old).unwrap();
             assert_eq!(old.table, by_packets.table, "v{version}");
             assert_eq!(old.content, if version == 2 { 0 } else { r.content });
+            assert_eq!(
+                old.node,
+                crate::dataset::FileNode::default(),
+                "unknown before v4"
+            );
         }
         assert_eq!(
             format::decode(b"PK\x03\x04 not ours at all, a zip or anything"),
