@@ -1113,3 +1113,28 @@ async fn an_epoch_pinned_to_its_sample_list_survives_reloads() {
         "an unknown fingerprint",
     );
 }
+
+/// A walk that finds what the last one found logs at DEBUG: a client looping Reload wrote two lines a
+/// reload (probe R2: 594 lines in 15 s). One that finds a change logs it.
+#[tokio::test]
+async fn reloads_that_find_nothing_new_write_no_log_lines() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let walked = |d: &Daemon| {
+        d.log_text()
+            .lines()
+            .filter(|l| l.contains("dataset root walked") && l.contains("dataset=scratch"))
+            .count()
+    };
+    c.reload().await.unwrap();
+    let first = walked(&d);
+    assert!(first >= 1, "{}", d.log_text());
+    for _ in 0..5 {
+        c.reload().await.unwrap();
+    }
+    assert_eq!(walked(&d), first, "{}", d.log_text());
+    std::fs::copy(media_path("decord/video_0.mov"), d.scratch.join("new.mov")).unwrap();
+    let r = c.reload().await.unwrap();
+    assert!(r.changed.contains(&"scratch".to_string()), "{r:?}");
+    assert_eq!(walked(&d), first + 1, "{}", d.log_text());
+}

@@ -34,6 +34,9 @@ struct Listing {
     /// only counts).
     samples: Option<Arc<Samples>>,
     videos: u64,
+    /// The walk found or missed something the last walk of its root did not (its lines are logged at
+    /// INFO and WARN; otherwise at DEBUG).
+    news: bool,
 }
 
 /// A walk of one root under way.
@@ -44,6 +47,9 @@ struct Progress {
     walking: AtomicBool,
     /// Walks started, for coalescing reloads.
     started: AtomicU64,
+    /// What the last walk found and could not read, as logged: a walk that finds the same is logged at
+    /// DEBUG only (a client looping Reload wrote two lines a reload).
+    said: Mutex<Option<(u64, String)>>,
 }
 
 /// What a reload did.
@@ -265,6 +271,7 @@ impl Catalog {
             let empty = Listing {
                 samples: Some(Arc::default()),
                 videos: 0,
+                news: false,
             };
             return (empty, Default::default());
         };
@@ -287,14 +294,27 @@ impl Catalog {
         p.found.store(videos, Ordering::Relaxed);
         let samples = keep.then(|| Arc::new(builder.finish_sorted()));
         p.walking.store(false, Ordering::Release);
-        tracing::info!(
-            dataset = %name,
-            videos,
-            bytes = samples.as_ref().map_or(0, |s| s.approx_bytes()),
-            seconds = started.elapsed().as_secs_f64(),
-            "dataset root walked"
-        );
-        (Listing { samples, videos }, trouble)
+        let left_out = if trouble.any() {
+            trouble.describe()
+        } else {
+            String::new()
+        };
+        let news = p.said.lock().replace((videos, left_out.clone())) != Some((videos, left_out));
+        let seconds = started.elapsed().as_secs_f64();
+        let bytes = samples.as_ref().map_or(0, |s| s.approx_bytes());
+        if news || seconds >= 1.0 {
+            tracing::info!(dataset = %name, videos, bytes, seconds, "dataset root walked");
+        } else {
+            tracing::debug!(dataset = %name, videos, bytes, seconds, "dataset root walked (as before)");
+        }
+        (
+            Listing {
+                samples,
+                videos,
+                news,
+            },
+            trouble,
+        )
     }
 
     /// Swaps in a walk of `name`. An incomplete walk (an unreadable directory: permissions, a failing
@@ -310,7 +330,7 @@ impl Catalog {
         trouble: &crate::dataset::WalkTrouble,
     ) -> (Option<u64>, Option<String>) {
         if trouble.complete() {
-            if trouble.any() {
+            if trouble.any() && fresh.news {
                 tracing::warn!(dataset = %name, "the walk left out {}", trouble.describe());
             }
             let videos = fresh.videos;
@@ -323,12 +343,17 @@ impl Catalog {
             .read()
             .get(name)
             .map(|l| l.samples.clone());
+        let news = fresh.news;
         let why = |kept: &str| {
             let why = format!(
                 "dataset {name:?}: the walk could not read {}; {kept}",
                 trouble.describe()
             );
-            tracing::warn!(dataset = %name, "{why}");
+            if news {
+                tracing::warn!(dataset = %name, "{why}");
+            } else {
+                tracing::debug!(dataset = %name, "{why}");
+            }
             why
         };
         let kept = match (&held, &trouble.unreadable, &fresh.samples) {

@@ -197,6 +197,7 @@ async fn an_incomplete_walk_keeps_the_held_videos_under_what_it_could_not_read()
     let listing = |videos: &[&str]| Listing {
         samples: Some(Arc::new(samples(videos))),
         videos: videos.len() as u64,
+        news: true,
     };
     let unreadable = |dir: &str| crate::dataset::WalkTrouble {
         unreadable_dirs: 1,
