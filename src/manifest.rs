@@ -315,6 +315,9 @@ impl Samples {
                 "the manifest lists no samples: its streams end at once, with no batch".into(),
             );
         }
+        if let Some(why) = self.negative_label() {
+            return Some(why);
+        }
         let names: Vec<&str> = self
             .classes
             .iter()

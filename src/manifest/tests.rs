@@ -42,6 +42,16 @@ fn headerless_csv_and_integer_labels() {
     // Integer labels are their own indices; a row without a label adds no class.
     assert_eq!(s.classes(), vec![("3".to_owned(), 3), ("7".to_owned(), 7)]);
     assert_eq!(s.warning(), None);
+    // A negative integer label is its own index too, which -1 ("no label") would share: warned.
+    let p = write(
+        dir.path(),
+        "n.csv",
+        "x.mp4,-3
+y.mp4,3
+",
+    );
+    let w = Samples::from_manifest(&p).unwrap().warning().unwrap();
+    assert!(w.contains("label \"-3\" has label_index -3"), "{w}");
 }
 
 #[test]

@@ -75,7 +75,8 @@ unsafe extern "C" fn log_callback(
 }
 
 /// The video stream to use: `wanted` when given (it must be a video stream), else FFmpeg's best video
-/// stream, the one `ffmpeg -i F` picks without `-map`.
+/// stream by `av_find_best_stream` (TorchCodec's default; `ffmpeg -i F` ranks by resolution instead and
+/// differs on a few files: README "Semantics").
 pub fn pick_stream(
     input: &ff::format::context::Input,
     wanted: Option<usize>,
