@@ -155,6 +155,10 @@ pub struct ShmRegistry {
     stream_spare: Mutex<Vec<(Arc<Arena>, Instant)>>,
     /// The most bytes stream arenas held at once since the pool last ran empty: what it may keep.
     stream_peak: Mutex<usize>,
+    /// Held from an arena's admission until it is registered where [`ShmRegistry::bytes_of`] counts
+    /// it: concurrent admissions of one client each missed the others' arenas, and 16 requests at once
+    /// overshot its budget by up to 15 arenas.
+    admitting: Mutex<()>,
 }
 
 impl Drop for ShmRegistry {
@@ -206,6 +210,7 @@ impl ShmRegistry {
             retired: Mutex::new(HashMap::new()),
             stream_spare: Mutex::new(Vec::new()),
             stream_peak: Mutex::new(0),
+            admitting: Mutex::new(()),
         })
     }
 

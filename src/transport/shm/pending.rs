@@ -99,6 +99,7 @@ impl ShmRegistry {
     ) -> Result<PendingReply, super::ShmError> {
         self.expire();
         self.ensure_dir()?;
+        let admitting = self.admitting.lock();
         let arena = match reusable.then(|| self.take_spare(nbytes, owner)).flatten() {
             Some(a) => a,
             None => {
@@ -128,6 +129,7 @@ impl ShmRegistry {
             pending.retain(|_, w| w.strong_count() > 0);
             pending.insert(arena.name.clone(), Arc::downgrade(&arena));
         }
+        drop(admitting);
         Ok(PendingReply {
             arena,
             slot,

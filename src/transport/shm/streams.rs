@@ -30,6 +30,7 @@ impl ShmRegistry {
     ) -> Result<Arc<Arena>, ShmError> {
         self.expire();
         self.ensure_dir()?;
+        let admitting = self.admitting.lock();
         let arena = match self.take_stream_spare(slot_bytes, slots, owner) {
             Some(a) => a,
             None => Arc::new(self.create(slot_bytes, slots, owner)?),
@@ -37,6 +38,7 @@ impl ShmRegistry {
         let mut map = self.streams.lock();
         map.retain(|_, w| w.strong_count() > 0);
         map.insert(arena.name.clone(), Arc::downgrade(&arena));
+        drop(admitting);
         let live = live_bytes(&map);
         let mut peak = self.stream_peak.lock();
         *peak = (*peak).max(live);
