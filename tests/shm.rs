@@ -280,9 +280,74 @@ async fn holder_process() {
     let mut replies = c.raw().get_clips(req).await.unwrap().into_inner();
     let first = replies.message().await.unwrap().expect("a reply");
     let slot = first.header.and_then(|h| h.shm).expect("an shm slot");
-    println!("ARENA {} {}", slot.arena, slot.path);
+    let opened = match std::fs::File::open(&slot.path) {
+        Ok(_) => "ok".to_owned(),
+        Err(e) => e.to_string().replace(' ', "_"),
+    };
+    println!("ARENA {} {} {opened}", slot.arena, slot.path);
     std::io::stdout().flush().unwrap();
     tokio::time::sleep(Duration::from_secs(600)).await;
+}
+
+/// A root daemon hands each client its own 0600 file; a client of another user must be able to reach it
+/// through the daemon's directory. With the directory 0710 root:root only root's group could: every
+/// other user's shared memory failed "Permission denied" (probe R2, finding 9). Needs root (as CI runs).
+#[tokio::test]
+async fn a_root_daemons_clients_of_any_user_open_their_own_arenas() {
+    use std::io::BufRead;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: a daemon hands arenas to other users only as root");
+        return;
+    }
+    let shm = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shm.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let sockets = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(sockets.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let open = format!("unix:{}", sockets.path().join("s.sock").display());
+    let _d = Daemon::start_with(&[
+        "--shm-dir",
+        shm.path().to_str().unwrap(),
+        "--listen",
+        &open,
+        "--socket-mode",
+        "0666",
+    ])
+    .await;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "holder_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("VSERVE_TEST_HOLDER", &open)
+        .uid(65534)
+        .gid(65534)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let line = stdout
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.split_once("ARENA ").map(|(_, rest)| rest.to_owned()));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let line = line.expect("the holder (uid 65534) printed its arena");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[2], "ok", "the client opens its own arena: {line}");
+    if let Ok(m) = std::fs::metadata(words[1]) {
+        assert_eq!(
+            (m.uid(), m.mode() & 0o777),
+            (65534, 0o600),
+            "its own, private"
+        );
+    }
 }
 
 #[tokio::test]
@@ -327,7 +392,13 @@ async fn arenas_belong_to_their_client_and_go_when_it_dies() {
         .permissions()
         .mode()
         & 0o777;
-    assert_eq!(dir_mode, 0o710, "nobody but the daemon lists the arenas");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert_eq!(
+        dir_mode,
+        if root { 0o711 } else { 0o710 },
+        "nobody but the daemon lists the arenas"
+    );
 
     // Another process (this one) may not release it.
     let res = d.client().await.release_slots(&arena, &[0]).await;

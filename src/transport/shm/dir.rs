@@ -3,7 +3,7 @@
 //! Someone removing `--shm-dir/vserve-<pid>-<random>` under a running daemon (a cleanup script, a `rm -rf
 //! /dev/shm/*`) left every later reply failing INTERNAL "cannot create shared-memory arena" (logged as an
 //! ERROR each time) until a restart, and the first one after it handed out a pooled arena whose file was
-//! gone. Replies and streams now check the directory first: gone, it is made again (mode 0710, locked as
+//! gone. Replies and streams now check the directory first: gone, it is made again (mode 0710, or 0711 as root, locked as
 //! at start-up) and the pools, whose files went with it, are emptied. A directory at that path that is
 //! not this daemon's own (another owner, a symlink, writable by others: the name is known to clients, and
 //! the parent is world-writable) is refused, never used.
@@ -14,15 +14,15 @@ use std::path::Path;
 
 use super::{ShmError, ShmRegistry};
 
-/// Makes `dir` (mode 0710) holding a locked `.lock`: set up under a name no sweep considers, locked, then
-/// renamed into place, so another instance never sees the directory without its lock held.
+/// Makes `dir` ([`dir_mode`]) holding a locked `.lock`: set up under a name no sweep considers, locked,
+/// then renamed into place, so another instance never sees the directory without its lock held.
 pub(super) fn make_locked(parent: &Path, dir: &Path) -> std::io::Result<std::fs::File> {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let setup = parent.join(format!(".{name}.setup"));
-    std::fs::DirBuilder::new().mode(0o710).create(&setup)?;
+    std::fs::DirBuilder::new().mode(dir_mode()).create(&setup)?;
     let locked = (|| {
         let lock = std::fs::OpenOptions::new()
             .read(true)
@@ -44,13 +44,26 @@ pub(super) fn make_locked(parent: &Path, dir: &Path) -> std::io::Result<std::fs:
     locked
 }
 
+/// The directory's mode: nobody but the daemon may list or write in it. Who may pass through it to
+/// open a file whose name they were told: the daemon's group (0710), whose members its 0640 files are
+/// for; and everyone when the daemon runs as root (0711), which hands each client a 0600 file of its
+/// own uid: with 0710 a root daemon's clients of any other user could not reach their own files.
+pub(super) fn dir_mode() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        0o711
+    } else {
+        0o710
+    }
+}
+
 /// Whether `dir` is this process's own directory: a directory (not a symlink), of our user, that no one
-/// else may write in (0710, less what the umask took).
+/// else may list or write in ([`dir_mode`], less what the umask took).
 fn is_ours(dir: &Path) -> std::io::Result<bool> {
     let m = std::fs::symlink_metadata(dir)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    Ok(m.is_dir() && m.uid() == me && m.permissions().mode() & 0o067 == 0)
+    Ok(m.is_dir() && m.uid() == me && m.permissions().mode() & 0o066 == 0)
 }
 
 impl ShmRegistry {

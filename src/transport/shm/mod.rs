@@ -11,8 +11,8 @@
 //!   time to live.
 //! - **Ownership.** Every arena belongs to the peer that asked for it: only that peer may release its
 //!   slots ([`ShmError::NotOwner`] otherwise). Files live in this instance's own directory
-//!   (`vserve-<pid>-<random>`, mode 0710: the group may open a file it knows the name of, nobody but the
-//!   daemon may list it) under unguessable names (128 random bits, sent only to the owner). A file is
+//!   (`vserve-<pid>-<random>`, mode 0710, 0711 for a root daemon: the group, or everyone for a root
+//!   daemon, may open a file it knows the name of, nobody but the daemon may list it) under unguessable names (128 random bits, sent only to the owner). A file is
 //!   0600 when the owner runs as the daemon's user (or the daemon, as root, gives it to the owner's uid);
 //!   otherwise 0640 for the daemon's group.
 //! - **Reclaim.** A reaper runs every second ([`ShmRegistry::reap`]): arenas whose owning process has
@@ -187,7 +187,7 @@ impl Drop for ShmRegistry {
 }
 
 impl ShmRegistry {
-    /// Opens this instance's directory under `parent` (created 0710 and locked).
+    /// Opens this instance's directory under `parent` (created 0710, 0711 as root, and locked).
     pub fn new(parent: PathBuf, ttl: Duration, budget: ShmBudget) -> Result<ShmRegistry, ShmError> {
         let name = format!("vserve-{}-{}", std::process::id(), random_hex());
         let dir = parent.join(&name);
