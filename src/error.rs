@@ -162,7 +162,12 @@ impl From<crate::transport::shm::ShmError> for Error {
             S::NotOwner { .. } => Error::PermissionDenied(msg),
             S::Truncated { .. } => Error::DataLoss(msg),
             S::NoSpace { .. } | S::Budget { .. } => Error::Overloaded(msg),
-            S::Create { .. } | S::TooLarge { .. } => Error::Internal(msg),
+            // The host's shared-memory directory is unusable (removed and not made again, replaced,
+            // full of other files): not a bug of the daemon's, and inline replies still work.
+            S::Create { .. } => Error::Unavailable(format!(
+                "{msg}; replies sent inline (transport inline) are still served"
+            )),
+            S::TooLarge { .. } => Error::Internal(msg),
         }
     }
 }
