@@ -184,3 +184,23 @@ impl From<crate::gulp::reader::GulpError> for Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unusable shared-memory directory (replaced under the daemon by something not its own) is the
+    /// host's fault, not a bug: UNAVAILABLE naming the inline way (it was INTERNAL, logged as a bug on
+    /// every request).
+    #[test]
+    fn an_unusable_shm_directory_is_unavailable_not_a_bug() {
+        let e = Error::from(crate::transport::shm::ShmError::Create {
+            path: "/dev/shm/vserve-1-ab".into(),
+            reason: "the path holds something other than this daemon's own directory".into(),
+        });
+        assert!(
+            matches!(&e, Error::Unavailable(m) if m.contains("/dev/shm/vserve-1-ab") && m.contains("inline")),
+            "{e:?}"
+        );
+    }
+}

@@ -38,6 +38,8 @@ use parking_lot::Mutex;
 use crate::peer::{Peer, PeerKey};
 
 mod arena;
+#[cfg(test)]
+mod budget_tests;
 mod dir;
 #[cfg(test)]
 mod lease_tests;
