@@ -521,3 +521,15 @@ def test_kept_mappings_of_removed_arenas_are_dropped_without_another_call(tmp_pa
     while t._maps and time.monotonic() < deadline:
         time.sleep(0.02)
     assert t._maps == {}
+
+
+def test_rotation_is_torchcodecs_for_every_display_matrix():
+    """TorchCodec 0.17's ``metadata.rotation`` for the four rotations, alone and mirrored left-right after
+    them (measured on files whose MP4 display matrices were set so: mirrors of 0, 180, 90 and 270 gave
+    -180.0, -0.0, -90.0 and 90.0, ffprobe the same), from vserve's clockwise rotation and mirror flag."""
+    from vserve_client.decoder import _counter_clockwise
+
+    cases = [(0, False, None), (90, False, -90.0), (180, False, -180.0), (270, False, 90.0),
+             (0, True, -180.0), (180, True, 0.0), (90, True, -90.0), (270, True, 90.0)]
+    for clockwise, mirrored, torchcodec in cases:
+        assert _counter_clockwise(clockwise, mirrored) == torchcodec, (clockwise, mirrored)

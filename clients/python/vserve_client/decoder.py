@@ -62,8 +62,8 @@ class VideoStreamMetadata:
             counter-clockwise in [-180, 180) (a quarter turn clockwise is -90.0), None for a video
             shown as stored; rotation_clockwise: the same as vserve's Probe states it, 0, 90, 180 or 270
             degrees clockwise; mirrored: the display matrix also flips the picture left-right after that
-            rotation (as the FFmpeg CLI applies it; ``rotation`` is then derived from the rotation part
-            alone, where TorchCodec reports the mirrored matrix's angle).
+            rotation (as the FFmpeg CLI applies it; ``rotation`` is then the mirrored matrix's angle, as
+            TorchCodec reports it).
         codec, pixel_format, stream_index, time_base (num, den).
         pts_seconds, duration_seconds_per_frame: float64 [num_frames], each frame's pts and stated
             duration (:meth:`Client.probe`'s ``pts`` and ``durations`` in seconds).
@@ -135,7 +135,7 @@ class VideoStreamMetadata:
             height=int(p["display_height"]),
             coded_width=int(p["width"]),
             coded_height=int(p["height"]),
-            rotation=_counter_clockwise(int(p["rotation"])),
+            rotation=_counter_clockwise(int(p["rotation"]), bool(p.get("mirrored", False))),
             rotation_clockwise=int(p["rotation"]),
             mirrored=bool(p.get("mirrored", False)),
             codec=p["codec"],
@@ -152,10 +152,15 @@ _CHUNK_FRAMES = 4096
 _CHUNK_BYTES = 512 << 20
 
 
-def _counter_clockwise(clockwise: int) -> Optional[float]:
-    """TorchCodec's rotation for a clockwise display rotation: the display matrix's counter-clockwise
-    angle in [-180, 180) (FFmpeg's av_display_rotation_get), None when there is none to apply."""
-    if clockwise % 360 == 0:
+def _counter_clockwise(clockwise: int, mirrored: bool = False) -> Optional[float]:
+    """TorchCodec's rotation for a clockwise display rotation (then a left-right mirror, if ``mirrored``):
+    the display matrix's counter-clockwise angle in [-180, 180) (FFmpeg's av_display_rotation_get), None
+    when there is nothing to apply. av_display_rotation_get reads the angle of the matrix's first row,
+    which the mirror turns half round when the rotation is 0 or 180 (TorchCodec 0.17 reports -180.0 for
+    a mirror alone and 0.0 for a mirror of 180; -90.0 and 90.0 for mirrors of 90 and 270, as unmirrored)."""
+    if mirrored and clockwise % 180 == 0:
+        clockwise += 180
+    elif clockwise % 360 == 0:
         return None
     return float((180 - clockwise) % 360 - 180)
 
