@@ -369,11 +369,17 @@ impl ShmRegistry {
     /// file `owner` may open; it becomes `owner`'s.
     fn take_spare(&self, nbytes: usize, owner: &Peer) -> Option<Arc<Arena>> {
         let access = self.access_for(owner);
+        // A pooled arena lent counts against its new owner as a new one would.
+        let room = self
+            .budget
+            .per_client
+            .saturating_sub(self.bytes_of(&owner.key));
         let mut spare = self.spare.lock();
         let fits = |a: &Arena| {
             lends_to(a, access, owner)
                 && a.slot_bytes >= nbytes
                 && a.slot_bytes / 2 <= nbytes.max(SPARE_ROUND)
+                && a.bytes() <= room
         };
         let best = spare
             .iter()
