@@ -39,6 +39,9 @@ struct Listing {
     news: bool,
 }
 
+/// How long a reload waits for the one before it to end.
+pub const RELOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A walk of one root under way.
 #[derive(Default)]
 struct Progress {
@@ -383,9 +386,28 @@ impl Catalog {
     /// a time; callers that ask while one runs share the next one (a reload that began after they
     /// asked is as fresh): 8 threads calling Reload in a loop over a 300k-row manifest parsed it 8
     /// times over and slowed other clients' stream starts tenfold.
+    ///
+    /// A caller waits at most [`RELOAD_WAIT`] for the reload before it: one stuck in a read that never
+    /// returns (a hung mount) held the lock for good, and each Reload call after it held a blocking
+    /// thread for good too, until the runtime's pool of them ran out.
     pub fn reload(&self) -> Reloaded {
+        self.reload_within(RELOAD_WAIT)
+    }
+
+    fn reload_within(&self, wait: std::time::Duration) -> Reloaded {
         let asked = self.listings.reloads_begun.load(Ordering::Acquire);
-        let mut last = self.listings.reloading.lock();
+        let Some(mut last) = self.listings.reloading.try_lock_for(wait) else {
+            let why = format!(
+                "a reload begun earlier has run for over {} s (a read that does not return: a hung mount?); \
+                 this one gave up waiting for it, and the datasets keep their lists",
+                wait.as_secs_f64()
+            );
+            tracing::warn!("{why}");
+            return Reloaded {
+                errors: vec![why],
+                ..Reloaded::default()
+            };
+        };
         if last.0 > asked {
             // A reload began after this call and has completed (this one waited for it).
             return last.1.clone();

@@ -133,6 +133,23 @@ async fn reloads_asked_while_one_runs_share_the_next() {
     assert_eq!(cat.samples("d").await.unwrap().len(), 2);
 }
 
+/// A reload stuck for good (a read of a hung mount) keeps its lock; a reload asked after it gives up
+/// waiting at its bound with an error, instead of holding its thread for good.
+#[test]
+fn a_reload_gives_up_waiting_for_one_that_never_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    touch(dir.path(), "v.mp4");
+    let cat = catalog(dir.path(), None);
+    let stuck = cat.listings.reloading.lock();
+    let start = std::time::Instant::now();
+    let r = cat.reload_within(std::time::Duration::from_millis(200));
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    assert!(r.changed.is_empty());
+    assert!(r.errors[0].contains("gave up waiting"), "{r:?}");
+    drop(stuck);
+    assert!(cat.reload().errors.is_empty());
+}
+
 #[test]
 fn an_unreadable_directory_keeps_the_videos_listed_under_it_before() {
     let old = samples(&[
