@@ -205,6 +205,10 @@ pub trait Backend {
     fn drives_a_device(&self) -> bool {
         false
     }
+
+    /// The backend's thread has had no run for a while: let go of the files it keeps open whose names
+    /// were all removed (a deleted video's space stays allocated while anything holds it open).
+    fn idle(&mut self) {}
 }
 
 /// Where the sample at (x, y) of a `w`x`h` image goes when the image is rotated clockwise by `rotation`

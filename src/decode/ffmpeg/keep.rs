@@ -54,3 +54,53 @@ mod tests {
         const { assert!(OPEN_BYTES >= 270 * MB && CONVERTER_BYTES < 8192 * 8192 * 3) };
     }
 }
+
+#[cfg(test)]
+mod idle_tests {
+    use crate::decode::ffmpeg::FfmpegBackend;
+    use crate::decode::{Backend, GopRun, VideoSource};
+    use std::sync::Arc;
+
+    /// An idle backend lets go of the videos it keeps open whose files were deleted (their space stays
+    /// allocated while open), and keeps the others.
+    #[test]
+    fn an_idle_backend_lets_go_of_deleted_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let demo = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/demo/nasa_13013.mp4"
+        );
+        let mut backend = FfmpegBackend::new(1);
+        let mut source = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::copy(demo, &path).unwrap();
+            let index = Arc::new(crate::decode::ffmpeg::build_index(&path, None, false).unwrap());
+            let src = VideoSource {
+                path,
+                file: None,
+                index,
+                gulp: None,
+            };
+            let run = GopRun {
+                keyframe: 0,
+                wanted: vec![0],
+            };
+            let geometry = crate::decode::Geometry {
+                scaled_width: src.index.width,
+                scaled_height: src.index.height,
+                rotation: 0,
+                mirror: false,
+            };
+            backend.decode_run(&src, &run, geometry, None).unwrap();
+            src
+        };
+        let (kept, gone) = (source("kept.mp4"), source("gone.mp4"));
+        assert_eq!(backend.open_count(), 2);
+        backend.idle();
+        assert_eq!(backend.open_count(), 2, "nothing deleted");
+        std::fs::remove_file(&gone.path).unwrap();
+        backend.idle();
+        assert_eq!(backend.open_count(), 1, "the deleted file let go");
+        assert!(kept.path.exists());
+    }
+}

@@ -286,7 +286,23 @@ impl FfmpegBackend {
     }
 }
 
+impl FfmpegBackend {
+    /// Videos kept open.
+    #[cfg(test)]
+    fn open_count(&self) -> usize {
+        self.open.len()
+    }
+}
+
 impl Backend for FfmpegBackend {
+    fn idle(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        // An idle daemon kept the last videos its threads read open, deleted ones included, until the
+        // threads opened others (probe R2: 6-8 descriptors of "(deleted)" files).
+        self.open
+            .retain(|v| v.file.file.metadata().map_or(true, |m| m.nlink() > 0));
+    }
+
     fn decode_run(
         &mut self,
         source: &VideoSource,

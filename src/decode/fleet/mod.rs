@@ -56,6 +56,10 @@ pub type OnDone = Box<dyn FnOnce(Result<RunOutput, DecodeError>) + Send>;
 /// client, and everyone else waited for the runs' deadline.
 pub const LONG_RUN_FRAMES: usize = 4096;
 
+/// How long a decode thread waits for a run before it lets go of deleted files it keeps open
+/// ([`Backend::idle`]), and again each time as long.
+const IDLE_SWEEP: Duration = Duration::from_secs(10);
+
 /// A run as queued: until a decode thread takes it (`started`), other requests may add frames to it.
 #[derive(Debug)]
 pub struct PendingRun {
@@ -470,7 +474,15 @@ fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
             None
         }
     });
-    while let Some(job) = shared.scheduler.pop() {
+    loop {
+        let job = match shared.scheduler.pop_within(IDLE_SWEEP) {
+            Ok(Some(job)) => job,
+            Ok(None) => break,
+            Err(scheduler::Idle) => {
+                backend.idle();
+                continue;
+            }
+        };
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         let Job {
             client,

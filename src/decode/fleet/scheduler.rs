@@ -52,6 +52,10 @@ impl<K: std::hash::Hash + Eq + Copy, V> Ring<K, V> {
     }
 }
 
+/// No job came in the time a thread waited for one.
+#[derive(Debug, PartialEq)]
+pub(super) struct Idle;
+
 /// The queue: clients' rings of tenants' FIFOs of (long, job).
 pub(super) struct Queues<T> {
     clients: Ring<u64, Ring<u64, VecDeque<(bool, T)>>>,
@@ -155,18 +159,34 @@ impl<T> Scheduler<T> {
     /// The next job in turn that may run now (a client's long jobs wait while it runs its cap of
     /// them); waits for one. A long job taken counts against its client until [`Scheduler::long_done`].
     /// None once closed and empty.
+    #[cfg(test)]
     pub(super) fn pop(&self) -> Option<T> {
+        self.pop_until(None).unwrap_or(None)
+    }
+
+    /// [`Scheduler::pop`], waiting at most `wait`: Err(Idle) when no job came in that time.
+    pub(super) fn pop_within(&self, wait: std::time::Duration) -> Result<Option<T>, Idle> {
+        self.pop_until(Some(std::time::Instant::now() + wait))
+    }
+
+    fn pop_until(&self, deadline: Option<std::time::Instant>) -> Result<Option<T>, Idle> {
         let mut q = self.queues.lock();
         loop {
             // Closed: the queue drains without the cap (shutdown waits for the threads to take it).
             let cap = !q.closed;
             if let Some(job) = q.pop(cap, true) {
-                return Some(job);
+                return Ok(Some(job));
             }
             if q.closed && q.len == 0 {
-                return None;
+                return Ok(None);
             }
-            self.ready.wait(&mut q);
+            match deadline {
+                None => self.ready.wait(&mut q),
+                Some(d) if std::time::Instant::now() >= d => return Err(Idle),
+                Some(d) => {
+                    self.ready.wait_until(&mut q, d);
+                }
+            }
         }
     }
 
@@ -246,6 +266,31 @@ mod tests {
             s.push(1, 1, false, (1, 9), None),
             Err(DecodeError::ShuttingDown)
         ));
+    }
+
+    /// A wait with a bound ends Idle when nothing came, takes a job pushed while it waits, and ends
+    /// None once closed.
+    #[test]
+    fn a_bounded_wait_ends_idle_or_with_a_job() {
+        let s = std::sync::Arc::new(Scheduler::new(1));
+        let wait = std::time::Duration::from_millis(50);
+        let start = std::time::Instant::now();
+        assert_eq!(s.pop_within(wait), Err(Idle));
+        assert!(start.elapsed() >= wait);
+        let pusher = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                s.push(1, 1, false, "job", None).unwrap();
+            })
+        };
+        assert_eq!(
+            s.pop_within(std::time::Duration::from_secs(10)),
+            Ok(Some("job"))
+        );
+        pusher.join().unwrap();
+        s.close();
+        assert_eq!(s.pop_within(wait), Ok(None));
     }
 
     /// A client with many calls open gets one turn per round like a client with one: its calls share
