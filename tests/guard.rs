@@ -247,6 +247,18 @@ async fn a_stuck_index_build_keeps_its_deadline_when_its_request_goes_away() {
     assert_eq!(d.admin_get("/livez").0, 200);
 }
 
+/// A stream of `dataset`'s samples one at a time, in order, at 16x16.
+fn in_order(dataset: &str) -> proto::StreamBatchesRequest {
+    proto::StreamBatchesRequest {
+        dataset: dataset.into(),
+        transform: sized(16, 16),
+        batch_size: 1,
+        world_size: 1,
+        no_shuffle: true,
+        ..Default::default()
+    }
+}
+
 /// A stream its client leaves while a build ahead of it is stuck ends at once: the build holds none of
 /// the stream's resources (it held the whole stream, its budget included, for as long as it ran).
 #[tokio::test]
@@ -262,17 +274,8 @@ async fn a_stream_left_while_its_build_ahead_is_stuck_gives_back_its_budget() {
     )
     .await;
     let mut c = d.client().await;
-    let mut s = c
-        .stream_batches(proto::StreamBatchesRequest {
-            dataset: "ahead".into(),
-            transform: sized(16, 16),
-            batch_size: 1,
-            world_size: 1,
-            no_shuffle: true, // a.mov first; the build ahead of it is b-stall.mov's
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    // a.mov first; the build ahead of it is b-stall.mov's.
+    let mut s = c.stream_batches(in_order("ahead")).await.unwrap();
     let (_, first) = timed(s.next()).await;
     first.unwrap().expect("the first batch");
     let (_, ()) = timed(async {
@@ -319,17 +322,7 @@ async fn waiting_past_the_deadline_for_a_stuck_build_ahead_marks_the_file_stalle
     )
     .await;
     let mut c = d.client().await;
-    let mut s = c
-        .stream_batches(proto::StreamBatchesRequest {
-            dataset: "ahead".into(),
-            transform: sized(16, 16),
-            batch_size: 1,
-            world_size: 1,
-            no_shuffle: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let mut s = c.stream_batches(in_order("ahead")).await.unwrap();
     s.next().await.unwrap().expect("the first batch");
     while !d.log_text().contains("VSERVE_TEST_STALL_ON: blocking") {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -260,8 +260,42 @@ async fn killed_client_leaves_no_arena_and_the_daemon_keeps_serving() {
     assert_eq!(b.header.shape, vec![1, 1, 272, 640, 3]);
 }
 
-/// Not a test on its own: the client process of `arenas_belong_to_their_client_and_go_when_it_dies`,
-/// which runs this binary again with `VSERVE_TEST_HOLDER=ADDR`. It takes one GetClips reply over shared
+/// Starts [`holder_process`] against `addr` (as user `uid`, if given) and reads the line where it names
+/// its arena: "ARENA name path opened".
+fn holder(addr: &str, uid: Option<u32>) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "holder_process",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("VSERVE_TEST_HOLDER", addr)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let line = stdout
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.split_once("ARENA ").map(|(_, rest)| rest.to_owned()));
+    match line {
+        Some(line) => (child, line),
+        None => {
+            let _ = child.kill();
+            panic!("the holder (uid {uid:?}) printed no arena")
+        }
+    }
+}
+
+/// Not a test on its own: the client process of `arenas_belong_to_their_client_and_go_when_it_dies`
+/// and `a_root_daemons_clients_of_any_user_open_their_own_arenas`, which run this binary again with `VSERVE_TEST_HOLDER=ADDR`. It takes one GetClips reply over shared
 /// memory, prints its arena's name, never releases it, and waits to be killed.
 #[tokio::test]
 #[ignore = "run by arenas_belong_to_their_client_and_go_when_it_dies"]
@@ -294,9 +328,7 @@ async fn holder_process() {
 /// other user's shared memory failed "Permission denied" (probe R2, finding 9). Needs root (as CI runs).
 #[tokio::test]
 async fn a_root_daemons_clients_of_any_user_open_their_own_arenas() {
-    use std::io::BufRead;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    use std::os::unix::process::CommandExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("not root: a daemon hands arenas to other users only as root");
@@ -316,29 +348,9 @@ async fn a_root_daemons_clients_of_any_user_open_their_own_arenas() {
         "0666",
     ])
     .await;
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "holder_process",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("VSERVE_TEST_HOLDER", &open)
-        .uid(65534)
-        .gid(65534)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let line = stdout
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| l.split_once("ARENA ").map(|(_, rest)| rest.to_owned()));
+    let (mut child, line) = holder(&open, Some(65534));
     child.kill().unwrap();
     child.wait().unwrap();
-    let line = line.expect("the holder (uid 65534) printed its arena");
     let words: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(words[2], "ok", "the client opens its own arena: {line}");
     if let Ok(m) = std::fs::metadata(words[1]) {
@@ -352,28 +364,9 @@ async fn a_root_daemons_clients_of_any_user_open_their_own_arenas() {
 
 #[tokio::test]
 async fn arenas_belong_to_their_client_and_go_when_it_dies() {
-    use std::io::BufRead;
     let shm = tempfile::tempdir().unwrap();
     let d = Daemon::start_with(&["--shm-dir", shm.path().to_str().unwrap()]).await;
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "holder_process",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("VSERVE_TEST_HOLDER", &d.addr)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let line = stdout
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| l.split_once("ARENA ").map(|(_, rest)| rest.to_owned()))
-        .expect("the holder printed its arena");
+    let (mut child, line) = holder(&d.addr, None);
     // (libtest may have printed the test's name on the same line.)
     let mut words = line.split_whitespace();
     let (arena, path) = (

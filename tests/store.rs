@@ -676,11 +676,13 @@ async fn a_damage_verdict_does_not_stick_to_a_repaired_file_of_the_same_size_and
     let wanted = [0u64, 200, 249];
     let reference = Ffmpeg::default().frames(&good, 640, 272, Some(&wanted));
     let req = || clips_req("d", vec![frames_clip("v.mp4", &wanted, None)], None);
+    let serves_the_good_file = |batch: Batch, what: &str| {
+        assert_frames_eq(&batch, &wanted, &reference, (640, 272), what);
+    };
     {
         let d = daemon(dir.path(), state.path()).await;
         let mut c = d.client().await;
-        let batch = get(&mut c, req()).await;
-        assert_frames_eq(&batch, &wanted, &reference, (640, 272), "the good file");
+        serves_the_good_file(get(&mut c, req()).await, "the good file");
         // Bit rot in the middle, in place, both ends and the mtime kept.
         let mut bytes = std::fs::read(&v).unwrap();
         let n = bytes.len();
@@ -700,23 +702,9 @@ async fn a_damage_verdict_does_not_stick_to_a_repaired_file_of_the_same_size_and
         std::fs::copy(&good, &tmp).unwrap();
         set_mtime(&tmp);
         std::fs::rename(&tmp, &v).unwrap();
-        let batch = get(&mut c, req()).await;
-        assert_frames_eq(
-            &batch,
-            &wanted,
-            &reference,
-            (640, 272),
-            "repaired, same run",
-        );
+        serves_the_good_file(get(&mut c, req()).await, "repaired, same run");
     }
     let d = daemon(dir.path(), state.path()).await;
     let mut c = d.client().await;
-    let batch = get(&mut c, req()).await;
-    assert_frames_eq(
-        &batch,
-        &wanted,
-        &reference,
-        (640, 272),
-        "repaired, after a restart",
-    );
+    serves_the_good_file(get(&mut c, req()).await, "repaired, after a restart");
 }

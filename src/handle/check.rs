@@ -147,17 +147,7 @@ mod tests {
             dir.path().join("nasa.mp4"),
         )
         .unwrap();
-        let config = crate::cli::ServeArgs {
-            dataset: vec![format!("d={}", dir.path().display())],
-            decode_threads: Some(1),
-            state_dir: Some("none".into()),
-            ..Default::default()
-        }
-        .to_config()
-        .unwrap();
-        let factory: crate::decode::fleet::BackendFactory =
-            Arc::new(|_| Box::new(crate::decode::fake::FakeBackend::default()));
-        let engine = Engine::new(&config, factory).unwrap();
+        let engine = crate::handle::tests::engine(dir.path(), None);
         let catalog = engine.catalog();
         // The only place (one decode thread), held by another client's check.
         let held = catalog

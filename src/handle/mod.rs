@@ -27,3 +27,27 @@ pub(crate) fn lower_priority(what: &str) {
         tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the priority of {what}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::engine::Engine;
+
+    /// An engine over `root` as dataset `d` (real indexes, fake decoding, one decode thread), with
+    /// `--max-inflight-bytes` of `bytes` when given.
+    pub(crate) fn engine(root: &std::path::Path, bytes: Option<&str>) -> Arc<Engine> {
+        let config = crate::cli::ServeArgs {
+            dataset: vec![format!("d={}", root.display())],
+            decode_threads: Some(1),
+            state_dir: Some("none".into()),
+            max_inflight_bytes: bytes.map(Into::into),
+            ..Default::default()
+        }
+        .to_config()
+        .unwrap();
+        let factory: crate::decode::fleet::BackendFactory =
+            Arc::new(|_| Box::new(crate::decode::fake::FakeBackend::default()));
+        Engine::new(&config, factory).unwrap()
+    }
+}

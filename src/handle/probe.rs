@@ -74,18 +74,7 @@ mod tests {
 
     /// An engine over `root` (real indexes, fake decoding) with a budget of `bytes`.
     fn engine(root: &std::path::Path, bytes: &str) -> Arc<Engine> {
-        let config = crate::cli::ServeArgs {
-            dataset: vec![format!("d={}", root.display())],
-            decode_threads: Some(1),
-            state_dir: Some("none".into()),
-            max_inflight_bytes: Some(bytes.into()),
-            ..Default::default()
-        }
-        .to_config()
-        .unwrap();
-        let factory: crate::decode::fleet::BackendFactory =
-            Arc::new(|_| Box::new(crate::decode::fake::FakeBackend::default()));
-        Engine::new(&config, factory).unwrap()
+        crate::handle::tests::engine(root, Some(bytes))
     }
 
     /// A Probe reserves its reply's bytes when they are many (every frame's times, or the keyframes of
