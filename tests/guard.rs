@@ -247,6 +247,26 @@ async fn a_stuck_index_build_keeps_its_deadline_when_its_request_goes_away() {
     assert_eq!(d.admin_get("/livez").0, 200);
 }
 
+/// A daemon serving dataset `ahead`: copies of the control video named `names` (`.mov` added), whose
+/// index build of `b-stall.mov` blocks for ever (the debug binary's `VSERVE_TEST_STALL_ON`).
+async fn ahead_daemon(names: &[&str], args: &[&str]) -> (tempfile::TempDir, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    for name in names {
+        std::fs::copy(
+            media_path(CONTROL_VIDEO),
+            dir.path().join(format!("{name}.mov")),
+        )
+        .unwrap();
+    }
+    let dataset = format!("ahead={}", dir.path().display());
+    let d = Daemon::start_with_env(
+        &[&["--dataset", &dataset][..], args].concat(),
+        &[("VSERVE_TEST_STALL_ON", "index:b-stall.mov")],
+    )
+    .await;
+    (dir, d)
+}
+
 /// A stream of `dataset`'s samples one at a time, in order, at 16x16.
 fn in_order(dataset: &str) -> proto::StreamBatchesRequest {
     proto::StreamBatchesRequest {
@@ -263,16 +283,7 @@ fn in_order(dataset: &str) -> proto::StreamBatchesRequest {
 /// the stream's resources (it held the whole stream, its budget included, for as long as it ran).
 #[tokio::test]
 async fn a_stream_left_while_its_build_ahead_is_stuck_gives_back_its_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    for name in ["a.mov", "b-stall.mov"] {
-        std::fs::copy(media_path(CONTROL_VIDEO), dir.path().join(name)).unwrap();
-    }
-    let dataset = format!("ahead={}", dir.path().display());
-    let mut d = Daemon::start_with_env(
-        &["--dataset", &dataset, "--index-deadline", "600"],
-        &[("VSERVE_TEST_STALL_ON", "index:b-stall.mov")],
-    )
-    .await;
+    let (_dir, mut d) = ahead_daemon(&["a", "b-stall"], &["--index-deadline", "600"]).await;
     let mut c = d.client().await;
     // a.mov first; the build ahead of it is b-stall.mov's.
     let mut s = c.stream_batches(in_order("ahead")).await.unwrap();
@@ -298,27 +309,11 @@ async fn a_stream_left_while_its_build_ahead_is_stuck_gives_back_its_budget() {
 /// again (600 s by default, every epoch, every rank), since nothing ever marked the file.
 #[tokio::test]
 async fn waiting_past_the_deadline_for_a_stuck_build_ahead_marks_the_file_stalled() {
-    let dir = tempfile::tempdir().unwrap();
     // Eight samples before the stuck file: the fill (two batches ahead) does not reach it, the builds
     // ahead (16 samples) do.
-    for name in ["a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "b-stall"] {
-        std::fs::copy(
-            media_path(CONTROL_VIDEO),
-            dir.path().join(format!("{name}.mov")),
-        )
-        .unwrap();
-    }
-    let dataset = format!("ahead={}", dir.path().display());
-    let mut d = Daemon::start_with_env(
-        &[
-            "--dataset",
-            &dataset,
-            "--index-deadline",
-            "1",
-            "--max-prefetch",
-            "2",
-        ],
-        &[("VSERVE_TEST_STALL_ON", "index:b-stall.mov")],
+    let (_dir, mut d) = ahead_daemon(
+        &["a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "b-stall"],
+        &["--index-deadline", "1", "--max-prefetch", "2"],
     )
     .await;
     let mut c = d.client().await;

@@ -123,7 +123,6 @@ impl Build {
                 cat.stuck_builds.fetch_add(1, Ordering::Relaxed);
             }
         }
-        cat.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
         let msg = format!(
             "{} video {:?} in dataset {:?} took longer than the {} s deadline (--index-deadline): its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); it is not tried again for {} s unless it changes",
             if self.lookup { "opening" } else { "indexing" },
@@ -132,9 +131,7 @@ impl Build {
             cat.index_deadline.as_secs_f64(),
             STALLED_FOR.as_secs()
         );
-        if let Some(k) = self.probe.key.get() {
-            cat.stalled.insert(k.clone(), (Instant::now(), msg.clone()));
-        }
+        cat.index_stalled(self.probe.key.get().cloned(), &msg);
         if let Some(j) = self.probe.journal.lock().as_ref() {
             // A stall, not a crash: not quarantined should the daemon die later.
             j.mark_stalled();
@@ -204,10 +201,7 @@ impl Catalog {
                 // The build has run at least the deadline: the file is stalled, as its own request
                 // would have marked it. A build with no request of its own (a stream's build ahead)
                 // marks nothing, and every request joining it waited the whole deadline again.
-                if let Some(k) = key {
-                    self.stalled.insert(k, (Instant::now(), msg.clone()));
-                }
-                self.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+                self.index_stalled(key, &msg);
                 tracing::error!(dataset, video, deadline_s = self.index_deadline.as_secs_f64(), "waited past the deadline for another request's index build; the file is refused as stalled");
                 return Err(Error::DeadlineExceeded(msg));
             }
@@ -276,6 +270,15 @@ impl Catalog {
     pub fn index_ahead(&self, dataset: &str, video: &str) -> Result<(), Error> {
         self.resolve_blocking(dataset, video, None, &BuildProbe::default(), true)
             .map(|_| ())
+    }
+
+    /// A request failed for passing `--index-deadline` on the file `key` (when known): counted, and
+    /// the file refused as stalled for [`STALLED_FOR`] unless it changes.
+    fn index_stalled(&self, key: Option<FileKey>, msg: &str) {
+        self.index_deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+        if let Some(k) = key {
+            self.stalled.insert(k, (Instant::now(), msg.to_owned()));
+        }
     }
 
     /// Index builds waiting for a place, and places free.

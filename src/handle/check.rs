@@ -139,14 +139,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_check_waiting_for_a_place_leaves_when_its_caller_does() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/data/demo/nasa_13013.mp4"
-            ),
-            dir.path().join("nasa.mp4"),
-        )
-        .unwrap();
+        crate::handle::tests::demo_video(dir.path(), "nasa.mp4");
         let engine = crate::handle::tests::engine(dir.path(), None);
         let catalog = engine.catalog();
         // The only place (one decode thread), held by another client's check.

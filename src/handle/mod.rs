@@ -34,6 +34,15 @@ mod tests {
 
     use crate::engine::Engine;
 
+    /// A copy of the demo's nasa_13013.mp4 in `dir`, as `name`.
+    pub(crate) fn demo_video(dir: &std::path::Path, name: &str) {
+        let demo = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/demo/nasa_13013.mp4"
+        );
+        std::fs::copy(demo, dir.join(name)).unwrap();
+    }
+
     /// An engine over `root` as dataset `d` (real indexes, fake decoding, one decode thread), with
     /// `--max-inflight-bytes` of `bytes` when given.
     pub(crate) fn engine(root: &std::path::Path, bytes: Option<&str>) -> Arc<Engine> {

@@ -99,14 +99,7 @@ mod tests {
             .status()
             .unwrap();
         assert!(ok.success());
-        std::fs::copy(
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/data/demo/nasa_13013.mp4"
-            ),
-            dir.path().join("nasa.mp4"),
-        )
-        .unwrap();
+        crate::handle::tests::demo_video(dir.path(), "nasa.mp4");
         let peer = Peer::local();
         let e = engine(dir.path(), "1MiB");
         // 390 frames, 2 keyframes: 14,076 bytes with the times, under FREE_BYTES.

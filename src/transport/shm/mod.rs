@@ -368,6 +368,9 @@ impl ShmRegistry {
     /// The smallest spare arena that holds `nbytes` without wasting more than half of itself and whose
     /// file `owner` may open; it becomes `owner`'s.
     fn take_spare(&self, nbytes: usize, owner: &Peer) -> Option<Arc<Arena>> {
+        if self.spare.lock().is_empty() {
+            return None; // (before counting the owner's bytes, a walk of every arena)
+        }
         let access = self.access_for(owner);
         // A pooled arena lent counts against its new owner as a new one would.
         let room = self
