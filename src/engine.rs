@@ -396,6 +396,11 @@ impl Engine {
                 "Index builds whose requests failed for passing --index-deadline.",
                 self.catalog.stuck_builds().1,
             ),
+            Scraped::counter(
+                "decode_runs_paused",
+                "GOP runs paused at the end of a time slice for another client's run, each continued where it stopped.",
+                self.frames.stats().runs_paused,
+            ),
             Scraped::gauge(
                 "decode_stuck_threads",
                 "Decode threads abandoned in a run past its deadline that have not returned.",

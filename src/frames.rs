@@ -149,6 +149,8 @@ pub struct FrameStats {
     pub deadline_exceeded: u64,
     /// Decode threads abandoned in a stuck run that have not returned.
     pub stuck_threads: u64,
+    /// Runs paused for another client's run (each continued where it stopped).
+    pub runs_paused: u64,
 }
 
 impl Frames {
@@ -220,6 +222,7 @@ impl Frames {
             decode_queue_depth: self.fleet.queue_depth() as u64,
             deadline_exceeded: f.deadline_exceeded.load(Ordering::Relaxed),
             stuck_threads: f.stuck.load(Ordering::Relaxed) as u64,
+            runs_paused: f.paused.load(Ordering::Relaxed),
         }
     }
 

@@ -4,21 +4,38 @@
 //! the run's deadline and when every requester has gone away, so a long run nobody waits for neither
 //! keeps a core busy to its natural end nor has its thread abandoned and replaced. A read blocked in the
 //! kernel never polls: the watchdog abandons that thread once the flag has gone unanswered for a while.
+//!
+//! Pausing: a run may also be given the end of its time slice. Past it, [`yield_due`] is true, and a
+//! backend that can continue a run where it stopped (FFmpeg's keeps its decoder where it stands) returns
+//! at the next frame boundary with the frames it has and [`RunOutput::yielded`](super::RunOutput::yielded)
+//! set; the fleet then lets another client's run have the thread, and asks for the rest after it.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
-thread_local! {
-    static CURRENT: RefCell<Option<Arc<AtomicBool>>> = const { RefCell::new(None) };
+/// The run on this thread: its stop flag, and the end of its time slice (None: it runs to its end).
+struct Current {
+    flag: Arc<AtomicBool>,
+    slice_end: Option<Instant>,
 }
 
-/// The flag of the run on this thread until dropped.
+thread_local! {
+    static CURRENT: RefCell<Option<Current>> = const { RefCell::new(None) };
+}
+
+/// The flag (and time slice) of the run on this thread until dropped.
 pub struct Scope(());
 
 impl Scope {
     pub fn enter(flag: Arc<AtomicBool>) -> Scope {
-        CURRENT.with(|c| *c.borrow_mut() = Some(flag));
+        Scope::slice(flag, None)
+    }
+
+    /// A run that should return at the first frame boundary past `slice_end`, when given.
+    pub fn slice(flag: Arc<AtomicBool>, slice_end: Option<Instant>) -> Scope {
+        CURRENT.with(|c| *c.borrow_mut() = Some(Current { flag, slice_end }));
         Scope(())
     }
 }
@@ -29,18 +46,30 @@ impl Drop for Scope {
     }
 }
 
+/// True when the run on this thread is past the end of its time slice (false outside a run, and for a
+/// run without one).
+pub fn yield_due() -> bool {
+    CURRENT.with(|c| {
+        c.borrow()
+            .as_ref()
+            .and_then(|c| c.slice_end)
+            .is_some_and(|end| Instant::now() >= end)
+    })
+}
+
 /// True when the run on this thread has been asked to stop (false outside a run).
 pub fn requested() -> bool {
     CURRENT.with(|c| {
         c.borrow()
             .as_ref()
-            .is_some_and(|f| f.load(Ordering::Relaxed))
+            .is_some_and(|c| c.flag.load(Ordering::Relaxed))
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_flag_is_seen_inside_its_scope_only_and_on_its_thread_only() {
@@ -55,5 +84,24 @@ mod tests {
             assert!(!other, "another thread has no run");
         }
         assert!(!requested(), "the scope ended");
+    }
+
+    #[test]
+    fn a_slice_is_due_only_past_its_end_and_only_inside_its_scope() {
+        let flag = Arc::new(AtomicBool::new(false));
+        {
+            let _scope = Scope::enter(flag.clone());
+            assert!(!yield_due(), "a run without a slice runs to its end");
+        }
+        {
+            let _scope = Scope::slice(flag.clone(), Some(Instant::now() + Duration::from_secs(60)));
+            assert!(!yield_due());
+        }
+        {
+            let _scope = Scope::slice(flag, Some(Instant::now()));
+            assert!(yield_due());
+            assert!(!std::thread::spawn(yield_due).join().unwrap());
+        }
+        assert!(!yield_due(), "the scope ended");
     }
 }

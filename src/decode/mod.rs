@@ -134,6 +134,10 @@ pub struct RunOutput {
     /// video's decoder reused (`ffmpeg::reuse`) instead of a new one.
     pub decoders_opened: u64,
     pub decoders_reused: u64,
+    /// The run stopped at the end of its time slice ([`cancel::yield_due`]) before its last wanted
+    /// frame: the wanted frames not given are still to come, from a run of them that continues where
+    /// this one stopped. Never set on a run without a slice.
+    pub yielded: bool,
 }
 
 /// Where a run was decoded.

@@ -30,6 +30,7 @@ pub mod open;
 mod palette;
 mod reuse;
 pub mod scan;
+mod seek;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -55,6 +56,7 @@ use open::open_for_decoding;
 use reuse::{announce_extradata, DecoderKey, Spares};
 pub use scan::{build_index, build_index_of, scan_by_decoding, DecodeScan};
 use scan::{frame_damaged, read_packet};
+use seek::{reposition, Sync};
 
 /// Videos a backend keeps open between runs.
 const OPEN_VIDEOS: usize = 4;
@@ -137,18 +139,6 @@ enum Opened {
     /// A spare decoder of another video with the same key ([`reuse`]).
     Reused,
 }
-
-/// Where a seek for a run's keyframe stands: the keyframe's pts, and which of [`SEEK_MARGINS`] aimed it.
-#[derive(Clone, Copy, Debug)]
-struct Sync {
-    target: i64,
-    attempt: usize,
-}
-
-/// How many frame durations before the keyframe's pts each seek aims, before reading from the start.
-/// Demuxers that seek by dts (the binary search of MPEG-PS and -TS) land, when aimed at a keyframe's
-/// pts, on a later frame whose dts equals it; aiming earlier finds the keyframe.
-const SEEK_MARGINS: [i64; 3] = [0, 16, 256];
 
 /// The FFmpeg backend: CPU decoding, or NVDEC when given a [`HwDevice`]. One per decode thread.
 pub struct FfmpegBackend {
@@ -352,6 +342,7 @@ fn decode_in(
     let native = (index.width, index.height);
     let mut out = RunOutput::default();
     let mut emitted = vec![false; run.wanted.len()];
+    let mut given = 0;
     let mut frame = ff::frame::Video::empty();
     let mut packet = ff::Packet::empty();
     let mut eof = false;
@@ -418,6 +409,7 @@ fn decode_in(
                 if let Ok(slot) = run.wanted.binary_search(&k) {
                     if !emitted[slot] {
                         emitted[slot] = true;
+                        given += 1;
                         let mut place = sink.and_then(|s| s.take(k));
                         let converted = if is_hw_frame(&frame) {
                             let host = download(&frame).map_err(backend_err)?;
@@ -464,6 +456,15 @@ fn decode_in(
                     }
                 }
                 if k >= last {
+                    done = true;
+                    break;
+                }
+                // Past the end of its time slice, the run stops at this frame: the decoder stands at
+                // k + 1, where a run of the frames still wanted continues without a seek. Only once this
+                // call has given a wanted frame (so a run whose continuations keep seeking back still
+                // ends), and not while draining the decoder at the end of the file (it cannot go on).
+                if given > 0 && !eof && k >= run.keyframe && crate::decode::cancel::yield_due() {
+                    out.yielded = true;
                     done = true;
                     break;
                 }
@@ -585,6 +586,9 @@ fn decode_in(
         done = false;
     }
     out.frames.sort_by_key(|(k, _)| *k);
+    if out.yielded {
+        return Ok(out);
+    }
     let missing: Vec<usize> = run
         .wanted
         .iter()
@@ -634,65 +638,4 @@ fn disposable_unwanted(packet: &ff::Packet, index: &VideoIndex, wanted: &[usize]
         .data()
         .is_some_and(|d| h264::h264_disposable(d, n))
         .then_some(k)
-}
-
-/// Puts the decoder just before `keyframe`: a seek that `attempt` aims ([`SEEK_MARGINS`]) followed by
-/// dropping packets until the keyframe's ([`Sync`]) for ByPts tables; reading from the start of the file
-/// (a reopen, no packet dropped, as the CLI decodes) for FromStart ones, for keyframe 0 when the table's
-/// first frame is no keyframe or comes from a decode (whatever comes before it is decoded as the CLI
-/// decodes it), and when every seek missed.
-fn reposition(
-    video: &mut OpenVideo,
-    index: &VideoIndex,
-    keyframe: usize,
-    attempt: usize,
-) -> Result<(), String> {
-    video.decoder.flush();
-    video.next_frame = None;
-    video.sync = None;
-    video.palette_due = true;
-    let first_from_start = keyframe == 0
-        && (index.method == IndexMethod::DecodeScan
-            || index.frames.first().is_some_and(|f| !f.key));
-    if index.seek == SeekMode::FromStart || first_from_start || attempt >= SEEK_MARGINS.len() {
-        reopen(video, index)?;
-        if index.seek == SeekMode::FromStart {
-            video.next_frame = Some(0);
-        }
-        return Ok(());
-    }
-    let target = index.frames.at(keyframe).pts;
-    let step = index.frames.at(keyframe).duration.max(1);
-    let aim = target.saturating_sub(SEEK_MARGINS[attempt].saturating_mul(step));
-    // SAFETY: `input` is a valid open AVFormatContext and `stream` one of its streams.
-    let ret = unsafe {
-        ff::ffi::avformat_seek_file(
-            video.input.as_mut_ptr(),
-            video.stream as i32,
-            i64::MIN,
-            aim,
-            aim,
-            0,
-        )
-    };
-    if ret < 0 {
-        // Some demuxers cannot seek backwards by pts; reading from the start always works.
-        tracing::debug!(path = %video.path.display(), aim, ret, "seek failed; reopening");
-        reopen(video, index)?;
-    } else {
-        video.sync = Some(Sync { target, attempt });
-    }
-    Ok(())
-}
-
-/// Reads the file from its start again, with a fresh decoder: a flushed one keeps state a fresh one has
-/// not (an HEVC decoder its parameter sets, and so decodes the leading pictures of a stream cut mid-GOP
-/// that a fresh one, as the CLI's, drops), and what comes before the first keyframe must decode as the
-/// CLI decodes it.
-fn reopen(video: &mut OpenVideo, index: &VideoIndex) -> Result<(), String> {
-    video.input = open_for_decoding(&video.file, index).map_err(|e| e.to_string())?;
-    read_only_stream(&mut video.input, video.stream);
-    video.decoder = open_decoder(&video.input, video.stream, video.threads, video.hw.as_ref())?;
-    video.announce = false;
-    Ok(())
 }

@@ -513,6 +513,67 @@ mod tests {
         );
     }
 
+    /// A run stopped at every frame by its time slice ([`crate::decode::cancel::yield_due`]), with a
+    /// run of another video decoded on the same backend in each pause, continues each time where it
+    /// stopped: the same frames decoded as by one run (none twice, so no seek back), every wanted frame
+    /// given once and equal to FFmpeg's.
+    #[test]
+    fn a_run_paused_at_every_frame_continues_where_it_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let one_gop = ["-c:v", "libx264", "-g", "48", "-bf", "2"];
+        let c = clip(encode_with(dir.path(), "long.mp4", 0.0, 23, &one_gop));
+        let other = clip(encode(dir.path(), "other.mp4", 1.0, 23));
+        let run = GopRun {
+            keyframe: 0,
+            wanted: (0..48).filter(|k| k % 3 != 1).collect(),
+        };
+        let whole = FfmpegBackend::new(1)
+            .decode_run(&c.source, &run, native(&c), None)
+            .unwrap();
+        assert!(!whole.yielded);
+        assert!(whole.skipped > 0, "the test should skip disposable frames");
+
+        let mut backend = FfmpegBackend::new(1);
+        let mut rest = run.clone();
+        let (mut given, mut decoded, mut skipped, mut slices) = (Vec::new(), 0, 0, 0);
+        loop {
+            let out = {
+                let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let _slice =
+                    crate::decode::cancel::Scope::slice(flag, Some(std::time::Instant::now()));
+                backend.decode_run(&c.source, &rest, native(&c), None)
+            }
+            .unwrap();
+            slices += 1;
+            assert!(
+                slices <= run.wanted.len(),
+                "each slice gives a wanted frame"
+            );
+            decoded += out.decoded;
+            skipped += out.skipped;
+            for (k, f) in &out.frames {
+                assert!(f.data == c.frames[*k], "frame {k} differs from FFmpeg's");
+                given.push(*k);
+            }
+            rest.wanted
+                .retain(|k| !out.frames.iter().any(|(g, _)| g == k));
+            if rest.wanted.is_empty() {
+                break;
+            }
+            assert!(out.yielded, "a run that stops early says so");
+            let key = other.source.index.keyframes.get(slices % 4).unwrap();
+            let pause = GopRun {
+                keyframe: key,
+                wanted: vec![key + 2],
+            };
+            let o = backend.decode_run(&other.source, &pause, native(&other), None);
+            assert!(o.unwrap().frames[0].1.data == other.frames[key + 2]);
+        }
+        assert!(slices > 20, "{slices} slices");
+        assert_eq!(given, run.wanted);
+        assert_eq!((decoded, skipped), (whole.decoded, whole.skipped));
+    }
+
     #[test]
     fn a_reused_decoder_takes_the_new_videos_parameter_sets() {
         // A decoder of one crf given a video of another: its first packet carries the new PPS, and the

@@ -33,6 +33,7 @@
 
 mod scheduler;
 mod watchdog;
+mod worker;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -44,9 +45,10 @@ use parking_lot::{Condvar, Mutex};
 
 use super::sink::Sink;
 use super::{Backend, DecodeError, Geometry, GopRun, RunOutput, VideoSource};
-use crate::journal::{FileKey, Journal, JournalSlot};
+use crate::journal::{Journal, JournalSlot};
 use scheduler::Scheduler;
 use watchdog::watchdog;
+use worker::{worker, Task};
 
 pub type OnDone = Box<dyn FnOnce(Result<RunOutput, DecodeError>) + Send>;
 
@@ -120,6 +122,8 @@ pub struct FleetCounters {
     pub deadline_exceeded: AtomicU64,
     /// Abandoned threads still stuck.
     pub stuck: AtomicUsize,
+    /// Runs paused at the end of a time slice for another client's run ([`worker`]).
+    pub paused: AtomicU64,
 }
 
 /// How the fleet guards against runs that never return, and what it records before each.
@@ -152,6 +156,9 @@ struct SlotState {
     /// No thread owns the slot (its thread was abandoned and not replaced).
     vacant: bool,
     running: Option<Running>,
+    /// A run of this slot's thread paused for another client's run ([`worker`]): the thread (or its
+    /// replacement) continues it next.
+    parked: Option<Task>,
 }
 
 /// The run a slot's thread is inside.
@@ -401,15 +408,19 @@ impl Fleet {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
             fail_queued(job, DecodeError::ShuttingDown);
         }
-        // Runs still inside a stuck read: their waiters are told now, not never.
+        // Runs still inside a stuck read, and those parked on its thread: their waiters are told now,
+        // not never.
         for slot in &self.shared.slots {
-            let on_done = slot
-                .lock()
-                .running
-                .as_ref()
-                .and_then(|r| r.on_done.lock().take());
+            let (on_done, parked) = {
+                let mut st = slot.lock();
+                let on_done = st.running.as_ref().and_then(|r| r.on_done.lock().take());
+                (on_done, st.parked.take())
+            };
             if let Some(f) = on_done {
                 f(Err(DecodeError::ShuttingDown));
+            }
+            if let Some(task) = parked {
+                task.fail(&self.shared, DecodeError::ShuttingDown);
             }
         }
         if let Some(handle) = self.watchdog.lock().take() {
@@ -462,149 +473,4 @@ fn fail_queued(job: Job, error: DecodeError) {
     if let Some(f) = on_done {
         f(Err(error));
     }
-}
-
-fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
-    let counters = shared.counters.clone();
-    let mut backend = (shared.factory)(slot);
-    let journal = shared.options.journal.as_ref().and_then(|j| match j.slot() {
-        Ok(s) => Some(Arc::new(s)),
-        Err(e) => {
-            tracing::warn!(slot, error = %e, "cannot open a crash-journal slot; this thread records nothing");
-            None
-        }
-    });
-    loop {
-        let job = match shared.scheduler.pop_within(IDLE_SWEEP) {
-            Ok(Some(job)) => job,
-            Ok(None) => break,
-            Err(scheduler::Idle) => {
-                backend.idle();
-                continue;
-            }
-        };
-        counters.queued.fetch_sub(1, Ordering::Relaxed);
-        let Job {
-            client,
-            tenant: _,
-            long,
-            source,
-            run,
-            geometry,
-            sink,
-            on_done,
-            still_wanted,
-        } = job;
-        // Taken from the queue, a long job counts against its client: released on every way out.
-        let long = long.then(|| {
-            Arc::new(LongCount {
-                client,
-                counted: AtomicBool::new(true),
-            })
-        });
-        let release = |long: &Option<Arc<LongCount>>| {
-            if let Some(l) = long {
-                l.release(&shared);
-            }
-        };
-        let run = {
-            let mut pending = run.lock();
-            if pending.started {
-                // Another copy of this run was taken first.
-                release(&long);
-                continue;
-            }
-            pending.started = true;
-            pending.run.clone()
-        };
-        if on_done.lock().is_none() {
-            release(&long);
-            continue;
-        }
-        if !still_wanted() {
-            release(&long);
-            counters.skipped.fetch_add(1, Ordering::Relaxed);
-            let f = on_done.lock().take();
-            if let Some(f) = f {
-                f(Err(DecodeError::ShuttingDown));
-            }
-            continue;
-        }
-        if let (Some(j), Some(file)) = (&journal, &source.file) {
-            if let Err(e) = j.enter(&FileKey::of(file), backend.drives_a_device()) {
-                crate::journal::warn_unrecorded(&source.path, &e);
-            }
-        }
-        let started = Instant::now();
-        let cancel = Arc::new(AtomicBool::new(false));
-        shared.slots[slot].lock().running = Some(Running {
-            path: source.path.clone(),
-            started,
-            on_done: on_done.clone(),
-            journal: journal.clone(),
-            cancel: cancel.clone(),
-            cancelled_at: None,
-            still_wanted: still_wanted.clone(),
-            long: long.clone(),
-        });
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _scope = crate::decode::cancel::Scope::enter(cancel);
-            backend.decode_run(&source, &run, geometry, sink.as_deref())
-        }));
-        let result = match outcome {
-            Ok(r) => r,
-            Err(_) => {
-                counters.panics.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(path = %source.path.display(), "decoder panicked; replacing backend");
-                backend = (shared.factory)(slot);
-                Err(DecodeError::Backend {
-                    path: source.path.clone(),
-                    reason: "decoder panicked".into(),
-                })
-            }
-        };
-        if let Some(j) = &journal {
-            j.leave();
-        }
-        release(&long);
-        let mut st = shared.slots[slot].lock();
-        if st.generation != generation {
-            // The watchdog abandoned this thread and failed the run's waiters; the result is dropped.
-            counters.stuck.fetch_sub(1, Ordering::Relaxed);
-            tracing::warn!(
-                path = %source.path.display(),
-                seconds = started.elapsed().as_secs_f64(),
-                "a decode run abandoned past its deadline returned"
-            );
-            if st.vacant && !shared.is_stopping() {
-                // Nobody replaced this thread: it serves its slot again.
-                st.vacant = false;
-                generation = st.generation;
-                *shared.owners.lock() += 1;
-                continue;
-            }
-            return;
-        }
-        st.running = None;
-        drop(st);
-        if let Ok(out) = &result {
-            counters.runs.fetch_add(1, Ordering::Relaxed);
-            for (counter, n) in [
-                (&counters.frames_decoded, out.decoded),
-                (&counters.frames_skipped, out.skipped),
-                (&counters.decoders_opened, out.decoders_opened),
-                (&counters.decoders_reused, out.decoders_reused),
-            ] {
-                counter.fetch_add(n, Ordering::Relaxed);
-            }
-        }
-        let f = on_done.lock().take();
-        if let Some(f) = f {
-            f(result);
-        }
-    }
-    drop(backend);
-    drop(journal);
-    *shared.owners.lock() -= 1;
-    shared.owners_done.notify_all();
 }

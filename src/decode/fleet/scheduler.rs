@@ -56,6 +56,10 @@ impl<K: std::hash::Hash + Eq + Copy, V> Ring<K, V> {
 #[derive(Debug, PartialEq)]
 pub(super) struct Idle;
 
+/// A client whose turn [`Queues::pop`] passes over, and what another client's next job must be to be
+/// taken.
+type Except<'a, T> = (u64, &'a dyn Fn(&T) -> bool);
+
 /// The queue: clients' rings of tenants' FIFOs of (long, job).
 pub(super) struct Queues<T> {
     clients: Ring<u64, Ring<u64, VecDeque<(bool, T)>>>,
@@ -70,10 +74,22 @@ pub(super) struct Queues<T> {
 impl<T> Queues<T> {
     /// The next job in turn. With `cap`, a client running `long_cap` long runs gives its turn to its next
     /// tenant whose next job is short, or, with none, to the next client (its long jobs wait).
-    /// `count`: the job will run, and a long one counts until [`Scheduler::long_done`].
-    fn pop(&mut self, cap: bool, count: bool) -> Option<T> {
+    /// `count`: the job will run, and a long one counts until [`Scheduler::long_done`]. `except`: a
+    /// client whose turn is passed over, and what the next job of another must be to be taken (the
+    /// clients passed over keep their jobs where they are).
+    fn pop(&mut self, cap: bool, count: bool, except: Option<Except<'_, T>>) -> Option<T> {
         for _ in 0..self.clients.turns.len() {
             let &client = self.clients.turns.front()?;
+            if let Some((c, fits)) = except {
+                let next = self.clients.members.get(&client).and_then(|tenants| {
+                    let tenant = tenants.turns.front()?;
+                    tenants.members.get(tenant)?.front()
+                });
+                if c == client || !next.is_some_and(|(_, job)| fits(job)) {
+                    self.clients.turns.rotate_left(1);
+                    continue;
+                }
+            }
             let full = cap && self.running_long.get(&client).copied().unwrap_or(0) >= self.long_cap;
             if full {
                 let tenants = self.clients.members.get_mut(&client)?;
@@ -174,7 +190,7 @@ impl<T> Scheduler<T> {
         loop {
             // Closed: the queue drains without the cap (shutdown waits for the threads to take it).
             let cap = !q.closed;
-            if let Some(job) = q.pop(cap, true) {
+            if let Some(job) = q.pop(cap, true, None) {
                 return Ok(Some(job));
             }
             if q.closed && q.len == 0 {
@@ -192,7 +208,15 @@ impl<T> Scheduler<T> {
 
     /// The next job in turn, long or not, without waiting (to fail it: it does not run).
     pub(super) fn try_pop(&self) -> Option<T> {
-        self.queues.lock().pop(false, false)
+        self.queues.lock().pop(false, false, None)
+    }
+
+    /// The next job in turn of a client other than `client` for which `fits` holds, without waiting: what
+    /// a run of `client` pauses for ([`super::worker`]). Counted as [`Scheduler::pop`]'s.
+    pub(super) fn pop_other(&self, client: u64, fits: &dyn Fn(&T) -> bool) -> Option<T> {
+        let mut q = self.queues.lock();
+        let cap = !q.closed;
+        q.pop(cap, true, Some((client, fits)))
     }
 
     /// A long job `client` took has ended: its next long job may run.
@@ -210,7 +234,7 @@ impl<T> Scheduler<T> {
 
     #[cfg(test)]
     fn try_pop_capped(&self) -> Option<T> {
-        self.queues.lock().pop(true, true)
+        self.queues.lock().pop(true, true, None)
     }
 
     pub(super) fn close(&self) {
@@ -222,6 +246,28 @@ impl<T> Scheduler<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run pauses only for another client's job that fits: its own client's jobs, and jobs that do not
+    /// fit, stay queued in their order.
+    #[test]
+    fn a_paused_run_takes_the_next_fitting_job_of_another_client() {
+        let s = Scheduler::new(1);
+        s.push(1, 10, false, (1, 5), None).unwrap();
+        s.push(2, 20, false, (2, 900), None).unwrap();
+        s.push(2, 20, false, (2, 7), None).unwrap();
+        s.push(3, 30, false, (3, 8), None).unwrap();
+        let small = |job: &(u64, i32)| job.1 < 100;
+        // Client 1's job is its own; client 2's next job does not fit: client 3's is taken.
+        assert_eq!(s.pop_other(1, &small), Some((3, 8)));
+        assert_eq!(
+            s.pop_other(1, &small),
+            None,
+            "client 2's next job is still the big one"
+        );
+        assert_eq!(s.pop_other(2, &|_| true), Some((1, 5)));
+        let rest: Vec<(u64, i32)> = std::iter::from_fn(|| s.try_pop()).collect();
+        assert_eq!(rest, vec![(2, 900), (2, 7)]);
+    }
 
     #[test]
     fn tenants_take_turns_and_the_bound_applies_to_bounded_pushes() {

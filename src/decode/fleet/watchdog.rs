@@ -71,7 +71,18 @@ pub(super) fn watchdog(shared: Arc<Shared>) {
                     }
                 };
             st.vacant = !replaced;
+            // A run parked on the thread waits for no one when nobody takes the slot.
+            let parked = st.vacant.then(|| st.parked.take()).flatten();
             drop(st);
+            if let Some(task) = parked {
+                task.fail(
+                    &shared,
+                    DecodeError::Stalled(format!(
+                        "the decode thread that paused this run is stuck past the {} s deadline, and no thread replaces it",
+                        deadline.as_secs_f64()
+                    )),
+                );
+            }
             tracing::error!(
                 path = %running.path.display(),
                 deadline_s = deadline.as_secs_f64(),
