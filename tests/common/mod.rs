@@ -893,3 +893,16 @@ impl Control {
         }
     }
 }
+
+/// A counter of the daemon's `/metrics` (0 when the series is not there yet).
+pub fn metric(d: &Daemon, name: &str) -> u64 {
+    let (status, body) = d.admin_get("/metrics");
+    assert_eq!(status, 200, "/metrics: {body}");
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .map(|v| v.parse::<f64>().expect("metric value") as u64)
+        })
+        .unwrap_or(0)
+}

@@ -460,10 +460,16 @@ fn decode_in(
                     break;
                 }
                 // Past the end of its time slice, the run stops at this frame: the decoder stands at
-                // k + 1, where a run of the frames still wanted continues without a seek. Only once this
-                // call has given a wanted frame (so a run whose continuations keep seeking back still
-                // ends), and not while draining the decoder at the end of the file (it cannot go on).
-                if given > 0 && !eof && k >= run.keyframe && crate::decode::cancel::yield_due() {
+                // k + 1, where a run of the frames still wanted continues without a seek. Not while
+                // draining the decoder at the end of the file or decoding the GOP before (neither can go
+                // on), and a continuation that had to seek back only once it gave a wanted frame
+                // ([`crate::decode::cancel::first_slice`]): each stop is progress.
+                if !eof
+                    && from == run.keyframe
+                    && k >= run.keyframe
+                    && (given > 0 || continue_here || crate::decode::cancel::first_slice())
+                    && crate::decode::cancel::yield_due()
+                {
                     out.yielded = true;
                     done = true;
                     break;

@@ -516,19 +516,30 @@ mod tests {
     /// A run stopped at every frame by its time slice ([`crate::decode::cancel::yield_due`]), with a
     /// run of another video decoded on the same backend in each pause, continues each time where it
     /// stopped: the same frames decoded as by one run (none twice, so no seek back), every wanted frame
-    /// given once and equal to FFmpeg's.
+    /// given once and equal to FFmpeg's. Both for a run wanting most frames of its GOP and for one
+    /// wanting two far from its keyframe (its first slice stops before it gave any).
     #[test]
     fn a_run_paused_at_every_frame_continues_where_it_stopped() {
         let dir = tempfile::tempdir().unwrap();
         let one_gop = ["-c:v", "libx264", "-g", "48", "-bf", "2"];
         let c = clip(encode_with(dir.path(), "long.mp4", 0.0, 23, &one_gop));
         let other = clip(encode(dir.path(), "other.mp4", 1.0, 23));
-        let run = GopRun {
-            keyframe: 0,
-            wanted: (0..48).filter(|k| k % 3 != 1).collect(),
-        };
+        let most = (0..48).filter(|k| k % 3 != 1).collect();
+        for wanted in [most, vec![40, 47]] {
+            paused_at_every_frame(
+                &c,
+                &other,
+                GopRun {
+                    keyframe: 0,
+                    wanted,
+                },
+            );
+        }
+    }
+
+    fn paused_at_every_frame(c: &Clip, other: &Clip, run: GopRun) {
         let whole = FfmpegBackend::new(1)
-            .decode_run(&c.source, &run, native(&c), None)
+            .decode_run(&c.source, &run, native(c), None)
             .unwrap();
         assert!(!whole.yielded);
         assert!(whole.skipped > 0, "the test should skip disposable frames");
@@ -539,16 +550,16 @@ mod tests {
         loop {
             let out = {
                 let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let _slice =
-                    crate::decode::cancel::Scope::slice(flag, Some(std::time::Instant::now()));
-                backend.decode_run(&c.source, &rest, native(&c), None)
+                let _slice = crate::decode::cancel::Scope::slice(
+                    flag,
+                    Some(std::time::Instant::now()),
+                    slices == 0,
+                );
+                backend.decode_run(&c.source, &rest, native(c), None)
             }
             .unwrap();
             slices += 1;
-            assert!(
-                slices <= run.wanted.len(),
-                "each slice gives a wanted frame"
-            );
+            assert!(slices <= 48, "each slice decodes a frame further");
             decoded += out.decoded;
             skipped += out.skipped;
             for (k, f) in &out.frames {
@@ -566,10 +577,10 @@ mod tests {
                 keyframe: key,
                 wanted: vec![key + 2],
             };
-            let o = backend.decode_run(&other.source, &pause, native(&other), None);
+            let o = backend.decode_run(&other.source, &pause, native(other), None);
             assert!(o.unwrap().frames[0].1.data == other.frames[key + 2]);
         }
-        assert!(slices > 20, "{slices} slices");
+        assert!(slices > 20, "{slices} slices for {:?}", run.wanted);
         assert_eq!(given, run.wanted);
         assert_eq!((decoded, skipped), (whole.decoded, whole.skipped));
     }

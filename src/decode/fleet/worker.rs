@@ -290,7 +290,9 @@ fn run(
     let result = loop {
         let slice_end = (Instant::now() + SLICE).max(started + PAUSE_AFTER);
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _scope = crate::decode::cancel::Scope::slice(task.cancel.clone(), Some(slice_end));
+            let first = task.out.decoded == 0 && task.out.frames.is_empty();
+            let _scope =
+                crate::decode::cancel::Scope::slice(task.cancel.clone(), Some(slice_end), first);
             backend.decode_run(&task.source, &task.run, task.geometry, task.sink.as_deref())
         }));
         let outcome = match outcome {
