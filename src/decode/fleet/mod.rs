@@ -474,3 +474,40 @@ fn fail_queued(job: Job, error: DecodeError) {
         f(Err(error));
     }
 }
+
+/// A video of `frames` frames from one keyframe, 2x2, for the fleet's tests (its path is never opened).
+#[cfg(test)]
+fn test_source(name: &str, frames: usize) -> VideoSource {
+    use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
+    let index = VideoIndex {
+        stream: 0,
+        codec: "h264".into(),
+        pixel_format: "yuv420p".into(),
+        width: 2,
+        height: 2,
+        rotation: 0,
+        mirror: false,
+        time_base: (1, 25),
+        avg_fps: 25.0,
+        frames: (0..frames as i64)
+            .map(|i| FrameEntry {
+                pts: i,
+                duration: 1,
+                key: i == 0,
+                stated_duration: 1,
+            })
+            .collect(),
+        keyframes: vec![0].into(),
+        declared_frames: 0,
+        seek: SeekMode::ByPts,
+        method: IndexMethod::PacketScan,
+        h264_nal_length: None,
+        damaged: false,
+    };
+    VideoSource {
+        path: PathBuf::from(name),
+        index: Arc::new(index),
+        gulp: None,
+        file: None,
+    }
+}

@@ -167,7 +167,6 @@ fn ask_to_stop(shared: &Shared, slot: usize, now: Instant) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
     use std::sync::mpsc;
 
     use parking_lot::{Condvar, Mutex};
@@ -175,41 +174,6 @@ mod tests {
     use super::super::*;
 
     use crate::decode::fake::FakeBackend;
-    use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
-
-    fn source(name: &str) -> VideoSource {
-        let index = VideoIndex {
-            stream: 0,
-            codec: "h264".into(),
-            pixel_format: "yuv420p".into(),
-            width: 2,
-            height: 2,
-            rotation: 0,
-            mirror: false,
-            time_base: (1, 25),
-            avg_fps: 25.0,
-            frames: (0..10)
-                .map(|i| FrameEntry {
-                    pts: i,
-                    duration: 1,
-                    key: i == 0,
-                    stated_duration: 1,
-                })
-                .collect(),
-            keyframes: vec![0].into(),
-            declared_frames: 0,
-            seek: SeekMode::ByPts,
-            method: IndexMethod::PacketScan,
-            h264_nal_length: None,
-            damaged: false,
-        };
-        VideoSource {
-            path: PathBuf::from(name),
-            index: Arc::new(index),
-            gulp: None,
-            file: None,
-        }
-    }
 
     /// Closed until the test opens it: runs of `stuck.mp4` wait on it, as a read from a hung mount.
     #[derive(Default)]
@@ -272,7 +236,7 @@ mod tests {
             client: 1,
             tenant: 1,
             long: false,
-            source: source(name),
+            source: test_source(name, 10),
             run: Arc::new(Mutex::new(PendingRun {
                 started: false,
                 run: GopRun {

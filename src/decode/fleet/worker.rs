@@ -5,14 +5,15 @@
 //!
 //! Time slices: a run is given [`SLICE`] at a time ([`crate::decode::cancel::Scope::slice`]); a backend
 //! that can continue a run where it stopped returns at the first frame boundary past it with the frames
-//! it has ([`RunOutput::yielded`]). Then, when another client has a run queued, this run is parked on
+//! it has ([`RunOutput::yielded`]). Then, once the run has decoded for [`PAUSE_AFTER`], when another
+//! client's next queued run costs less than what is left of this one ([`cost`]), this run is parked on
 //! the slot ([`SlotState::parked`](super::SlotState)), the thread decodes that one run to its end, and
 //! the parked run continues where it stopped (its decoder kept open, so without a seek). So one client's
 //! runs of hundreds of frames no longer hold every thread while another client's short run waits for a
 //! whole one to end (probe R2: 24 concurrent whole-GOP 720p requests of one client raised another's
-//! latency from 19 to 191 ms at the median). Alone, a client's run only returns at each slice and goes
-//! on at once. A run that yielded its thread does not yield again until it has it back, so a thread
-//! holds at most one parked run; the deadline counts only the time a run spends decoding.
+//! latency from 19 to 191 ms at the median; 28 ms with pauses). Otherwise a run only returns at each
+//! slice and goes on at once. The run it yielded to does not pause in turn, so a thread holds at most
+//! one parked run; the deadline counts only the time a run spends decoding.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -55,11 +56,16 @@ pub(super) struct Task {
 }
 
 impl Task {
-    /// Fails the run's waiters (a parked run whose thread is gone or stopping).
-    pub(super) fn fail(self, shared: &Shared, error: DecodeError) {
+    /// Gives a long run's count back to its client (once, whoever asks first).
+    fn release(&self, shared: &Shared) {
         if let Some(l) = &self.long {
             l.release(shared);
         }
+    }
+
+    /// Fails the run's waiters (a parked run whose thread is gone or stopping).
+    pub(super) fn fail(self, shared: &Shared, error: DecodeError) {
+        self.release(shared);
         let f = self.on_done.lock().take();
         if let Some(f) = f {
             f(Err(error));
@@ -196,65 +202,43 @@ pub(super) fn worker(shared: Arc<Shared>, slot: usize, mut generation: u64) {
 /// A job as a run to decode, or None when it is not to run: another copy of it was taken first, or
 /// nobody waits for it (its waiters are then told).
 fn take(shared: &Shared, job: Job) -> Option<Task> {
-    let Job {
-        client,
-        tenant: _,
-        long,
-        source,
-        run,
-        geometry,
-        sink,
-        on_done,
-        still_wanted,
-    } = job;
-    // Taken from the queue, a long job counts against its client: released on every way out.
-    let long = long.then(|| {
-        Arc::new(LongCount {
-            client,
-            counted: AtomicBool::new(true),
-        })
-    });
-    let release = |long: &Option<Arc<LongCount>>| {
-        if let Some(l) = long {
-            l.release(shared);
-        }
+    let (taken, run) = {
+        let mut pending = job.run.lock();
+        (
+            std::mem::replace(&mut pending.started, true),
+            pending.run.clone(),
+        )
     };
-    let run = {
-        let mut pending = run.lock();
-        if pending.started {
-            // Another copy of this run was taken first.
-            release(&long);
-            return None;
-        }
-        pending.started = true;
-        pending.run.clone()
-    };
-    if on_done.lock().is_none() {
-        release(&long);
-        return None;
-    }
-    if !still_wanted() {
-        release(&long);
-        shared.counters.skipped.fetch_add(1, Ordering::Relaxed);
-        let f = on_done.lock().take();
-        if let Some(f) = f {
-            f(Err(DecodeError::ShuttingDown));
-        }
-        return None;
-    }
-    Some(Task {
-        client,
-        source,
+    let task = Task {
+        client: job.client,
+        source: job.source,
         run,
-        geometry,
-        sink,
-        on_done,
-        still_wanted,
-        long,
+        geometry: job.geometry,
+        sink: job.sink,
+        on_done: job.on_done,
+        still_wanted: job.still_wanted,
+        // Taken from the queue, a long job counts against its client: released on every way out.
+        long: job.long.then(|| {
+            Arc::new(LongCount {
+                client: job.client,
+                counted: AtomicBool::new(true),
+            })
+        }),
         cancel: Arc::new(AtomicBool::new(false)),
         out: RunOutput::default(),
         spent: Duration::ZERO,
-    })
+    };
+    // Another copy of this run was taken first, or its waiters were told already.
+    if taken || task.on_done.lock().is_none() {
+        task.release(shared);
+        return None;
+    }
+    if !(task.still_wanted)() {
+        shared.counters.skipped.fetch_add(1, Ordering::Relaxed);
+        task.fail(shared, DecodeError::ShuttingDown);
+        return None;
+    }
+    Some(task)
 }
 
 /// Decodes `task` slice by slice until it ends, is abandoned, or (with `may_yield`) yields its thread
@@ -290,7 +274,8 @@ fn run(
     let result = loop {
         let slice_end = (Instant::now() + SLICE).max(started + PAUSE_AFTER);
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let first = task.out.decoded == 0 && task.out.frames.is_empty();
+            // A slice that stops has decoded a frame: none decoded yet is the run's first slice.
+            let first = task.out.decoded == 0;
             let _scope =
                 crate::decode::cancel::Scope::slice(task.cancel.clone(), Some(slice_end), first);
             backend.decode_run(&task.source, &task.run, task.geometry, task.sink.as_deref())
@@ -332,12 +317,12 @@ fn run(
         }
         // Another client's next run, when it costs less than what is left of this one: pausing for a
         // longer one would only interleave two long runs.
+        if !may_yield || started.elapsed() < PAUSE_AFTER {
+            continue;
+        }
         let left = task.left();
         let shorter = |job: &Job| cost(&job.source, job.run.lock().run.span()) < left;
-        let other = (may_yield && started.elapsed() >= PAUSE_AFTER)
-            .then(|| shared.scheduler.pop_other(task.client, &shorter))
-            .flatten();
-        if let Some(job) = other {
+        if let Some(job) = shared.scheduler.pop_other(task.client, &shorter) {
             task.spent = started.elapsed();
             if let Some(j) = journal {
                 j.leave();
@@ -351,9 +336,7 @@ fn run(
     if let Some(j) = journal {
         j.leave();
     }
-    if let Some(l) = &task.long {
-        l.release(shared);
-    }
+    task.release(shared);
     shared.slots[slot].lock().running = None;
     let mut result = result;
     if let Ok(out) = &mut result {

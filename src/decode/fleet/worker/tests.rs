@@ -8,41 +8,6 @@ use parking_lot::{Condvar, Mutex};
 
 use super::super::*;
 use crate::decode::{cancel, Frame};
-use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
-
-fn source(name: &str, frames: usize) -> VideoSource {
-    let index = VideoIndex {
-        stream: 0,
-        codec: "h264".into(),
-        pixel_format: "yuv420p".into(),
-        width: 1,
-        height: 1,
-        rotation: 0,
-        mirror: false,
-        time_base: (1, 25),
-        avg_fps: 25.0,
-        frames: (0..frames as i64)
-            .map(|i| FrameEntry {
-                pts: i,
-                duration: 1,
-                key: i == 0,
-                stated_duration: 1,
-            })
-            .collect(),
-        keyframes: vec![0].into(),
-        declared_frames: 0,
-        seek: SeekMode::ByPts,
-        method: IndexMethod::PacketScan,
-        h264_nal_length: None,
-        damaged: false,
-    };
-    VideoSource {
-        path: PathBuf::from(name),
-        index: Arc::new(index),
-        gulp: None,
-        file: None,
-    }
-}
 
 /// What the paced backends decoded, in order: (video, frame).
 type Log = Arc<Mutex<Vec<(PathBuf, usize)>>>;
@@ -110,7 +75,7 @@ fn job(client: u64, name: &str, frames: usize, tx: &mpsc::Sender<Outcome>) -> Jo
         client,
         tenant: client,
         long: false,
-        source: source(name, frames),
+        source: test_source(name, frames),
         run: Arc::new(Mutex::new(PendingRun {
             started: false,
             run: GopRun {
