@@ -315,8 +315,10 @@ fn a_full_shm_directory_is_an_error_not_a_fault() {
     let dir = tempfile::tempdir().unwrap();
     let reg = registry(dir.path(), Duration::from_secs(60));
     let free = free_bytes(reg.dir()).unwrap();
+    // A tebibyte past the free space: with a mebibyte, files other tests removed meanwhile let it pass the
+    // check, and its fallocate filled the disk under every test running beside it until it failed.
     let e = reg
-        .stream_arena(free as usize + (1 << 20), 1, &me())
+        .stream_arena(free as usize + (1 << 40), 1, &me())
         .unwrap_err();
     assert!(matches!(e, ShmError::NoSpace { .. }), "{e:?}");
     assert_eq!(reg.open_arenas(), 0);
