@@ -13,7 +13,9 @@
 //! whole one to end (probe R2: 24 concurrent whole-GOP 720p requests of one client raised another's
 //! latency from 19 to 191 ms at the median; 28 ms with pauses). Otherwise a run only returns at each
 //! slice and goes on at once. The run it yielded to does not pause in turn, so a thread holds at most
-//! one parked run; the deadline counts only the time a run spends decoding.
+//! one parked run; back, a run decodes for as long as it waited before it pauses again, so however many
+//! shorter runs others queue it keeps at least half its thread; the deadline counts only the time a run
+//! spends decoding.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -53,6 +55,9 @@ pub(super) struct Task {
     out: RunOutput,
     /// Time spent decoding it (its deadline counts this, not the time it waited parked).
     spent: Duration,
+    /// When it was last parked: once back, it decodes for as long as it waited before it pauses again,
+    /// so a run keeps at least half its thread however many shorter runs others queue.
+    parked_at: Option<Instant>,
 }
 
 impl Task {
@@ -227,6 +232,7 @@ fn take(shared: &Shared, job: Job) -> Option<Task> {
         cancel: Arc::new(AtomicBool::new(false)),
         out: RunOutput::default(),
         spent: Duration::ZERO,
+        parked_at: None,
     };
     // Another copy of this run was taken first, or its waiters were told already.
     if taken || task.on_done.lock().is_none() {
@@ -259,8 +265,12 @@ fn run(
         }
     }
     // The deadline counts the time spent in earlier slices.
-    let now = Instant::now();
-    let started = now.checked_sub(task.spent).unwrap_or(now);
+    let resumed = Instant::now();
+    let started = resumed.checked_sub(task.spent).unwrap_or(resumed);
+    let owed = task
+        .parked_at
+        .take()
+        .map_or(Duration::ZERO, |at| resumed - at);
     shared.slots[slot].lock().running = Some(Running {
         path: task.source.path.clone(),
         started,
@@ -317,13 +327,14 @@ fn run(
         }
         // Another client's next run, when it costs less than what is left of this one: pausing for a
         // longer one would only interleave two long runs.
-        if !may_yield || started.elapsed() < PAUSE_AFTER {
+        if !may_yield || started.elapsed() < PAUSE_AFTER || resumed.elapsed() < owed {
             continue;
         }
         let left = task.left();
         let shorter = |job: &Job| cost(&job.source, job.run.lock().run.span()) < left;
         if let Some(job) = shared.scheduler.pop_other(task.client, &shorter) {
             task.spent = started.elapsed();
+            task.parked_at = Some(Instant::now());
             if let Some(j) = journal {
                 j.leave();
             }

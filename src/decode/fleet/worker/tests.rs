@@ -174,6 +174,53 @@ fn a_run_pauses_for_another_clients_run_and_continues_where_it_stopped() {
     assert!(fleet.counters.paused.load(Ordering::Relaxed) >= 1);
 }
 
+/// A run paused again and again keeps about half its thread: back from a pause, it decodes for as long
+/// as it waited before it pauses again, however many shorter runs another client queues.
+#[test]
+fn a_paused_run_decodes_as_long_as_it_waited_before_it_pauses_again() {
+    let (fleet, log, _gate) = paced_fleet(Duration::from_secs(30));
+    let (tx, rx) = mpsc::channel();
+    fleet.submit(job(1, "long.mp4", 400, &tx)).unwrap();
+    wait_for("the long run to start", || {
+        decoded(&log, "long.mp4").len() >= 5
+    });
+    for i in 0..12 {
+        fleet
+            .submit(job(2, &format!("short{i}.mp4"), 30, &tx))
+            .unwrap();
+    }
+    for _ in 0..13 {
+        let (name, result) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(result.is_ok(), "{name}: {result:?}");
+    }
+    // The log as runs of one video: (the long one, frames).
+    let mut segments: Vec<(bool, usize)> = Vec::new();
+    for (path, _) in log.lock().iter() {
+        let long = path == Path::new("long.mp4");
+        match segments.last_mut() {
+            Some((l, n)) if *l == long => *n += 1,
+            _ => segments.push((long, 1)),
+        }
+    }
+    let between: Vec<(usize, usize)> = segments
+        .windows(3)
+        .filter_map(|w| match w {
+            [(false, waited), (true, decoded), (false, _)] => Some((*waited, *decoded)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !between.is_empty(),
+        "the long run paused twice: {segments:?}"
+    );
+    for (waited, decoded) in between {
+        assert!(
+            decoded * 2 >= waited,
+            "back after waiting for {waited} frames, the run decoded {decoded} before it paused again: {segments:?}"
+        );
+    }
+}
+
 /// A run paused for another client's run whose read never returns is not lost with that thread: the
 /// thread that replaces it continues the paused run (from its keyframe, on a fresh backend), and the
 /// stuck run alone fails at its deadline.
