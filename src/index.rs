@@ -223,6 +223,37 @@ impl VideoIndex {
     }
 }
 
+/// Tests' tables: `frames` frames of 2x2 H.264 at `fps`, frame k at pts k (time base 1/`fps`), keyframes
+/// at `keyframes`, packet-scanned and seekable by pts. Tests change what they need with struct update.
+#[cfg(test)]
+pub fn uniform(frames: usize, keyframes: &[usize], fps: i32) -> VideoIndex {
+    VideoIndex {
+        stream: 0,
+        codec: "h264".into(),
+        pixel_format: "yuv420p".into(),
+        width: 2,
+        height: 2,
+        rotation: 0,
+        mirror: false,
+        time_base: (1, fps),
+        avg_fps: fps as f64,
+        frames: (0..frames)
+            .map(|k| FrameEntry {
+                pts: k as i64,
+                duration: 1,
+                key: keyframes.contains(&k),
+                stated_duration: 1,
+            })
+            .collect(),
+        keyframes: keyframes.to_vec().into(),
+        declared_frames: 0,
+        seek: SeekMode::ByPts,
+        method: IndexMethod::PacketScan,
+        h264_nal_length: None,
+        damaged: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

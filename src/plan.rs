@@ -161,33 +161,12 @@ fn split_chain(chain: Vec<GopRun>, spread: usize, out: &mut Vec<GopRun>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{FrameEntry, IndexMethod, SeekMode};
+    use crate::index::{IndexMethod, SeekMode};
 
     fn index(n: usize, keys: &[usize], seek: SeekMode) -> VideoIndex {
         VideoIndex {
-            stream: 0,
-            codec: "h264".into(),
-            pixel_format: "yuv420p".into(),
-            width: 2,
-            height: 2,
-            rotation: 0,
-            mirror: false,
-            time_base: (1, 25),
-            avg_fps: 25.0,
-            frames: (0..n)
-                .map(|i| FrameEntry {
-                    pts: i as i64,
-                    duration: 1,
-                    key: keys.contains(&i),
-                    stated_duration: 1,
-                })
-                .collect(),
-            keyframes: keys.to_vec().into(),
-            declared_frames: 0,
             seek,
-            method: IndexMethod::PacketScan,
-            h264_nal_length: None,
-            damaged: false,
+            ..crate::index::uniform(n, keys, 25)
         }
     }
 

@@ -630,33 +630,13 @@ pub fn gulp_check(args: &crate::cli::GulpCheckArgs) -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
+    use crate::index::VideoIndex;
 
     fn index(n: usize, fps: i32) -> VideoIndex {
         VideoIndex {
-            stream: 0,
-            codec: "h264".into(),
-            pixel_format: "yuv420p".into(),
             width: 4,
             height: 4,
-            rotation: 0,
-            mirror: false,
-            time_base: (1, fps),
-            avg_fps: fps as f64,
-            frames: (0..n as i64)
-                .map(|k| FrameEntry {
-                    pts: k,
-                    duration: 1,
-                    key: k == 0,
-                    stated_duration: 1,
-                })
-                .collect(),
-            keyframes: vec![0].into(),
-            declared_frames: 0,
-            seek: SeekMode::ByPts,
-            method: IndexMethod::PacketScan,
-            h264_nal_length: None,
-            damaged: false,
+            ..crate::index::uniform(n, &[0], fps)
         }
     }
 

@@ -478,36 +478,53 @@ fn fail_queued(job: Job, error: DecodeError) {
 /// A video of `frames` frames from one keyframe, 2x2, for the fleet's tests (its path is never opened).
 #[cfg(test)]
 fn test_source(name: &str, frames: usize) -> VideoSource {
-    use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
-    let index = VideoIndex {
-        stream: 0,
-        codec: "h264".into(),
-        pixel_format: "yuv420p".into(),
-        width: 2,
-        height: 2,
-        rotation: 0,
-        mirror: false,
-        time_base: (1, 25),
-        avg_fps: 25.0,
-        frames: (0..frames as i64)
-            .map(|i| FrameEntry {
-                pts: i,
-                duration: 1,
-                key: i == 0,
-                stated_duration: 1,
-            })
-            .collect(),
-        keyframes: vec![0].into(),
-        declared_frames: 0,
-        seek: SeekMode::ByPts,
-        method: IndexMethod::PacketScan,
-        h264_nal_length: None,
-        damaged: false,
-    };
     VideoSource {
         path: PathBuf::from(name),
-        index: Arc::new(index),
+        index: Arc::new(crate::index::uniform(frames, &[0], 25)),
         gulp: None,
         file: None,
+    }
+}
+
+/// What a test job's `on_done` sends: its video's name, and the frames it got or the error.
+#[cfg(test)]
+type TestOutcome = (String, Result<Vec<usize>, DecodeError>);
+
+/// A job of `client` (its own tenant) for `wanted` of a `frames`-frame test video named `name`
+/// ([`test_source`]), at 2x2; its outcome goes to `tx`.
+#[cfg(test)]
+fn test_job(
+    client: u64,
+    name: &str,
+    frames: usize,
+    wanted: Vec<usize>,
+    tx: &std::sync::mpsc::Sender<TestOutcome>,
+) -> Job {
+    let (tx, what) = (tx.clone(), name.to_owned());
+    Job {
+        client,
+        tenant: client,
+        long: false,
+        source: test_source(name, frames),
+        run: Arc::new(Mutex::new(PendingRun {
+            started: false,
+            run: GopRun {
+                keyframe: 0,
+                wanted,
+            },
+        })),
+        geometry: Geometry {
+            scaled_width: 2,
+            scaled_height: 2,
+            rotation: 0,
+            mirror: false,
+        },
+        sink: None,
+        on_done: Arc::new(Mutex::new(Some(
+            Box::new(move |r: Result<RunOutput, DecodeError>| {
+                let _ = tx.send((what, r.map(|o| o.frames.iter().map(|f| f.0).collect())));
+            }) as OnDone,
+        ))),
+        still_wanted: Arc::new(|| true),
     }
 }

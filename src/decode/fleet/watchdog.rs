@@ -228,36 +228,10 @@ mod tests {
         }
     }
 
-    type Outcome = (String, Result<Vec<usize>, DecodeError>);
+    type Outcome = TestOutcome;
 
     fn job(name: &str, tx: &mpsc::Sender<Outcome>) -> Job {
-        let (tx, what) = (tx.clone(), name.to_owned());
-        Job {
-            client: 1,
-            tenant: 1,
-            long: false,
-            source: test_source(name, 10),
-            run: Arc::new(Mutex::new(PendingRun {
-                started: false,
-                run: GopRun {
-                    keyframe: 0,
-                    wanted: vec![2, 3],
-                },
-            })),
-            geometry: Geometry {
-                scaled_width: 2,
-                scaled_height: 2,
-                rotation: 0,
-                mirror: false,
-            },
-            sink: None,
-            on_done: Arc::new(Mutex::new(Some(
-                Box::new(move |r: Result<RunOutput, DecodeError>| {
-                    let _ = tx.send((what, r.map(|o| o.frames.iter().map(|f| f.0).collect())));
-                }) as OnDone,
-            ))),
-            still_wanted: Arc::new(|| true),
-        }
+        test_job(1, name, 10, vec![2, 3], tx)
     }
 
     /// Backends that stall on `stuck.mp4` until the returned gate opens.

@@ -67,36 +67,11 @@ impl Backend for Paced {
     }
 }
 
-type Outcome = (String, Result<Vec<usize>, DecodeError>);
+type Outcome = TestOutcome;
 
+/// A job of `client` for every frame of a `frames`-frame video.
 fn job(client: u64, name: &str, frames: usize, tx: &mpsc::Sender<Outcome>) -> Job {
-    let (tx, what) = (tx.clone(), name.to_owned());
-    Job {
-        client,
-        tenant: client,
-        long: false,
-        source: test_source(name, frames),
-        run: Arc::new(Mutex::new(PendingRun {
-            started: false,
-            run: GopRun {
-                keyframe: 0,
-                wanted: (0..frames).collect(),
-            },
-        })),
-        geometry: Geometry {
-            scaled_width: 1,
-            scaled_height: 1,
-            rotation: 0,
-            mirror: false,
-        },
-        sink: None,
-        on_done: Arc::new(Mutex::new(Some(
-            Box::new(move |r: Result<RunOutput, DecodeError>| {
-                let _ = tx.send((what, r.map(|o| o.frames.iter().map(|f| f.0).collect())));
-            }) as OnDone,
-        ))),
-        still_wanted: Arc::new(|| true),
-    }
+    test_job(client, name, frames, (0..frames).collect(), tx)
 }
 
 type Gate = Arc<(Mutex<bool>, Condvar)>;
