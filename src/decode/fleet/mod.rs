@@ -528,3 +528,28 @@ fn test_job(
         still_wanted: Arc::new(|| true),
     }
 }
+
+/// Closed until a test opens it: the test backends' runs of `stuck.mp4` wait on it, as a read from a
+/// hung mount.
+#[cfg(test)]
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+#[cfg(test)]
+impl Gate {
+    fn open(&self) {
+        *self.open.lock() = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits until the gate is open.
+    fn pass(&self) {
+        let mut open = self.open.lock();
+        while !*open {
+            self.cv.wait(&mut open);
+        }
+    }
+}

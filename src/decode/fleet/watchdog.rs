@@ -169,25 +169,9 @@ fn ask_to_stop(shared: &Shared, slot: usize, now: Instant) -> bool {
 mod tests {
     use std::sync::mpsc;
 
-    use parking_lot::{Condvar, Mutex};
-
     use super::super::*;
 
     use crate::decode::fake::FakeBackend;
-
-    /// Closed until the test opens it: runs of `stuck.mp4` wait on it, as a read from a hung mount.
-    #[derive(Default)]
-    struct Gate {
-        open: Mutex<bool>,
-        cv: Condvar,
-    }
-
-    impl Gate {
-        fn open(&self) {
-            *self.open.lock() = true;
-            self.cv.notify_all();
-        }
-    }
 
     /// The fake backend, except that a run of `stuck.mp4` blocks until the gate opens; `device`: what
     /// it says of driving a device.
@@ -206,10 +190,7 @@ mod tests {
             sink: Option<&crate::decode::sink::Sink>,
         ) -> Result<RunOutput, DecodeError> {
             if source.path == std::path::Path::new("stuck.mp4") {
-                let mut open = self.gate.open.lock();
-                while !*open {
-                    self.gate.cv.wait(&mut open);
-                }
+                self.gate.pass();
             }
             if source.path == std::path::Path::new("long.mp4") {
                 // A run that decodes for a long time, polling its stop flag between packets.

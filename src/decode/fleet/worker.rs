@@ -264,6 +264,12 @@ fn run(
             crate::journal::warn_unrecorded(&task.source.path, &e);
         }
     }
+    // The journal's record of this run ends however the run leaves the thread.
+    let leave = || {
+        if let Some(j) = journal {
+            j.leave();
+        }
+    };
     // The deadline counts the time spent in earlier slices.
     let resumed = Instant::now();
     let started = resumed.checked_sub(task.spent).unwrap_or(resumed);
@@ -304,9 +310,7 @@ fn run(
         };
         if shared.slots[slot].lock().generation != generation {
             // The watchdog abandoned this thread and failed the run's waiters; the result is dropped.
-            if let Some(j) = journal {
-                j.leave();
-            }
+            leave();
             return Ran::Abandoned;
         }
         let slice = match outcome {
@@ -335,18 +339,14 @@ fn run(
         if let Some(job) = shared.scheduler.pop_other(task.client, &shorter) {
             task.spent = started.elapsed();
             task.parked_at = Some(Instant::now());
-            if let Some(j) = journal {
-                j.leave();
-            }
+            leave();
             let mut st = shared.slots[slot].lock();
             st.running = None;
             st.parked = Some(task);
             return Ran::Yielded(job);
         }
     };
-    if let Some(j) = journal {
-        j.leave();
-    }
+    leave();
     task.release(shared);
     shared.slots[slot].lock().running = None;
     let mut result = result;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use super::super::*;
 use crate::decode::{cancel, Frame};
@@ -19,7 +19,7 @@ type Log = Arc<Mutex<Vec<(PathBuf, usize)>>>;
 struct Paced {
     next: HashMap<PathBuf, usize>,
     log: Log,
-    gate: Arc<(Mutex<bool>, Condvar)>,
+    gate: Arc<Gate>,
 }
 
 impl Backend for Paced {
@@ -31,10 +31,7 @@ impl Backend for Paced {
         _sink: Option<&crate::decode::sink::Sink>,
     ) -> Result<RunOutput, DecodeError> {
         if source.path == Path::new("stuck.mp4") {
-            let mut open = self.gate.0.lock();
-            while !*open {
-                self.gate.1.wait(&mut open);
-            }
+            self.gate.pass();
         }
         let (first, last) = (run.wanted[0], *run.wanted.last().unwrap());
         let mut k = match self.next.get(&source.path) {
@@ -74,11 +71,9 @@ fn job(client: u64, name: &str, frames: usize, tx: &mpsc::Sender<Outcome>) -> Jo
     test_job(client, name, frames, (0..frames).collect(), tx)
 }
 
-type Gate = Arc<(Mutex<bool>, Condvar)>;
-
-fn paced_fleet(deadline: Duration) -> (Fleet, Log, Gate) {
+fn paced_fleet(deadline: Duration) -> (Fleet, Log, Arc<Gate>) {
     let log: Log = Arc::default();
-    let gate: Gate = Arc::default();
+    let gate = Arc::new(Gate::default());
     let (l, g) = (log.clone(), gate.clone());
     let factory: BackendFactory = Arc::new(move |_| {
         Box::new(Paced {
@@ -111,6 +106,21 @@ fn decoded(log: &Log, name: &str) -> Vec<usize> {
         .collect()
 }
 
+/// Submits client 1's run of every frame of `long.mp4` (`frames` frames) and waits until it has decoded
+/// `at` of them.
+fn long_run_under_way(
+    fleet: &Fleet,
+    log: &Log,
+    frames: usize,
+    at: usize,
+    tx: &mpsc::Sender<Outcome>,
+) {
+    fleet.submit(job(1, "long.mp4", frames, tx)).unwrap();
+    wait_for("the long run to start", || {
+        decoded(log, "long.mp4").len() >= at
+    });
+}
+
 /// On one thread, client 1's run of 300 frames (0.3 s) pauses for client 2's run of 3 queued after it
 /// started, and neither for client 1's own next run nor for client 3's run of 400 (longer than what is
 /// left of it); it then continues where it stopped: every frame decoded once, every wanted frame given
@@ -119,10 +129,7 @@ fn decoded(log: &Log, name: &str) -> Vec<usize> {
 fn a_run_pauses_for_another_clients_run_and_continues_where_it_stopped() {
     let (fleet, log, _gate) = paced_fleet(Duration::from_secs(30));
     let (tx, rx) = mpsc::channel();
-    fleet.submit(job(1, "long.mp4", 300, &tx)).unwrap();
-    wait_for("the long run to start", || {
-        decoded(&log, "long.mp4").len() >= 20
-    });
+    long_run_under_way(&fleet, &log, 300, 20, &tx);
     fleet.submit(job(1, "own.mp4", 3, &tx)).unwrap();
     fleet.submit(job(3, "big.mp4", 400, &tx)).unwrap();
     fleet.submit(job(2, "other.mp4", 3, &tx)).unwrap();
@@ -155,10 +162,7 @@ fn a_run_pauses_for_another_clients_run_and_continues_where_it_stopped() {
 fn a_paused_run_decodes_as_long_as_it_waited_before_it_pauses_again() {
     let (fleet, log, _gate) = paced_fleet(Duration::from_secs(30));
     let (tx, rx) = mpsc::channel();
-    fleet.submit(job(1, "long.mp4", 400, &tx)).unwrap();
-    wait_for("the long run to start", || {
-        decoded(&log, "long.mp4").len() >= 5
-    });
+    long_run_under_way(&fleet, &log, 400, 5, &tx);
     for i in 0..12 {
         fleet
             .submit(job(2, &format!("short{i}.mp4"), 30, &tx))
@@ -203,10 +207,7 @@ fn a_paused_run_decodes_as_long_as_it_waited_before_it_pauses_again() {
 fn a_paused_run_is_continued_by_the_thread_that_replaces_a_stuck_one() {
     let (fleet, log, gate) = paced_fleet(Duration::from_millis(800));
     let (tx, rx) = mpsc::channel();
-    fleet.submit(job(1, "long.mp4", 200, &tx)).unwrap();
-    wait_for("the long run to start", || {
-        decoded(&log, "long.mp4").len() >= 20
-    });
+    long_run_under_way(&fleet, &log, 200, 20, &tx);
     fleet.submit(job(2, "stuck.mp4", 3, &tx)).unwrap();
     let first = rx.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(first.0, "stuck.mp4");
@@ -224,8 +225,7 @@ fn a_paused_run_is_continued_by_the_thread_that_replaces_a_stuck_one() {
     );
     assert_eq!(long[long.len() - 200..], (0..200).collect::<Vec<_>>()[..]);
     // The stuck thread returns, finds its slot taken, and leaves; the fleet keeps serving.
-    *gate.0.lock() = true;
-    gate.1.notify_all();
+    gate.open();
     wait_for("the stuck thread to leave", || {
         fleet.counters.stuck.load(Ordering::Relaxed) == 0
     });
