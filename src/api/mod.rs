@@ -203,6 +203,28 @@ fn peer_of<T>(request: &Request<T>) -> Peer {
         .unwrap_or_else(Peer::local)
 }
 
+/// `transport` for `peer`'s `method`, less shared memory it could not open ([`reachable_by`]): that
+/// client is answered inline, with a warning a minute per client.
+///
+/// [`reachable_by`]: crate::transport::shm::ShmRegistry::reachable_by
+fn transport_for(engine: &Engine, peer: &Peer, method: &'static str, t: Transport) -> Transport {
+    if t != Transport::Shm || engine.shm().reachable_by(peer) {
+        return t;
+    }
+    let client = peer.describe();
+    let log = crate::refusal::RefusalLog::minutely();
+    if let Some(suppressed) = log.note_at(&client, "shm-unreachable", std::time::Instant::now()) {
+        tracing::warn!(
+            method,
+            client,
+            suppressed,
+            dir = %engine.shm().dir().display(),
+            "the client asked for shared memory but is neither this daemon's user nor in its group, so it could not open the files: answering inline (run the client in the daemon's group, or the daemon as root)"
+        );
+    }
+    Transport::Inline
+}
+
 type ClipStream = Pin<Box<dyn Stream<Item = Result<pb::GetClipsResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -282,7 +304,7 @@ impl pb::v_serve_server::VServe for Api {
             .map_err(|e| fail_for("GetClips", Some(&peer), e))?;
         let reuse = raw.reuse_arena;
         let mut req = clips_from_proto(raw).map_err(|e| fail_for("GetClips", Some(&peer), e))?;
-        req.shm = transport == Transport::Shm;
+        req.shm = transport_for(&self.engine, &peer, "GetClips", transport) == Transport::Shm;
         req.shm_reuse = req.shm && reuse;
         let dtype = req.transform.batch.dtype;
         let layout = req.transform.batch.layout;
@@ -343,8 +365,9 @@ impl pb::v_serve_server::VServe for Api {
     ) -> Result<Response<Self::StreamBatchesStream>, Status> {
         let peer = peer_of(&request);
         let keep = keep_of(&request);
-        let req = stream_from_proto(request.into_inner())
+        let mut req = stream_from_proto(request.into_inner())
             .map_err(|e| fail_for("StreamBatches", Some(&peer), e))?;
+        req.transport = transport_for(&self.engine, &peer, "StreamBatches", req.transport);
         let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);
         let rx = handle::stream::start_kept(&self.engine, req, peer.clone(), keep)
             .await

@@ -136,6 +136,38 @@ impl Peer {
     }
 }
 
+impl Peer {
+    /// The groups file access checks grant this peer's process (its filesystem gid and supplementary
+    /// groups, from /proc/PID/status), `None` when no process is known (TCP, unseen pids) or it has
+    /// gone (or its pid now names another process).
+    pub fn groups(&self) -> Option<Vec<u32>> {
+        let PeerKey::Process { pid, .. } = self.key else {
+            return None;
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        if self.is_alive() != Some(true) {
+            return None;
+        }
+        parse_groups(&status)
+    }
+}
+
+/// The filesystem gid (the fourth of `Gid:`) and the `Groups:` of a /proc/PID/status.
+fn parse_groups(status: &str) -> Option<Vec<u32>> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|rest| rest.split_whitespace().map(str::parse::<u32>))
+    };
+    let fs_gid = field("Gid:")?.nth(3)?.ok()?;
+    let mut groups = vec![fs_gid];
+    for g in field("Groups:")? {
+        groups.push(g.ok()?);
+    }
+    Some(groups)
+}
+
 /// A process's start time (field 22 of /proc/PID/stat), `None` when there is no such process.
 fn process_start(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -169,6 +201,26 @@ mod tests {
         let me = Peer::unix(Some(std::process::id() as i32), 0);
         assert_eq!(me.is_alive(), Some(true));
         assert_eq!(me, Peer::unix(Some(std::process::id() as i32), 0));
+    }
+
+    #[test]
+    fn a_processs_groups_are_its_filesystem_gid_and_supplementary_groups() {
+        let status = "Name:\tpython3\nUid:\t65533\t65533\t65533\t65533\nGid:\t100\t101\t102\t103\nFDSize:\t64\nGroups:\t4 27 \nNStgid:\t1\n";
+        assert_eq!(parse_groups(status), Some(vec![103, 4, 27]));
+        let none = "Gid:\t7\t7\t7\t7\nGroups:\t\n";
+        assert_eq!(parse_groups(none), Some(vec![7]));
+        assert_eq!(
+            parse_groups("Gid:\t7\t7\nGroups:\t\n"),
+            None,
+            "a short Gid line"
+        );
+        assert_eq!(parse_groups("Gid:\t7\t7\t7\t7\n"), None, "no Groups line");
+        // Our own process, as the kernel says.
+        let me = Peer::unix(Some(std::process::id() as i32), 0);
+        // SAFETY: getegid has no preconditions.
+        let egid = unsafe { libc::getegid() };
+        assert!(me.groups().unwrap().contains(&egid));
+        assert_eq!(Peer::tcp("10.1.2.3".parse().unwrap()).groups(), None);
     }
 
     #[test]

@@ -86,7 +86,21 @@ impl Daemon {
         Daemon::launch(extra, &[], Some(address_space)).await
     }
 
+    /// [`Daemon::start_with`] as user and group `id` (not root; the caller must be root).
+    pub async fn start_as(extra: &[&str], id: u32) -> Daemon {
+        Daemon::launch_as(extra, &[], None, Some(id)).await
+    }
+
     async fn launch(extra: &[&str], env: &[(&str, &str)], address_space: Option<u64>) -> Daemon {
+        Daemon::launch_as(extra, env, address_space, None).await
+    }
+
+    async fn launch_as(
+        extra: &[&str],
+        env: &[(&str, &str)],
+        address_space: Option<u64>,
+        user: Option<u32>,
+    ) -> Daemon {
         let mut builder = testkit::Daemon::builder(vserve_bin(), "vserve-test").expect("temp dir");
         // The scratch dataset and the video outside it live in the daemon's temp dir.
         let scratch = builder.dir().join("scratch");
@@ -113,6 +127,9 @@ impl Daemon {
             .envs(env.iter().copied());
         if let Some(limit) = address_space {
             builder = builder.address_space(limit);
+        }
+        if let Some(id) = user {
+            builder = builder.user(id);
         }
         let mut inner = builder.spawn().expect("spawn vserve");
         if let Err(e) = inner.ready(STARTUP_TIMEOUT).await {

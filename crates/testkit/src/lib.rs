@@ -47,6 +47,7 @@ pub struct DaemonBuilder {
     admin: Option<String>,
     log: Option<PathBuf>,
     address_space: Option<u64>,
+    user: Option<u32>,
 }
 
 impl DaemonBuilder {
@@ -102,6 +103,14 @@ impl DaemonBuilder {
         self
     }
 
+    /// Runs the daemon as user and group `id` with no supplementary groups (the caller must be root):
+    /// its temp dir becomes that user's, mode 0711, so it can make its state and socket there and
+    /// clients of any user can reach the socket.
+    pub fn user(mut self, id: u32) -> Self {
+        self.user = Some(id);
+        self
+    }
+
     /// Starts `vserve serve` (without waiting for it: see [`Daemon::ready`]).
     pub fn spawn(self) -> Result<Daemon> {
         let socket = self.dir.path().join("vserve.sock");
@@ -148,6 +157,16 @@ impl DaemonBuilder {
                 });
             }
         }
+        if let Some(id) = self.user {
+            use std::os::unix::fs::PermissionsExt;
+            use std::os::unix::process::CommandExt;
+            std::os::unix::fs::chown(self.dir.path(), Some(id), Some(id))
+                .context("chown temp dir")?;
+            fs::set_permissions(self.dir.path(), fs::Permissions::from_mode(0o711))
+                .context("chmod temp dir")?;
+            // As root, std drops the supplementary groups (setgroups(0)) before setgid and setuid.
+            cmd.uid(id).gid(id);
+        }
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", self.bin.display()))?;
@@ -191,6 +210,7 @@ impl Daemon {
             admin: Some("127.0.0.1:0".to_owned()),
             log: None,
             address_space: None,
+            user: None,
         })
     }
 

@@ -13,6 +13,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::Path;
 
 use super::{ShmError, ShmRegistry};
+use crate::peer::Peer;
 
 /// Makes `dir` ([`dir_mode`]) holding a locked `.lock`: set up under a name no sweep considers, locked,
 /// then renamed into place, so another instance never sees the directory without its lock held.
@@ -67,6 +68,45 @@ fn is_ours(dir: &Path) -> std::io::Result<bool> {
 }
 
 impl ShmRegistry {
+    /// Whether `peer` can open the files this daemon makes for it ([`ShmRegistry::access_for`]): a root
+    /// daemon hands each client its own file, and a client of the daemon's user (or root) opens it; a
+    /// daemon of another user makes 0640 files in its 0710 directory, which only members of their
+    /// groups can reach. A client outside them would be sent a name it cannot open (EACCES), so its
+    /// shared-memory requests are answered inline. Unknown groups (a TCP client, an unseen pid)
+    /// count as reachable: the client then learns from open(2), as before.
+    pub fn reachable_by(&self, peer: &Peer) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let uid = match peer.uid {
+            Some(uid) if euid != 0 && uid != euid && uid != 0 => uid,
+            _ => return true,
+        };
+        let Some(groups) = peer.groups() else {
+            return true;
+        };
+        let Ok(dir) = std::fs::metadata(&self.dir) else {
+            return true; // made again at the reply (ensure_dir), or refused there with its reason
+        };
+        // A new file takes the directory's group where it is set-group-ID, else the daemon's.
+        // SAFETY: getegid has no preconditions.
+        let file_gid = if dir.mode() & libc::S_ISGID != 0 {
+            dir.gid()
+        } else {
+            unsafe { libc::getegid() }
+        };
+        let reachable = groups.contains(&dir.gid()) && groups.contains(&file_gid);
+        if !reachable {
+            tracing::debug!(
+                uid,
+                ?groups,
+                dir_gid = dir.gid(),
+                file_gid,
+                "shared memory unreachable for the client"
+            );
+        }
+        reachable
+    }
+
     /// Checks that this instance's directory is still there, making it again if it is gone (one
     /// `lstat` per reply or stream).
     pub(super) fn ensure_dir(&self) -> Result<(), ShmError> {
