@@ -1,6 +1,7 @@
 //! Shared memory and users: a daemon that is not root makes its arenas for its own group, so a client of
-//! another user outside that group is answered inline instead of being sent a file it cannot open.
-//! Needs root (as CI runs) to start the daemon and the clients as other users.
+//! another user outside that group is answered inline instead of being sent a file it cannot open; a
+//! root daemon gives each client its own file, on loopback TCP too. Needs root (as CI runs) to start the
+//! daemon and the clients as other users.
 
 mod common;
 
@@ -93,12 +94,11 @@ fn reader(addr: &str, uid: u32, gid: u32) -> (String, String) {
     (line("CLIPS "), line("STREAM "))
 }
 
-/// Not a test on its own: the client process of
-/// `a_client_outside_a_non_root_daemons_group_is_answered_inline`, which runs this binary again as
+/// Not a test on its own: the client process of this file's tests, which run this binary again as
 /// another user with `VSERVE_TEST_READER=ADDR`. It asks one GetClips reply and one stream batch over
 /// shared memory and prints how each came and its bytes' hash.
 #[tokio::test]
-#[ignore = "run by a_client_outside_a_non_root_daemons_group_is_answered_inline"]
+#[ignore = "run by the other tests of this file"]
 async fn reader_process() {
     let addr = std::env::var("VSERVE_TEST_READER").expect("VSERVE_TEST_READER");
     let mut c = vserve_client::Client::connect(&addr).await.unwrap();
@@ -176,4 +176,47 @@ async fn a_client_outside_a_non_root_daemons_group_is_answered_inline() {
     let b = get(&mut c, clips_request()).await;
     assert!(b.header.shm.is_some());
     assert_eq!(b.data, clips.data);
+}
+
+/// A root daemon gives a loopback TCP client's arena to the user the kernel names as its socket's owner.
+/// Before, the file was 0640 root:root and only root could open it: every other user's shared memory
+/// over TCP failed "Permission denied".
+#[tokio::test]
+async fn a_root_daemons_loopback_tcp_clients_of_any_user_open_their_arenas() {
+    // SAFETY: geteuid has no preconditions; socket(2) with constant arguments, closed at once.
+    let diag = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_SOCK_DIAG) };
+    if unsafe { libc::geteuid() } != 0 || diag < 0 {
+        eprintln!("skipped: needs root and NETLINK_SOCK_DIAG (the kernel's owner of a TCP socket)");
+        return;
+    }
+    // SAFETY: closes the descriptor just opened.
+    unsafe { libc::close(diag) };
+    use std::os::unix::fs::PermissionsExt;
+    let shm = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shm.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let d = Daemon::start_with(&[
+        "--shm-dir",
+        shm.path().to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let mut c = d.client().await;
+    let clips = get(
+        &mut c,
+        proto::GetClipsRequest {
+            transport: proto::Transport::Inline as i32,
+            ..clips_request()
+        },
+    )
+    .await;
+    let mut s = c
+        .stream_batches(stream_request(proto::Transport::Inline))
+        .await
+        .unwrap();
+    let batch = s.next().await.unwrap().expect("a batch");
+    drop(s);
+    let (got_clips, got_stream) = reader(&d.tcp_addr(), OTHER_ID, OTHER_ID);
+    assert_eq!(got_clips, format!("shm {:016x}", fnv(&clips.data)));
+    assert_eq!(got_stream, format!("shm {:016x}", fnv(&batch.data)));
 }

@@ -11,7 +11,8 @@
 //! - On TCP a client is its IP address (a reconnect from another port is the same client; clients behind
 //!   one address share its limits). Liveness is unknowable there: its arenas expire by time. On loopback
 //!   the kernel names the user owning the client's socket ([`Peer::tcp_uid`], `loopback.rs`); that decides
-//!   only whether a released shared-memory arena may be lent to it, never a privilege.
+//!   only whether a released shared-memory arena may be lent to it and whom a root daemon gives its
+//!   arena files to, never a privilege.
 //! - A call with no connection (in-process tests) is [`PeerKey::Local`].
 
 use std::net::IpAddr;
@@ -51,8 +52,8 @@ pub struct Peer {
     pub key: PeerKey,
     /// The peer's uid on a Unix socket.
     pub uid: Option<u32>,
-    /// The uid owning the client's end of a loopback TCP connection: only for lending spare arenas
-    /// (privileges go by `uid`, which TCP never has).
+    /// The uid owning the client's end of a loopback TCP connection: only for lending spare arenas and
+    /// owning arena files (privileges go by `uid`, which TCP never has).
     pub tcp_uid: Option<u32>,
 }
 

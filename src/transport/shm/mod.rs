@@ -225,11 +225,13 @@ impl ShmRegistry {
         self.budget
     }
 
-    /// The mode (and new owner) of a file for `owner`: private to it where the kernel lets us say so.
+    /// The mode (and new owner) of a file for `owner`: private to it where the kernel lets us say so (the
+    /// Unix socket's credentials, or on loopback TCP the kernel's owner of the client's socket: a root
+    /// daemon's 0640 root file was one no TCP client but root could open).
     fn access_for(&self, owner: &Peer) -> Access {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
-        match owner.uid {
+        match owner.uid.or(owner.tcp_uid) {
             Some(uid) if uid == euid => (0o600, None),
             Some(uid) if euid == 0 => (0o600, Some(uid)),
             _ => (0o640, None),
