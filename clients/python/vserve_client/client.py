@@ -13,6 +13,7 @@ import inspect
 import ipaddress
 import os
 import threading
+import warnings
 import weakref
 from typing import (
     TYPE_CHECKING,
@@ -36,8 +37,16 @@ from . import request as rq
 from ._proto import vserve_pb2 as pb
 from ._proto import vserve_pb2_grpc as pb_grpc
 from .batch import Batch, message_to_dict
-from .errors import Cancelled, ClientClosed, InvalidArgument, OutOfRange, VServeError, from_rpc_error
-from .transport import Transport, select
+from .errors import (
+    Cancelled,
+    ClientClosed,
+    InvalidArgument,
+    OutOfRange,
+    ShmUnreachable,
+    VServeError,
+    from_rpc_error,
+)
+from .transport import InlineTransport, ShmTransport, Transport, select
 
 if TYPE_CHECKING:  # pragma: no cover
     from .decoder import VideoDecoder, VideoStreamMetadata
@@ -249,12 +258,20 @@ class ClipsFuture:
     cancelled), not whether the daemon has answered yet."""
 
     def __init__(
-        self, queue: _ClipsQueue, transport: Transport, send: Callable[[Any], Any], request: Any, finish: rq.Finish
+        self,
+        queue: _ClipsQueue,
+        transport: Transport,
+        send: Callable[[Any], Any],
+        request: Any,
+        finish: rq.Finish,
+        unreachable: Optional[Callable[[ShmUnreachable], bool]] = None,
     ):
         self._queue = queue
         self._transport = transport
         self._send = send
+        self._unreachable = unreachable
         self._req: Any = request
+        self._sent: Any = None
         self._call: Any = None
         self._state = _WAITING
         self._ref = weakref.ref(self)
@@ -267,6 +284,7 @@ class ClipsFuture:
     def _start(self) -> None:
         """Sends the request (the queue's lock held); a failure to send becomes the call's error."""
         req, self._req = self._req, None
+        self._sent = req
         try:
             self._call = self._send(req)
             self._state = _SENT
@@ -296,8 +314,20 @@ class ClipsFuture:
                 self._collect()
 
     def _collect(self) -> None:
-        call = self._call
+        try:
+            try:
+                self._batch = self._read(self._call)
+            except ShmUnreachable as e:
+                if self._unreachable is None or not self._unreachable(e):
+                    raise
+                self._call = self._send(self._sent)  # again, inline
+                self._batch = self._read(self._call)
+        except VServeError as e:
+            self._error = e
+        finally:
+            self._queue.end(self)
 
+    def _read(self, call: Any) -> Batch:
         def messages() -> Generator[Any, None, None]:
             try:
                 for msg in call:
@@ -308,13 +338,10 @@ class ClipsFuture:
         it = messages()
         try:
             batch = self._transport.one(it)
-            self._batch = batch._finish(self._finish) if self._finish.needed else batch
-        except VServeError as e:
-            self._error = e
+            return batch._finish(self._finish) if self._finish.needed else batch
         finally:
             it.close()
             call.cancel()  # a no-op once the call has finished
-            self._queue.end(self)
 
     def exception(self) -> Optional[BaseException]:
         """The call's error (waiting for the reply), or None when it succeeded."""
@@ -440,6 +467,8 @@ class Client:
         self.addr = addr
         self._clips = _ClipsQueue(rq.uint("max_clips_in_flight", max_clips_in_flight, 1))
         self._transport: Transport = select(transport, addr, self._release_slots, self._release_slots_async)
+        self._auto = transport == "auto"
+        self._switch = threading.Lock()
         self._timeout = timeout
         target, secure = _target(addr)
         if token and not secure and not _is_loopback(target):
@@ -709,7 +738,7 @@ class Client:
         req = rq.get_clips_request(dataset, clips, **kwargs)
         finish = rq.finish_of(kwargs.get("dtype", "uint8"), kwargs.get("layout", "THWC"))
         self._check_process()
-        future = ClipsFuture(self._clips, self._transport, self._send_clips, req, finish)
+        future = ClipsFuture(self._clips, self._transport, self._send_clips, req, finish, self._shm_unreachable)
         self._clips.submit(future)
         return future
 
@@ -846,11 +875,48 @@ class Client:
     ) -> BatchStream:
         self._check_process()
         self._transport.prepare(req)
-        messages = self._messages(self._stub.StreamBatches, req, None)
-        batches = self._transport.batches(messages)
+        calls = [self._messages(self._stub.StreamBatches, req, None)]
+        batches = self._transport.batches(calls[0])
+        if self._auto and isinstance(self._transport, ShmTransport):
+            batches = self._inline_if_unreachable(batches, req, calls)
         if (finish is not None and finish.needed) or policy_error:
             batches = _finished(batches, finish, policy_error)
-        return BatchStream(batches, messages.close)
+        return BatchStream(batches, lambda: calls[-1].close())
+
+    def _shm_unreachable(self, e: ShmUnreachable) -> bool:
+        """A reply this process could not map (:class:`ShmUnreachable`): with ``transport="auto"`` the
+        client uses inline from now on (warning once) and the call is to be sent again; otherwise False
+        (the error is the call's)."""
+        if not self._auto:
+            return False
+        with self._switch:
+            if isinstance(self._transport, ShmTransport):
+                shm, self._transport = self._transport, InlineTransport()
+                warnings.warn(
+                    f"vserve_client: {e}; this Client of {self.addr} (transport='auto') receives inline from now on",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                shm.close()  # sends what it still had to release
+        return True
+
+    def _inline_if_unreachable(self, batches: Iterator[Batch], req: Any, calls: List[Any]) -> Iterator[Batch]:
+        """A stream's batches; when its first cannot be mapped (:meth:`_shm_unreachable`), the stream is
+        cancelled and opened again inline: the same request gives the same batches."""
+        try:
+            first = next(batches)
+        except StopIteration:
+            return
+        except ShmUnreachable as e:
+            calls[0].close()
+            if not self._shm_unreachable(e):
+                raise
+            self._transport.prepare(req)
+            calls.append(self._messages(self._stub.StreamBatches, req, None))
+            yield from self._transport.batches(calls[-1])
+            return
+        yield first
+        yield from batches
 
 
 def _finished(batches: Iterator[Batch], finish: Optional[rq.Finish], policy_error: bool) -> Iterator[Batch]:

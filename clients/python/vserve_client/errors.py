@@ -103,6 +103,12 @@ class ProtocolError(Internal):
     """The daemon's reply broke the wire contract (chunks out of order, wrong size, no header)."""
 
 
+class ShmUnreachable(ProtocolError):
+    """This process cannot open the daemon's shared-memory file: the daemon runs on another host, in
+    another container (another /dev/shm), or as a user whose files this one may not read. A client
+    opened with ``transport="auto"`` then sends the call again inline and uses inline from then on."""
+
+
 _BY_CODE: Dict[grpc.StatusCode, Type[VServeError]] = {
     grpc.StatusCode.CANCELLED: Cancelled,
     grpc.StatusCode.UNKNOWN: Unknown,

@@ -33,7 +33,7 @@ import numpy as np
 
 from ._proto import vserve_pb2 as pb
 from .batch import WIRE_DTYPES, Batch, assemble_batches, assemble_one
-from .errors import ClientClosed, InvalidArgument, NotFound, ProtocolError, ResourceExhausted
+from .errors import ClientClosed, InvalidArgument, NotFound, ProtocolError, ResourceExhausted, ShmUnreachable
 
 TRANSPORTS = ("auto", "shm", "inline")
 
@@ -65,6 +65,12 @@ class Transport:
 
 class InlineTransport(Transport):
     name = "inline"
+
+    def prepare(self, request: Any) -> None:
+        # A request prepared for shared memory once (sent again inline after ShmUnreachable).
+        request.transport = pb.TRANSPORT_INLINE
+        if "reuse_arena" in request.DESCRIPTOR.fields_by_name:
+            request.reuse_arena = False
 
     def one(self, messages: Iterable[Any]) -> Batch:
         return assemble_one(messages)
@@ -119,9 +125,9 @@ class Mapping:
             with open(path, "rb") as f:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         except OSError as e:
-            raise ProtocolError(
+            raise ShmUnreachable(
                 f"cannot map the daemon's shared memory {path}: {e.strerror} (is the daemon on another host or "
-                "in another container? use transport='inline')"
+                "in another container, or another user's? use transport='inline')"
             ) from None
         self.path = path
         self.size = len(self.mm)
@@ -404,7 +410,11 @@ class ShmTransport(Transport):
 
     def reply(self, h: Any) -> Batch:
         """The batch of a GetClips reply header placed in shared memory."""
-        mapping = self._mapping(h.shm)
+        try:
+            mapping = self._mapping(h.shm)
+        except ShmUnreachable:
+            self._releaser(h.shm.arena, h.shm.slot)()  # its slot is free again at once, not at expiry
+            raise
         owner = _Slot(mapping)
         array = mapping.view(h, owner)
         # The slot goes back once `owner` is garbage-collected: it is the base of the array and of every

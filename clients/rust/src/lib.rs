@@ -49,6 +49,11 @@ pub enum ClientError {
     Status(#[from] tonic::Status),
     #[error("INTERNAL: malformed reply: {0}")]
     Protocol(String),
+    /// A shared-memory reply this process cannot open: the daemon is on another host, in another
+    /// container (another /dev/shm), or another user's. The same request with `Transport::Inline`
+    /// gets the bytes.
+    #[error("INTERNAL: {0} (the daemon is on another host or container, or another user's: ask Transport::Inline)")]
+    ShmUnreachable(String),
 }
 
 impl ClientError {
@@ -58,7 +63,7 @@ impl ClientError {
             ClientError::Connect { .. } => "UNAVAILABLE",
             ClientError::BadAddress(_) => "INVALID_ARGUMENT",
             ClientError::Status(s) => code_name(s.code()),
-            ClientError::Protocol(_) => "INTERNAL",
+            ClientError::Protocol(_) | ClientError::ShmUnreachable(_) => "INTERNAL",
         }
     }
 }
@@ -352,8 +357,11 @@ impl Client {
         let nbytes = usize::try_from(header.nbytes)
             .map_err(|_| ClientError::Protocol(format!("array of {} bytes", header.nbytes)))?;
         if let Some(slot) = &header.shm {
-            let data = read_slot(slot, nbytes, &mut None)?;
-            release(&mut self.inner, slot).await?;
+            let data = read_slot(slot, nbytes, &mut None);
+            // Given back whether or not it could be read: an unreadable slot would wait for expiry.
+            let released = release(&mut self.inner, slot).await;
+            let data = data?;
+            released?;
             return Ok(Batch { header, data });
         }
         let mut data = Vec::with_capacity(nbytes);
@@ -418,7 +426,7 @@ fn read_slot(
 ) -> Result<Vec<u8>, ClientError> {
     if mapped.as_ref().is_none_or(|(p, _)| *p != slot.path) {
         let file = std::fs::File::open(&slot.path).map_err(|e| {
-            ClientError::Protocol(format!("cannot open shared memory {}: {e}", slot.path))
+            ClientError::ShmUnreachable(format!("cannot open shared memory {}: {e}", slot.path))
         })?;
         // SAFETY: the daemon writes a slot only before announcing it and after the client released
         // it, so the bytes read here do not change while they are copied.
