@@ -175,8 +175,8 @@ pub fn health_of(file: &CheckedFile, stream: Option<u32>) -> Health {
             },
         },
         Err(e) => Health::Unreadable {
+            corrupt: matches!(e, crate::index::IndexError::Corrupt { .. }),
             reason: e.to_string(),
-            corrupt: false,
         },
     }
 }

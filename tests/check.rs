@@ -402,3 +402,58 @@ async fn a_check_cut_short_by_shutdown_ends_unavailable() {
     );
     assert!(done < first.total, "{done} of {} checked", first.total);
 }
+
+/// A checked MP4 cut short is corrupt media for the daemon that reads the check's verdict: DATA_LOSS,
+/// as the daemon says itself when it meets the file. The check remembered it as a file it could not
+/// open, and after a restart the daemon refused it INVALID_ARGUMENT, a client's own mistake (probe,
+/// defect 1). A file that is no video at all stays INVALID_ARGUMENT.
+#[tokio::test]
+async fn a_checked_mp4_cut_short_is_data_loss_for_the_daemon_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, state) = (dir.path().join("ds"), dir.path().join("state"));
+    std::fs::create_dir(&root).unwrap();
+    let whole = dir.path().join("whole.mp4");
+    // MPEG-4 Part 2 (FFmpeg's own encoder), B-frames; the 'moov' box at the end, as muxers write it.
+    let made = Command::new("ffmpeg")
+        .args(["-nostdin", "-v", "error", "-f", "lavfi", "-i"])
+        .args([
+            "testsrc2=size=96x64:rate=25",
+            "-t",
+            "2",
+            "-c:v",
+            "mpeg4",
+            "-bf",
+            "2",
+        ])
+        .arg(&whole)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let bytes = std::fs::read(&whole).unwrap();
+    std::fs::write(root.join("cut.mp4"), &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(root.join("text.mp4"), "not a video\n".repeat(100)).unwrap();
+    let dataset = format!("cut={}", root.display());
+    let state_arg = state.to_str().unwrap();
+    let run = check(&["--dataset", &dataset, "--state-dir", state_arg]);
+    assert_eq!(
+        run.videos["cut.mp4"]["status"], "unreadable",
+        "{:?}",
+        run.videos
+    );
+    assert_eq!(run.videos["text.mp4"]["status"], "unreadable");
+    let d =
+        Daemon::start_with_env(&["--dataset", &dataset], &[("VSERVE_STATE_DIR", state_arg)]).await;
+    let mut c = d.client().await;
+    let before = c.stats().await.unwrap().index_builds;
+    for (video, code) in [("cut.mp4", "DATA_LOSS"), ("text.mp4", "INVALID_ARGUMENT")] {
+        let res = c
+            .get_clips(clips_req("cut", vec![frames_clip(video, &[0], None)], None))
+            .await;
+        expect_code(res, &[code], video);
+    }
+    assert_eq!(
+        c.stats().await.unwrap().index_builds,
+        before,
+        "both refused from the check's verdict, not opened again"
+    );
+}

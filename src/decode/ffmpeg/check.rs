@@ -11,13 +11,10 @@
 
 use ffmpeg_next as ff;
 
-use super::info::{init, pick_stream};
-use super::open::open_input;
 use super::open_decoder;
-use super::scan::{frame_damaged, read_packet};
+use super::scan::{frame_damaged, open_stream, read_packet};
 use crate::dataset::CheckedFile;
-use crate::decode::faults::Stage;
-use crate::decode::DecodeError;
+use crate::index::IndexError;
 
 /// What decoding a whole stream found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,22 +57,15 @@ impl VideoCheck {
 /// Decodes `file`'s stream (`stream` = container index, else FFmpeg's best video stream) from start to
 /// end with one decoder thread, reading the checked descriptor ([`open_input`]). Fails only when the
 /// file cannot be opened or has no decodable video stream; damage inside is reported in the result.
-pub fn check_video(file: &CheckedFile, stream: Option<usize>) -> Result<VideoCheck, DecodeError> {
-    init();
-    let path = file.path.as_path();
-    let mut input = open_input(file, true, Stage::Index).map_err(|e| DecodeError::Open {
-        path: path.to_owned(),
-        reason: e.to_string(),
+pub fn check_video(file: &CheckedFile, stream: Option<usize>) -> Result<VideoCheck, IndexError> {
+    // Opened as the index opens it, so a file cut short is corrupt media here too (it was "cannot
+    // open", remembered as a file vserve cannot read: INVALID_ARGUMENT after a restart, where the
+    // daemon itself says DATA_LOSS).
+    let (mut input, index) = open_stream(file, stream)?;
+    let mut decoder = open_decoder(&input, index, 1, None).map_err(|reason| IndexError::Open {
+        path: file.path.display().to_string(),
+        reason: format!("unsupported media: {reason}"),
     })?;
-    let index = pick_stream(&input, stream).map_err(|detail| DecodeError::NoVideo {
-        path: path.to_owned(),
-        detail,
-    })?;
-    let mut decoder =
-        open_decoder(&input, index, 1, None).map_err(|reason| DecodeError::Unsupported {
-            path: path.to_owned(),
-            reason,
-        })?;
     let mut check = VideoCheck {
         stream: index,
         ..VideoCheck::default()

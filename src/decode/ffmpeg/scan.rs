@@ -268,6 +268,40 @@ pub fn build_index(
     build_index_of(&file, stream, force_decode)
 }
 
+/// `file` opened (with its stream info) and the index of its stream (`stream` = container index, or
+/// FFmpeg's best video stream), for the index and for `vserve check` alike. A video cut short is media
+/// whose data is lost ([`IndexError::Corrupt`], DATA_LOSS), not a file vserve cannot read: one the
+/// demuxer finds truncated, or an MP4 cut inside its index, which opens with no track at all.
+pub(super) fn open_stream(
+    file: &CheckedFile,
+    stream: Option<usize>,
+) -> Result<(ff::format::context::Input, usize), IndexError> {
+    init();
+    let path = || file.path.display().to_string();
+    let input = open_input(file, true, Stage::Index).map_err(|e| match e {
+        super::open::OpenError::Truncated(_) => IndexError::Corrupt {
+            path: path(),
+            reason: e.to_string(),
+        },
+        e => IndexError::Open {
+            path: path(),
+            reason: e.to_string(),
+        },
+    })?;
+    let index =
+        pick_stream(&input, stream).map_err(|detail| match super::open::iso_truncation(file) {
+            Some(how) => IndexError::Corrupt {
+                path: path(),
+                reason: format!("truncated: {how}"),
+            },
+            None => IndexError::NoVideo {
+                path: path(),
+                detail,
+            },
+        })?;
+    Ok((input, index))
+}
+
 /// Builds the index of `file`'s stream (`stream` = container index, or FFmpeg's best video stream).
 /// `force_decode` skips the packet-scan table and indexes by decoding (for videos found damaged).
 pub fn build_index_of(
@@ -276,31 +310,7 @@ pub fn build_index_of(
     force_decode: bool,
 ) -> Result<VideoIndex, IndexError> {
     let pstr = file.path.display().to_string();
-    init();
-    let mut input = open_input(file, true, Stage::Index).map_err(|e| match e {
-        // A video cut short is media whose data is lost (DATA_LOSS), not a file vserve cannot read.
-        super::open::OpenError::Truncated(_) => IndexError::Corrupt {
-            path: pstr.clone(),
-            reason: e.to_string(),
-        },
-        e => IndexError::Open {
-            path: pstr.clone(),
-            reason: e.to_string(),
-        },
-    })?;
-    let st_index = pick_stream(&input, stream).map_err(|detail| {
-        // An MP4 cut inside its index can open with no track at all.
-        match super::open::iso_truncation(file) {
-            Some(how) => IndexError::Corrupt {
-                path: pstr.clone(),
-                reason: format!("truncated: {how}"),
-            },
-            None => IndexError::NoVideo {
-                path: pstr.clone(),
-                detail,
-            },
-        }
-    })?;
+    let (mut input, st_index) = open_stream(file, stream)?;
     let facts = stream_facts(&input, st_index).map_err(|reason| IndexError::Corrupt {
         path: pstr.clone(),
         reason,
