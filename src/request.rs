@@ -163,6 +163,14 @@ impl ClipsRequest {
                     c.video
                 )));
             }
+            if let Positions::Times(times) = &c.positions {
+                if times.iter().any(|x| x.is_nan()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "clip of {:?} asks for a time that is not a number (NaN)",
+                        c.video
+                    )));
+                }
+            }
             if n != t {
                 return Err(Error::InvalidArgument(format!(
                     "clips differ in length ({t} and {n} frames); every clip of a request has the same length"
@@ -333,7 +341,8 @@ pub fn resolve_positions(
             .collect(),
         Positions::Times(times) => times
             .iter()
-            .map(|&t| check(format!("time {t} s"), index.lookup_time(t)))
+            // Debug: 1e308 as such, not its 309 digits.
+            .map(|&t| check(format!("time {t:?} s"), index.lookup_time(t)))
             .collect(),
     }
 }

@@ -157,6 +157,29 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
         .await;
     expect_code(res, &["OUT_OF_RANGE"], "time 10.5 s of 10 s");
     ctl.check(&mut d, &c, "time past the end").await;
+    // A huge time is out of range, said in a line ("1e308", not its 309 digits); NaN is no time at all.
+    let res = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![times_clip(BIKES, &[1e308], None)],
+            None,
+        ))
+        .await;
+    let e = res.expect_err("time 1e308 s");
+    assert_eq!(e.code_name(), "OUT_OF_RANGE");
+    assert!(
+        e.to_string().contains("time 1e308 s is out of range"),
+        "{e}"
+    );
+    let res = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![times_clip(BIKES, &[1.0, f64::NAN], None)],
+            None,
+        ))
+        .await;
+    expect_code(res, &["INVALID_ARGUMENT"], "time NaN");
+    ctl.check(&mut d, &c, "a NaN time").await;
 
     // Streams that are not video streams or do not exist (nasa: 1 is audio).
     for stream in [1u32, 99] {
