@@ -46,6 +46,32 @@ fn stream_request(transport: proto::Transport) -> proto::StreamBatchesRequest {
     }
 }
 
+/// The bytes of [`clips_request`]'s reply and of [`stream_request`]'s first batch, both inline.
+async fn references(c: &mut vserve_client::Client) -> (Vec<u8>, Vec<u8>) {
+    let clips = get(
+        c,
+        proto::GetClipsRequest {
+            transport: proto::Transport::Inline as i32,
+            ..clips_request()
+        },
+    )
+    .await;
+    let mut s = c
+        .stream_batches(stream_request(proto::Transport::Inline))
+        .await
+        .unwrap();
+    let batch = s.next().await.unwrap().expect("a batch");
+    (clips.data, batch.data)
+}
+
+/// A --shm-dir every user may write in (sticky, as /dev/shm).
+fn shared_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let shm = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shm.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    shm
+}
+
 /// FNV-1a of a reply's bytes: what the client process prints and the test compares.
 fn fnv(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -123,9 +149,7 @@ async fn a_client_outside_a_non_root_daemons_group_is_answered_inline() {
         );
         return;
     }
-    use std::os::unix::fs::PermissionsExt;
-    let shm = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(shm.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let shm = shared_dir();
     let d = Daemon::start_as(
         &[
             "--shm-dir",
@@ -138,28 +162,15 @@ async fn a_client_outside_a_non_root_daemons_group_is_answered_inline() {
     .await;
     // The reference: the same requests inline, asked by this (root) process.
     let mut c = d.client().await;
-    let clips = get(
-        &mut c,
-        proto::GetClipsRequest {
-            transport: proto::Transport::Inline as i32,
-            ..clips_request()
-        },
-    )
-    .await;
-    let mut s = c
-        .stream_batches(stream_request(proto::Transport::Inline))
-        .await
-        .unwrap();
-    let batch = s.next().await.unwrap().expect("a batch");
-    drop(s);
+    let (clips, batch) = references(&mut c).await;
     let want = |how: &str, data: &[u8]| format!("{how} {:016x}", fnv(data));
 
     // Outside the daemon's group: inline, the same bytes, and a warning naming why.
     let (got_clips, got_stream) = reader(&d.addr, OTHER_ID, OTHER_ID);
-    assert_eq!(got_clips, want("inline", &clips.data), "GetClips");
+    assert_eq!(got_clips, want("inline", &clips), "GetClips");
     assert_eq!(
         got_stream,
-        want("inline", &batch.data),
+        want("inline", &batch),
         "the stream's batch"
     );
     let log = d.log_text();
@@ -170,12 +181,12 @@ async fn a_client_outside_a_non_root_daemons_group_is_answered_inline() {
 
     // In the daemon's group (as its primary group): shared memory, the same bytes.
     let (got_clips, got_stream) = reader(&d.addr, OTHER_ID, DAEMON_ID);
-    assert_eq!(got_clips, want("shm", &clips.data), "GetClips");
-    assert_eq!(got_stream, want("shm", &batch.data), "the stream's batch");
+    assert_eq!(got_clips, want("shm", &clips), "GetClips");
+    assert_eq!(got_stream, want("shm", &batch), "the stream's batch");
     // And root, which opens anything: shared memory.
     let b = get(&mut c, clips_request()).await;
     assert!(b.header.shm.is_some());
-    assert_eq!(b.data, clips.data);
+    assert_eq!(b.data, clips);
 }
 
 /// A root daemon gives a loopback TCP client's arena to the user the kernel names as its socket's owner.
@@ -191,9 +202,7 @@ async fn a_root_daemons_loopback_tcp_clients_of_any_user_open_their_arenas() {
     }
     // SAFETY: closes the descriptor just opened.
     unsafe { libc::close(diag) };
-    use std::os::unix::fs::PermissionsExt;
-    let shm = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(shm.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let shm = shared_dir();
     let d = Daemon::start_with(&[
         "--shm-dir",
         shm.path().to_str().unwrap(),
@@ -202,23 +211,10 @@ async fn a_root_daemons_loopback_tcp_clients_of_any_user_open_their_arenas() {
     ])
     .await;
     let mut c = d.client().await;
-    let clips = get(
-        &mut c,
-        proto::GetClipsRequest {
-            transport: proto::Transport::Inline as i32,
-            ..clips_request()
-        },
-    )
-    .await;
-    let mut s = c
-        .stream_batches(stream_request(proto::Transport::Inline))
-        .await
-        .unwrap();
-    let batch = s.next().await.unwrap().expect("a batch");
-    drop(s);
+    let (clips, batch) = references(&mut c).await;
     let (got_clips, got_stream) = reader(&d.tcp_addr(), OTHER_ID, OTHER_ID);
-    assert_eq!(got_clips, format!("shm {:016x}", fnv(&clips.data)));
-    assert_eq!(got_stream, format!("shm {:016x}", fnv(&batch.data)));
+    assert_eq!(got_clips, format!("shm {:016x}", fnv(&clips)));
+    assert_eq!(got_stream, format!("shm {:016x}", fnv(&batch)));
 }
 
 fn refs(v: &[String]) -> Vec<&str> {
