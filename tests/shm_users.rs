@@ -168,11 +168,7 @@ async fn a_client_outside_a_non_root_daemons_group_is_answered_inline() {
     // Outside the daemon's group: inline, the same bytes, and a warning naming why.
     let (got_clips, got_stream) = reader(&d.addr, OTHER_ID, OTHER_ID);
     assert_eq!(got_clips, want("inline", &clips), "GetClips");
-    assert_eq!(
-        got_stream,
-        want("inline", &batch),
-        "the stream's batch"
-    );
+    assert_eq!(got_stream, want("inline", &batch), "the stream's batch");
     let log = d.log_text();
     assert!(
         log.contains("neither this daemon's user nor in its group") && log.contains("uid 65533"),
