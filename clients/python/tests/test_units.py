@@ -137,6 +137,11 @@ def test_stream_request_defaults():
         (dict(batch_size=2, on_error="ignore"), "on_error"),
         (dict(batch_size=2, random_crop=10, random_resized_crop=10), "give one of them"),
         (dict(batch_size=2, seed=-1), "seed=-1"),
+        # 0 is "unset" on the wire: the daemon's default would have been used in silence (probe).
+        (dict(batch_size=2, seconds_between_frames=0), "seconds_between_frames=0: must be a finite number"),
+        (dict(batch_size=2, seconds_between_frames=-0.5), "seconds_between_frames=-0.5"),
+        (dict(batch_size=2, seconds_between_clip_starts=float("nan")), "seconds_between_clip_starts=nan"),
+        (dict(batch_size=2, seconds_between_clip_starts="x"), "expected a number of seconds"),
     ],
 )
 def test_stream_request_bad_arguments(kwargs, match):

@@ -19,6 +19,7 @@ the wire permuted per clip (a view, no copy).
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
@@ -143,6 +144,17 @@ def text(arg: str, value: Any) -> str:
             "wire's encoding) cannot carry (os.fsdecode gives them for file names that are not UTF-8)"
         ) from None
     return value
+
+
+def _positive_seconds(arg: str, value: Any) -> float:
+    """``value`` as a step in seconds: a finite number above 0, else InvalidArgument."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{arg}={value!r}: expected a number of seconds") from None
+    if not (x > 0 and math.isfinite(x)):
+        raise InvalidArgument(f"{arg}={value!r}: must be a finite number of seconds above 0")
+    return x
 
 
 def uint(arg: str, value: Any, minimum: int = 0, maximum: int = UINT32_MAX) -> int:
@@ -468,10 +480,12 @@ def stream_request(
         frame_stride=uint("num_indices_between_frames", num_indices_between_frames, 1),
         short_video=_choice("policy", policy, POLICIES),
     )
+    # On the wire 0 means unset (the daemon's default): a 0 given here would be taken as that default,
+    # so it is refused, as TorchCodec refuses any step that is not positive.
     if seconds_between_frames is not None:
-        s.seconds_between_frames = float(seconds_between_frames)
+        s.seconds_between_frames = _positive_seconds("seconds_between_frames", seconds_between_frames)
     if seconds_between_clip_starts is not None:
-        s.seconds_between_clip_starts = float(seconds_between_clip_starts)
+        s.seconds_between_clip_starts = _positive_seconds("seconds_between_clip_starts", seconds_between_clip_starts)
     if sampling_range_start is not None:
         s.range_start = float(sampling_range_start)
     if sampling_range_end is not None:
