@@ -240,7 +240,7 @@ pub fn arange_count(start: f64, end: f64, step: f64) -> u64 {
 
 fn too_many(clips: u64, f: u64, step: f64) -> String {
     format!(
-        "regular timestamps every {step} s give {clips} clips of {f} frames per sample, more than the limit of {MAX_SAMPLE_POSITIONS} positions"
+        "regular timestamps every {step:?} s give {clips} clips of {f} frames per sample, more than the limit of {MAX_SAMPLE_POSITIONS} positions"
     )
 }
 
@@ -304,8 +304,14 @@ fn index_clips(
         }
     };
     if start >= end {
+        // A range end far before the start saturates: shown as 0, with the value asked.
+        let asked = spec
+            .range_end
+            .map(|e| format!(" (range_end {e:?})"))
+            .unwrap_or_default();
         return Err(too_short(format!(
-            "no clip start in [{start}, {end}) for a video of {n} frames"
+            "no clip start in [{start}, {}) for a video of {n} frames{asked}",
+            end.max(0)
         )));
     }
     let starts: Vec<i64> = match spec.kind {

@@ -143,6 +143,15 @@ fn short_video_policies() {
         clips_for(&s, &f, &mut rng),
         Err(SampleError::TooShort(_))
     ));
+    // A range end far before the start: said as asked, not as a saturated i64 (probe).
+    let mut s = spec(SamplerKind::RegularIndices, 1, 2, 1);
+    s.range_end = Some(-1e300);
+    let r = clips_for(&s, &facts(50, 25.0), &mut rng);
+    assert!(
+        matches!(&r, Err(SampleError::TooShort(m))
+            if m == "no clip start in [0, 0) for a video of 50 frames (range_end -1e300)"),
+        "{r:?}"
+    );
 }
 
 #[test]
