@@ -146,7 +146,7 @@ async fn the_requests_that_ended_the_daemon_get_a_status_and_it_serves_on() {
         (
             stream(picoseconds, small, proto::Transport::Inline),
             "INVALID_ARGUMENT",
-            "sample 0 (\"bikes.mp4\"): regular timestamps every 0.000000000001 s give 10000000000000 clips of 1 frames per sample, more than the limit of 1048576 positions",
+            "sample 0 (\"bikes.mp4\"): regular timestamps every 1e-12 s give 10000000000000 clips of 1 frames per sample, more than the limit of 1048576 positions",
             "seconds_between_clip_starts 1e-12",
         ),
     ];
