@@ -283,7 +283,7 @@ impl Catalog {
     pub fn mark_damaged(&self, id: &VideoId, detail: &str) {
         if self.damaged.lock().insert(id.plain()) {
             self.metrics.damaged_files.inc();
-            tracing::warn!(path = %id.path.display(), %detail, "decode errors in a cleanly scanned file; indexing it by decoding");
+            tracing::warn!(path = %id.path.display(), %detail, "decoding disagreed with the packet scan of a file that scanned clean (damage inside its coded data, or timestamps out of the order of its pictures, as at the joins of some concatenated files); indexing it by decoding");
         }
     }
 
