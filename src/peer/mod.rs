@@ -123,21 +123,6 @@ impl Peer {
         }
     }
 
-    /// For messages and logs: `pid 4242 (uid 1000)`, `10.0.0.7`, `uid 1000`, `in-process`.
-    pub fn describe(&self) -> String {
-        match &self.key {
-            PeerKey::Process { pid, .. } => match self.uid {
-                Some(uid) => format!("pid {pid} (uid {uid})"),
-                None => format!("pid {pid}"),
-            },
-            PeerKey::User(uid) => format!("uid {uid}"),
-            PeerKey::Address(ip) => ip.to_string(),
-            PeerKey::Local => "in-process".into(),
-        }
-    }
-}
-
-impl Peer {
     /// The groups file access checks grant this peer's process (its filesystem gid and supplementary
     /// groups, from /proc/PID/status), `None` when no process is known (TCP, unseen pids) or it has
     /// gone (or its pid now names another process).
@@ -150,6 +135,19 @@ impl Peer {
             return None;
         }
         parse_groups(&status)
+    }
+
+    /// For messages and logs: `pid 4242 (uid 1000)`, `10.0.0.7`, `uid 1000`, `in-process`.
+    pub fn describe(&self) -> String {
+        match &self.key {
+            PeerKey::Process { pid, .. } => match self.uid {
+                Some(uid) => format!("pid {pid} (uid {uid})"),
+                None => format!("pid {pid}"),
+            },
+            PeerKey::User(uid) => format!("uid {uid}"),
+            PeerKey::Address(ip) => ip.to_string(),
+            PeerKey::Local => "in-process".into(),
+        }
     }
 }
 
