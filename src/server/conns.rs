@@ -144,33 +144,47 @@ impl Gate {
             Holder::Process(_, uid) => Some((uid, c.by_user.get(&uid).copied().unwrap_or(0))),
             _ => None,
         };
+        // Each refusal with the key its log lines are thinned by: a bound of one client, of one user
+        // (however many processes it forks), of all clients together.
         let over = if held >= limit {
-            Some(format!("{held} connections held, at most {limit} a client"))
+            Some((
+                format!("{held} connections held, at most {limit} a client"),
+                holder.describe(),
+            ))
         } else if let Some((uid, n)) = user.filter(|&(_, n)| n >= user_limit) {
-            Some(format!(
-                "uid {uid}'s processes hold {n} connections, at most {user_limit} a user (a quarter of \
-                 the {})",
-                self.total_limit
+            Some((
+                format!(
+                    "uid {uid}'s processes hold {n} connections, at most {user_limit} a user (a \
+                     quarter of the {})",
+                    self.total_limit
+                ),
+                format!("uid {uid}"),
             ))
         } else if c.total >= self.total_limit {
-            Some(format!(
-                "{} connections open, at most {} (the descriptor limit less {RESERVED_FDS})",
-                c.total, self.total_limit
+            Some((
+                format!(
+                    "{} connections open, at most {} (the descriptor limit less {RESERVED_FDS})",
+                    c.total, self.total_limit
+                ),
+                "all clients".to_owned(),
             ))
         } else if matches!(holder, Holder::Address(_)) && c.total >= tcp_limit {
-            Some(format!(
-                "{} connections open, at most {tcp_limit} with TCP clients (the rest of the {} are kept \
-                 for Unix-socket clients)",
-                c.total, self.total_limit
+            Some((
+                format!(
+                    "{} connections open, at most {tcp_limit} with TCP clients (the rest of the {} are \
+                     kept for Unix-socket clients)",
+                    c.total, self.total_limit
+                ),
+                "tcp clients".to_owned(),
             ))
         } else {
             None
         };
-        if let Some(why) = over {
-            let client = holder.describe();
+        if let Some((why, key)) = over {
             if let Some(suppressed) =
-                RefusalLog::minutely().note_at(&client, "connections", Instant::now())
+                RefusalLog::minutely().note_at(&key, "connections", Instant::now())
             {
+                let client = holder.describe();
                 tracing::warn!(%client, suppressed, "connection closed at once: {why}");
             }
             return None;
