@@ -405,16 +405,24 @@ pub async fn watch(link: Arc<Link>, stall: Option<Duration>, quiet: Option<Quiet
                 q.first_call
             };
             if quiet_for >= limit {
-                tracing::info!(
-                    client = %holder.describe(),
-                    seconds = quiet_for.as_secs_f64(),
-                    "connection closed: {}",
-                    if had_calls {
-                        "no call open for that long"
-                    } else {
-                        "no call begun since it was accepted"
-                    }
-                );
+                // A line a minute per client: one opening a thousand idle connections wrote a thousand.
+                let client = holder.describe();
+                let key = if had_calls { "quiet" } else { "no call" };
+                if let Some(suppressed) =
+                    RefusalLog::minutely().note_at(&client, key, Instant::now())
+                {
+                    tracing::info!(
+                        %client,
+                        suppressed,
+                        seconds = quiet_for.as_secs_f64(),
+                        "connection closed: {}",
+                        if had_calls {
+                            "no call open for that long"
+                        } else {
+                            "no call begun since it was accepted"
+                        }
+                    );
+                }
                 link.close();
                 return;
             }
