@@ -222,35 +222,31 @@ impl Default for Gate {
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (at most 2^20), as servers do at start.
 fn raise_descriptor_limit() {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write the struct given.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
-            let want = r.rlim_max.min(1 << 20);
-            if r.rlim_cur < want {
-                r.rlim_cur = want;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-            }
-        }
+    let Some(mut r) = nofile() else { return };
+    let want = r.rlim_max.min(1 << 20);
+    if r.rlim_cur < want {
+        r.rlim_cur = want;
+        // SAFETY: setrlimit reads the struct given.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
     }
 }
 
 /// The soft `RLIMIT_NOFILE` (1024 when unknown).
 fn descriptor_limit() -> usize {
+    match nofile() {
+        Some(r) if r.rlim_cur != libc::RLIM_INFINITY => r.rlim_cur as usize,
+        _ => 1024,
+    }
+}
+
+/// `RLIMIT_NOFILE`, None when it cannot be read.
+fn nofile() -> Option<libc::rlimit> {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes the struct given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0
-        || r.rlim_cur == libc::RLIM_INFINITY
-    {
-        return 1024;
-    }
-    r.rlim_cur as usize
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0).then_some(r)
 }
 
 impl Holder {
@@ -273,21 +269,21 @@ struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut c = self.gate.inner.lock();
-        if let Some(n) = c.by_holder.get_mut(&self.holder) {
-            *n -= 1;
-            if *n == 0 {
-                c.by_holder.remove(&self.holder);
-            }
-        }
+        give_back(&mut c.by_holder, &self.holder);
         if let Holder::Process(_, uid) = self.holder {
-            if let Some(n) = c.by_user.get_mut(&uid) {
-                *n -= 1;
-                if *n == 0 {
-                    c.by_user.remove(&uid);
-                }
-            }
+            give_back(&mut c.by_user, &uid);
         }
         c.total -= 1;
+    }
+}
+
+/// One place of `key` given back; its entry goes with its last place.
+fn give_back<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
+        }
     }
 }
 
