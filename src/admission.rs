@@ -15,6 +15,23 @@
 //!   are not starved by ranks that hold many streams. The in-flight byte budget applies the same rule
 //!   ([`crate::budget`], `--reserved-inflight-bytes`). Unary calls have no reserve (they are short).
 //!
+//! Places taken back (streams only, when the server sets it up with [`Admission::taking_back`]): a place
+//! stands for work, but a reply waiting for a client that opens no flow-control window holds its place
+//! until its connection is closed for it (twice `--stream-idle-timeout`, `server::conns`); four clients
+//! holding every place that way refused every other client for 20-25 minutes (probe C, D2), at no cost
+//! to themselves and each within its fair share. So a call refused for the global limit or the reserve
+//! takes a place back from a call
+//! - whose reply's bytes have waited that long with none written (`after`: `--stream-idle-timeout`, at
+//!   most 30 s; [`Sent::waiting_for`]), and
+//! - whose tenant holds at least two places more than the asker's: tenants are users (a Unix socket's
+//!   uid, a loopback TCP socket's owner) or remote addresses; between two processes of one user, the
+//!   processes' places are compared.
+//!
+//! The longest-waiting such call loses its place and its connection is closed (what the connection's
+//! watchdog does later anyway), with a log line and `vserve_stream_places_taken_back`. A reply being
+//! read, a call still working, and a tenant as small as the asker are never taken; nor is anything
+//! while a place is free.
+//!
 //! Input: a call asking to start, and its [`Peer`]. Output: a [`Permit`] held for the call's whole life
 //! (until its reply ends or the client goes away), or the refusal. Invariants: permits out ≤ the global
 //! limit; permits of one client ≤ its limit; places past `total - reserved` are held only by clients
@@ -22,10 +39,14 @@
 //! does.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 
+use crate::budget::sent::Sent;
 use crate::budget::{Over, Shares};
 use crate::error::Error;
 use crate::peer::{Peer, PeerKey};
@@ -67,17 +88,173 @@ impl ClassLimits {
     }
 }
 
-/// Places held of one class: in all, and per client.
-#[derive(Debug, Default)]
+/// Whose places are weighed against whose when one is taken back: a local user (a Unix socket's uid, or
+/// the owner of a loopback TCP socket), a remote address, or in-process calls.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Tenant {
+    User(u32),
+    Address(IpAddr),
+    Local,
+}
+
+impl Tenant {
+    fn of(peer: &Peer) -> Tenant {
+        match (peer.user(), &peer.key) {
+            (Some(uid), _) => Tenant::User(uid),
+            (None, PeerKey::User(uid)) => Tenant::User(*uid),
+            (None, PeerKey::Address(ip)) => Tenant::Address(*ip),
+            (None, _) => Tenant::Local,
+        }
+    }
+}
+
+/// One admitted call.
+struct Entry {
+    peer: Peer,
+    tenant: Tenant,
+    /// Its reply's bytes, once the RPC layer has them: what a take-back weighs and ends.
+    reply: Option<Weak<Sent>>,
+}
+
+/// Places held of one class: in all, per client and per tenant, and by call.
+#[derive(Default)]
 struct Held {
     total: usize,
     clients: HashMap<PeerKey, usize>,
+    tenants: HashMap<Tenant, usize>,
+    calls: HashMap<u64, Entry>,
+    next: u64,
 }
 
-#[derive(Debug)]
+/// Places `key` holds in `map`.
+fn of<K: std::hash::Hash + Eq>(map: &HashMap<K, usize>, key: &K) -> usize {
+    map.get(key).copied().unwrap_or(0)
+}
+
+/// One place more (`up`) or less for `key` in `map`; a key holding none leaves it.
+fn count<K: std::hash::Hash + Eq + Clone>(map: &mut HashMap<K, usize>, key: &K, up: bool) {
+    if up {
+        *map.entry(key.clone()).or_insert(0) += 1;
+    } else if let Some(n) = map.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+impl Held {
+    fn insert(&mut self, id: u64, entry: Entry) {
+        self.total += 1;
+        count(&mut self.clients, &entry.peer.key, true);
+        count(&mut self.tenants, &entry.tenant, true);
+        self.calls.insert(id, entry);
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.calls.remove(&id)?;
+        self.total -= 1;
+        count(&mut self.clients, &entry.peer.key, false);
+        count(&mut self.tenants, &entry.tenant, false);
+        Some(entry)
+    }
+
+    /// The call whose place `asker` (of `tenant`) may take back (module comment): the longest waiting
+    /// of those whose reply has waited at least `after` and whose tenant (or, within the asker's tenant,
+    /// client) holds two places more than the asker's.
+    fn victim(
+        &self,
+        asker: &PeerKey,
+        tenant: &Tenant,
+        after: Duration,
+        now: Instant,
+    ) -> Option<(u64, Duration)> {
+        let (mine, ours) = (of(&self.clients, asker), of(&self.tenants, tenant));
+        let mut best: Option<(u64, Duration)> = None;
+        for (&id, e) in &self.calls {
+            let bigger = if e.tenant != *tenant {
+                of(&self.tenants, &e.tenant) > ours + 1
+            } else {
+                e.peer.key != *asker && of(&self.clients, &e.peer.key) > mine + 1
+            };
+            if !bigger {
+                continue;
+            }
+            let Some(waited) = e
+                .reply
+                .as_ref()
+                .and_then(Weak::upgrade)
+                .and_then(|r| r.waiting_for(now))
+            else {
+                continue;
+            };
+            if waited >= after && best.is_none_or(|(_, w)| waited > w) {
+                best = Some((id, waited));
+            }
+        }
+        best
+    }
+}
+
+/// When a refused call may take a place back ([`Admission::taking_back`]).
+#[derive(Clone, Debug)]
+struct TakeBack {
+    after: Duration,
+    counted: Counter,
+}
+
 struct Pool {
+    class: Class,
     limits: ClassLimits,
     held: Mutex<Held>,
+    take_back: Option<TakeBack>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Whether `peer` may take one more place now ([`Shares::check`]).
+    fn check(&self, held: &Held, peer: &Peer) -> Result<(), Over> {
+        let mine = of(&held.clients, &peer.key);
+        let others = held.clients.len() - usize::from(mine > 0);
+        self.limits
+            .shares()
+            .check(held.total as u64, mine as u64, others as u64, 1)
+    }
+
+    /// The refusal for `over`, naming the limit and the client.
+    fn refusal(&self, over: Over, held: &Held, peer: &Peer) -> Error {
+        let (global_flag, client_flag, reserve_flag) = self.class.flags();
+        let what = match self.class {
+            Class::Stream => "streams",
+            Class::Unary => "calls",
+        };
+        let mine = of(&held.clients, &peer.key);
+        Error::Overloaded(match over {
+            Over::Client => format!(
+                "{} has {mine} {what} in flight, the limit per client ({client_flag}); retry when one ends",
+                peer.describe()
+            ),
+            Over::Global => format!(
+                "{} {what} in flight, the limit ({global_flag}); retry later",
+                self.limits.total
+            ),
+            Over::Reserve { fair, holders } => format!(
+                "{} {what} in flight of {} ({global_flag}); the last {} are kept for clients below their fair share \
+                 ({fair} with {holders} clients holding {what}) and {} has {mine} ({reserve_flag}); retry later",
+                held.total,
+                self.limits.total,
+                self.limits.shares().reserved,
+                peer.describe()
+            ),
+        })
+    }
 }
 
 /// The admission state of the server. Cheap to clone; clones share the counts.
@@ -87,37 +264,32 @@ pub struct Admission {
     unary: Arc<Pool>,
 }
 
-/// One admitted call; dropping it frees its place.
+/// One admitted call; dropping it frees its place (unless it was taken back).
 #[derive(Debug)]
 pub struct Permit {
     pool: Arc<Pool>,
-    key: PeerKey,
+    id: u64,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let mut held = self.pool.held.lock();
-        held.total = held.total.saturating_sub(1);
-        if let Some(n) = held.clients.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                held.clients.remove(&self.key);
-            }
-        }
+        self.pool.held.lock().remove(self.id);
     }
 }
 
 impl Admission {
     pub fn new(streams: ClassLimits, unary: ClassLimits) -> Admission {
-        let pool = |limits: ClassLimits| {
+        let pool = |class, limits| {
             Arc::new(Pool {
+                class,
                 limits,
                 held: Mutex::new(Held::default()),
+                take_back: None,
             })
         };
         Admission {
-            streams: pool(streams),
-            unary: pool(unary),
+            streams: pool(Class::Stream, streams),
+            unary: pool(Class::Unary, unary),
         }
     }
 
@@ -132,6 +304,16 @@ impl Admission {
         Admission::new(all, all)
     }
 
+    /// Lets a call refused a stream place take one back from a reply that has waited `after` for its
+    /// client (module comment; never with None), counting each in `counted`. Call before the
+    /// admission is cloned.
+    pub fn taking_back(mut self, after: Option<Duration>, counted: Counter) -> Admission {
+        Arc::get_mut(&mut self.streams)
+            .expect("set before the admission is shared")
+            .take_back = after.map(|after| TakeBack { after, counted });
+        self
+    }
+
     fn pool(&self, class: Class) -> &Arc<Pool> {
         match class {
             Class::Stream => &self.streams,
@@ -139,51 +321,63 @@ impl Admission {
         }
     }
 
-    /// Admits one call of `class` from `peer` now, or refuses it: never waits.
-    pub fn try_admit(&self, class: Class, peer: &Peer) -> Result<Permit, Error> {
+    /// Admits one call of `class` from `peer` now, or refuses it: never waits. `reply`: the call's reply
+    /// bytes, for taking its place back (stream calls).
+    pub fn try_admit(
+        &self,
+        class: Class,
+        peer: &Peer,
+        reply: Option<&Arc<Sent>>,
+    ) -> Result<Permit, Error> {
         let pool = self.pool(class);
-        let (global_flag, client_flag, reserve_flag) = class.flags();
-        let what = match class {
-            Class::Stream => "streams",
-            Class::Unary => "calls",
-        };
-        let limits = pool.limits;
+        let tenant = Tenant::of(peer);
         let mut held = pool.held.lock();
-        let mine = held.clients.get(&peer.key).copied().unwrap_or(0);
-        let others = held.clients.len() - usize::from(mine > 0);
-        let verdict = limits
-            .shares()
-            .check(held.total as u64, mine as u64, others as u64, 1);
-        match verdict {
-            Ok(()) => {}
-            Err(Over::Client) => {
-                return Err(Error::Overloaded(format!(
-                    "{} has {mine} {what} in flight, the limit per client ({client_flag}); retry when one ends",
-                    peer.describe()
-                )))
-            }
-            Err(Over::Global) => {
-                return Err(Error::Overloaded(format!(
-                    "{} {what} in flight, the limit ({global_flag}); retry later",
-                    limits.total
-                )))
-            }
-            Err(Over::Reserve { fair, holders }) => {
-                return Err(Error::Overloaded(format!(
-                    "{} {what} in flight of {} ({global_flag}); the last {} are kept for clients below their fair share \
-                     ({fair} with {holders} clients holding {what}) and {} has {mine} ({reserve_flag}); retry later",
-                    held.total,
-                    limits.total,
-                    limits.shares().reserved,
-                    peer.describe()
-                )))
+        let mut verdict = pool.check(&held, peer);
+        let mut taken = None;
+        if let (Err(Over::Global | Over::Reserve { .. }), Some(tb)) = (verdict, &pool.take_back) {
+            let now = Instant::now();
+            if let Some((id, waited)) = held.victim(&peer.key, &tenant, tb.after, now) {
+                let entry = held.remove(id).expect("a victim is held");
+                verdict = pool.check(&held, peer);
+                if verdict.is_ok() {
+                    taken = Some((entry, waited));
+                } else {
+                    held.insert(id, entry);
+                }
             }
         }
-        held.total += 1;
-        *held.clients.entry(peer.key.clone()).or_insert(0) += 1;
+        if let Err(over) = verdict {
+            return Err(pool.refusal(over, &held, peer));
+        }
+        let id = held.next;
+        held.next += 1;
+        held.insert(
+            id,
+            Entry {
+                peer: peer.clone(),
+                tenant,
+                reply: reply.map(Arc::downgrade),
+            },
+        );
+        drop(held);
+        if let (Some((entry, waited)), Some(tb)) = (taken, &pool.take_back) {
+            tb.counted.inc();
+            let closed = entry
+                .reply
+                .and_then(|r| r.upgrade())
+                .is_some_and(|r| r.close_connection());
+            tracing::warn!(
+                client = %entry.peer.describe(),
+                for_client = %peer.describe(),
+                waited_seconds = waited.as_secs_f64(),
+                connection_closed = closed,
+                "stream place taken back: the client's reply waited that long for its flow-control window \
+                 with no byte written while another client was refused a place; its connection is closed"
+            );
+        }
         Ok(Permit {
             pool: pool.clone(),
-            key: peer.key.clone(),
+            id,
         })
     }
 
@@ -214,9 +408,9 @@ mod tests {
     fn refuses_beyond_the_limit_and_frees_on_drop() {
         let a = Admission::streams_only(2);
         let me = Peer::local();
-        let p1 = a.try_admit(Class::Stream, &me).unwrap();
-        let _p2 = a.try_admit(Class::Stream, &me).unwrap();
-        let e = a.try_admit(Class::Stream, &me).unwrap_err();
+        let p1 = a.try_admit(Class::Stream, &me, None).unwrap();
+        let _p2 = a.try_admit(Class::Stream, &me, None).unwrap();
+        let e = a.try_admit(Class::Stream, &me, None).unwrap_err();
         assert!(
             matches!(&e, Error::Overloaded(m) if m.contains("max-streams")),
             "{e:?}"
@@ -224,7 +418,7 @@ mod tests {
         assert_eq!(a.in_use(Class::Stream), 2);
         drop(p1);
         assert_eq!(a.in_use(Class::Stream), 1);
-        a.try_admit(Class::Stream, &me).unwrap();
+        a.try_admit(Class::Stream, &me, None).unwrap();
     }
 
     #[test]
@@ -242,28 +436,28 @@ mod tests {
             },
         );
         let (hog, other) = (pid(10), pid(11));
-        let h1 = a.try_admit(Class::Stream, &hog).unwrap();
-        let _h2 = a.try_admit(Class::Stream, &hog).unwrap();
-        let e = a.try_admit(Class::Stream, &hog).unwrap_err();
+        let h1 = a.try_admit(Class::Stream, &hog, None).unwrap();
+        let _h2 = a.try_admit(Class::Stream, &hog, None).unwrap();
+        let e = a.try_admit(Class::Stream, &hog, None).unwrap_err();
         assert!(
             matches!(&e, Error::Overloaded(m) if m.contains("client-streams") && m.contains("pid 10")),
             "{e:?}"
         );
         // The refusal took nothing: the other client gets the two places left.
-        let _o1 = a.try_admit(Class::Stream, &other).unwrap();
-        let _o2 = a.try_admit(Class::Stream, &other).unwrap();
-        let e = a.try_admit(Class::Stream, &pid(12)).unwrap_err();
+        let _o1 = a.try_admit(Class::Stream, &other, None).unwrap();
+        let _o2 = a.try_admit(Class::Stream, &other, None).unwrap();
+        let e = a.try_admit(Class::Stream, &pid(12), None).unwrap_err();
         assert!(
             matches!(&e, Error::Overloaded(m) if m.contains("max-streams")),
             "{e:?}"
         );
         // Classes count apart.
-        let u = a.try_admit(Class::Unary, &hog).unwrap();
-        assert!(a.try_admit(Class::Unary, &other).is_err());
+        let u = a.try_admit(Class::Unary, &hog, None).unwrap();
+        assert!(a.try_admit(Class::Unary, &other, None).is_err());
         drop(u);
         drop(h1);
-        a.try_admit(Class::Stream, &hog).unwrap();
-        a.try_admit(Class::Unary, &other).unwrap();
+        a.try_admit(Class::Stream, &hog, None).unwrap();
+        a.try_admit(Class::Unary, &other, None).unwrap();
         assert_eq!(
             (a.clients(Class::Stream), a.clients(Class::Unary)),
             (2, 0),
@@ -282,25 +476,118 @@ mod tests {
         let (hog, light, third) = (pid(10), pid(11), pid(12));
         // The hog, alone and allowed 8, gets the 6 open places and not the reserve.
         let hogs: Vec<Permit> = (0..6)
-            .map(|_| a.try_admit(Class::Stream, &hog).unwrap())
+            .map(|_| a.try_admit(Class::Stream, &hog, None).unwrap())
             .collect();
-        let e = a.try_admit(Class::Stream, &hog).unwrap_err();
+        let e = a.try_admit(Class::Stream, &hog, None).unwrap_err();
         assert_eq!(
             e.to_string(),
             "6 streams in flight of 8 (max-streams); the last 2 are kept for clients below their fair share \
              (6 with 1 clients holding streams) and pid 10 (uid 1000) has 6 (reserved-streams); retry later"
         );
         // A client holding none gets a reserved place, and a second (its share beside the hog is 3).
-        let l1 = a.try_admit(Class::Stream, &light).unwrap();
-        let _l2 = a.try_admit(Class::Stream, &light).unwrap();
-        let e = a.try_admit(Class::Stream, &third).unwrap_err();
+        let l1 = a.try_admit(Class::Stream, &light, None).unwrap();
+        let _l2 = a.try_admit(Class::Stream, &light, None).unwrap();
+        let e = a.try_admit(Class::Stream, &third, None).unwrap_err();
         assert!(e.to_string().contains("(max-streams)"), "{e}");
         drop(l1);
         // The freed place is in the reserve: the hog may not take it back, a newcomer may.
-        assert!(a.try_admit(Class::Stream, &hog).is_err());
-        let _t = a.try_admit(Class::Stream, &third).unwrap();
+        assert!(a.try_admit(Class::Stream, &hog, None).is_err());
+        let _t = a.try_admit(Class::Stream, &third, None).unwrap();
         assert_eq!(a.in_use(Class::Stream), 8);
         drop(hogs);
         assert_eq!((a.in_use(Class::Stream), a.clients(Class::Stream)), (2, 2));
+    }
+
+    fn user(pid: i32, uid: u32) -> Peer {
+        Peer {
+            key: PeerKey::Process { pid, start: 1 },
+            uid: Some(uid),
+            tcp_uid: None,
+        }
+    }
+
+    /// A reply on a connection of its own; `waiting`: one of its pieces is held unwritten.
+    fn reply(waiting: bool) -> (Arc<Sent>, Arc<crate::peer::Link>, Option<bytes::Bytes>) {
+        let link = crate::peer::Link::new();
+        let sent = Sent::on(Some(link.clone()));
+        let piece = waiting.then(|| sent.wrap(bytes::Bytes::from_static(b"frame")));
+        (sent, link, piece)
+    }
+
+    /// Probe C's D2, the rule: a refused client takes a place back only from a reply waiting for its
+    /// client, and only from a tenant (a user; within one user, a process) holding two places more.
+    #[test]
+    fn a_refused_client_takes_back_the_place_of_a_bigger_tenants_waiting_reply() {
+        let limits = ClassLimits {
+            total: 4,
+            per_client: 4,
+            reserved: 0,
+        };
+        let counted = Counter::default();
+        let a = Admission::new(limits, limits).taking_back(Some(Duration::ZERO), counted.clone());
+        let (hog, other) = (user(10, 1000), user(20, 2000));
+        let replies: Vec<_> = [true, false, true, true].map(reply).into();
+        let mut permits: Vec<Permit> = replies[..3]
+            .iter()
+            .map(|(s, _, _)| a.try_admit(Class::Stream, &hog, Some(s)).unwrap())
+            .collect();
+        permits.push(
+            a.try_admit(Class::Stream, &other, Some(&replies[3].0))
+                .unwrap(),
+        );
+        let closed = || {
+            replies
+                .iter()
+                .map(|(_, l, _)| l.is_closed())
+                .collect::<Vec<_>>()
+        };
+
+        // User 3000 holds none: user 1000's first waiting reply goes (user 2000 holds only one).
+        let (newcomer, second) = (user(30, 3000), user(31, 3000));
+        let n1 = a.try_admit(Class::Stream, &newcomer, None).unwrap();
+        assert_eq!(closed(), [true, false, false, false]);
+        assert_eq!((a.in_use(Class::Stream), counted.get()), (4, 1));
+        // User 3000 now holds one, user 1000 two: not two more, so the next is refused.
+        let e = a.try_admit(Class::Stream, &second, None).unwrap_err();
+        assert!(e.to_string().contains("(max-streams)"), "{e}");
+        // Within user 1000, a process holding none against one holding two: its waiting reply goes, the
+        // reply that is not waiting never does.
+        let _n2 = a.try_admit(Class::Stream, &user(11, 1000), None).unwrap();
+        assert_eq!(closed(), [true, false, true, false]);
+        let e = a
+            .try_admit(Class::Stream, &user(12, 1000), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("(max-streams)"), "{e}");
+        assert_eq!(counted.get(), 2);
+        // A taken permit frees nothing when dropped; the others do.
+        drop(permits.remove(0));
+        assert_eq!(a.in_use(Class::Stream), 4);
+        drop(n1);
+        assert_eq!(a.in_use(Class::Stream), 3);
+        a.try_admit(Class::Stream, &second, None).unwrap();
+    }
+
+    /// Before its reply has waited `after`, no place is taken back, and with places free none is.
+    #[test]
+    fn nothing_is_taken_back_before_the_wait_or_while_a_place_is_free() {
+        let limits = ClassLimits {
+            total: 3,
+            per_client: 3,
+            reserved: 0,
+        };
+        let a = Admission::new(limits, limits)
+            .taking_back(Some(Duration::from_secs(3600)), Counter::default());
+        let hog = user(10, 1000);
+        let replies = [reply(true), reply(true)];
+        let _held: Vec<Permit> = replies
+            .iter()
+            .map(|(s, _, _)| a.try_admit(Class::Stream, &hog, Some(s)).unwrap())
+            .collect();
+        let _n = a.try_admit(Class::Stream, &user(30, 3000), None).unwrap();
+        let e = a
+            .try_admit(Class::Stream, &user(31, 4000), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("(max-streams)"), "{e}");
+        assert!(replies.iter().all(|(_, l, _)| !l.is_closed()));
     }
 }

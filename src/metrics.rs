@@ -236,6 +236,8 @@ pub struct RpcMetrics {
     pub send: Histogram,
     /// Reply bytes written for array-carrying calls, by transport.
     pub bytes_sent: Family<TransportLabel, Counter>,
+    /// Stream places taken back from replies left unread for a refused client ([`crate::admission`]).
+    pub places_taken_back: Counter,
     /// Calls that do work (Probe, ListDatasets, Reload and the reply streams; not health checks,
     /// GetStats or releases), in flight and finished: not exported, read by the idle heap trim.
     pub calls: CallActivity,
@@ -278,6 +280,7 @@ impl RpcMetrics {
             in_flight_streams: Gauge::default(),
             send: seconds_histogram(),
             bytes_sent,
+            places_taken_back: Counter::default(),
             calls: CallActivity::default(),
         }
     }
@@ -314,6 +317,11 @@ impl RpcMetrics {
             "transport_sent_bytes",
             "Batch bytes sent to clients, by transport",
             self.bytes_sent.clone(),
+        );
+        r.register(
+            "stream_places_taken_back",
+            "Stream places taken back from replies whose client left them unread, for a refused client",
+            self.places_taken_back.clone(),
         );
     }
 }

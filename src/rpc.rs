@@ -227,13 +227,13 @@ where
                 )
             }
         };
-        let permit = match class.map(|class| self.admission.try_admit(class, &peer)) {
+        let sent = sent::Sent::on(Link::from_extensions(req.extensions()));
+        let permit = match class.map(|class| self.admission.try_admit(class, &peer, Some(&sent))) {
             None => None,
             Some(Ok(p)) => Some(p),
             Some(Err(e)) => return self.refuse(method, &peer, e.into()),
         };
         let call = Call::start(self.metrics.clone(), method, kind, permit);
-        let sent = sent::Sent::on(Link::from_extensions(req.extensions()));
         req.extensions_mut().insert(sent.keep());
         let send_idle = self.send_idle;
         let req = req.map(|b| {

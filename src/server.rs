@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
@@ -124,6 +125,10 @@ pub async fn serve_engine(
                 per_client: config.tenancy.client_unary.min(config.tenancy.max_unary),
                 reserved: 0,
             },
+        )
+        .taking_back(
+            take_back_after(engine.stream_idle()),
+            metrics.rpc.places_taken_back.clone(),
         ),
     )
     .with_send_idle(engine.stream_idle());
@@ -374,6 +379,17 @@ fn transport() -> tonic::transport::Server {
 }
 
 pub use crate::rpc::MAX_REQUEST_BYTES;
+
+/// How long a reply must have waited unread before a refused client may take its stream place back
+/// ([`crate::admission`]): `--stream-idle-timeout`, at most [`TAKE_BACK_AFTER`]; never with a zero
+/// timeout (no limit).
+fn take_back_after(idle: Duration) -> Option<Duration> {
+    (!idle.is_zero()).then(|| idle.min(TAKE_BACK_AFTER))
+}
+
+/// The longest wait [`take_back_after`] gives: a reply unread this long while another client is refused
+/// is not a pipeline being read in turn.
+pub const TAKE_BACK_AFTER: Duration = Duration::from_secs(30);
 
 /// HTTP/2 streams one connection may have open at once: well above what a client process uses (its
 /// streaming calls are bounded by `--client-streams`, 32 by default).

@@ -2,7 +2,8 @@
 //! is refused by name while another is served byte for byte; a client that fills the global stream limit
 //! as far as it may (`--max-streams` less `--reserved-streams`) leaves a light client room for a stream and
 //! a GetClips, both byte-exact; CheckDataset counts against the stream limits; refusals are logged once per
-//! interval per (client, limit), not once per try.
+//! interval per (client, limit), not once per try; a refused client takes a place back from replies
+//! left unread (probe C's D2).
 //!
 //! Two clients: everything this process sends over TCP from 127.0.0.1 is one client (its address), and
 //! what it sends on the Unix socket is another (its pid).
@@ -370,4 +371,114 @@ async fn a_long_run_pauses_for_another_clients_short_request() {
     }
     let paused = metric(&d, "vserve_decode_runs_paused_total");
     assert!(paused >= 1, "no run paused for client B's {asked} requests");
+}
+
+/// An HTTP/2 connection from `source` (a loopback address of its own, so a client of its own to the
+/// daemon) that opens no flow-control window for replies (SETTINGS_INITIAL_WINDOW_SIZE 0), with
+/// `calls` GetClips of bikes.mp4 sent on it and never read: probe C's D2. Returns the connection's
+/// replies, once the daemon has answered each one's headers; Err(the status) for a refused call.
+async fn unread_calls(
+    tcp: &str,
+    source: &str,
+    calls: u64,
+) -> Vec<Result<h2::RecvStream, tonic::Status>> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let io = socket.connect(tcp.parse().unwrap()).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(io)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut out = Vec::new();
+    for i in 0..calls {
+        let mut client = client.clone().ready().await.unwrap();
+        let req = http::Request::builder()
+            .method("POST")
+            .uri("http://localhost/vserve.v1.VServe/GetClips")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let msg = prost::Message::encode_to_vec(&bikes(&[2 * i, 2 * i + 1]));
+        let mut framed = vec![0u8];
+        framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&msg);
+        let (reply, mut send) = client.send_request(req, false).unwrap();
+        send.send_data(framed.into(), true).unwrap();
+        let (parts, body) = reply.await.unwrap().into_parts();
+        out.push(match tonic::Status::from_header_map(&parts.headers) {
+            Some(status) => Err(status),
+            None => Ok(body),
+        });
+    }
+    out
+}
+
+/// Probe C's D2: four clients that open no flow-control window took every stream place with replies
+/// they never read, and held them until their connections were closed for it (twice
+/// `--stream-idle-timeout`, 20-25 minutes by default), so every other client was refused meanwhile.
+/// Now a client refused a place takes one back from a client holding more places than it, whose reply
+/// has waited unread for `--stream-idle-timeout` (at most 30 s): that client's connection is closed.
+/// Before that wait, the refusal stands (a reply read slowly is not taken).
+#[tokio::test]
+async fn a_refused_client_takes_a_place_back_from_replies_left_unread() {
+    const IDLE: u64 = 4;
+    let idle = IDLE.to_string();
+    let d = Daemon::start_with(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--max-streams",
+        "8",
+        "--client-streams",
+        "4",
+        "--reserved-streams",
+        "0",
+        "--stream-idle-timeout",
+        &idle,
+    ])
+    .await;
+    let tcp = d.tcp_addr();
+    let mut held = Vec::new();
+    for source in ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"] {
+        for reply in unread_calls(&tcp, source, 2).await {
+            held.push(reply.unwrap_or_else(|s| panic!("{source} refused: {}", s.message())));
+        }
+    }
+    let filled = std::time::Instant::now();
+    // Every place is held by a reply waiting for its client's window: this process is refused at once.
+    let mut c = d.client().await;
+    match c.get_clips(bikes(&[3])).await {
+        Err(vserve_client::ClientError::Status(s)) => {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
+            assert!(s.message().contains("(max-streams)"), "{}", s.message());
+        }
+        other => panic!("all places held: expected RESOURCE_EXHAUSTED, got {other:?}"),
+    }
+    // Once those replies have waited the idle timeout, a refused client gets a place: frames exact.
+    tokio::time::sleep(
+        std::time::Duration::from_millis(IDLE * 1000 + 500).saturating_sub(filled.elapsed()),
+    )
+    .await;
+    served_exactly(&mut c, &[3, 4], "a client beside four that never read").await;
+    served_exactly(&mut c, &[40], "its next call").await;
+    let log = d.log_text();
+    let taken: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("stream place taken back"))
+        .collect();
+    assert_eq!(taken.len(), 1, "{log}");
+    assert!(taken[0].contains("client=127.0.0."), "{}", taken[0]);
+    assert!(!log.contains("twice --stream-idle-timeout"), "{log}");
+    let (_, metrics) = d.admin_get("/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "vserve_stream_places_taken_back_total 1"),
+        "{metrics}"
+    );
+    drop(held);
 }

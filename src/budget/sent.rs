@@ -20,6 +20,7 @@
 
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -43,6 +44,9 @@ struct State {
     bytes: u64,
     /// Pieces dropped so far: the idle timer's measure of progress.
     dropped: u64,
+    /// Since when a piece has waited with none written: the first piece handed out, or the last written
+    /// with others still held; None while none is held.
+    waiting: Option<Instant>,
     /// The reply waiting for its pieces to go.
     waiter: Option<Waker>,
     /// Given up with the last piece (or with the reply, if that is later).
@@ -73,6 +77,9 @@ impl Sent {
             return data;
         }
         let mut s = self.state.lock();
+        if s.pieces == 0 {
+            s.waiting = Some(Instant::now());
+        }
         s.pieces += 1;
         s.bytes += data.len() as u64;
         drop(s);
@@ -103,6 +110,19 @@ impl Sent {
     /// Bytes handed out and not yet written.
     pub fn unsent(&self) -> u64 {
         self.state.lock().bytes
+    }
+
+    /// How long, at `now`, a piece has waited for the client with none written; None while none is
+    /// held (a reply still being made, or all written).
+    pub fn waiting_for(&self, now: Instant) -> Option<Duration> {
+        let since = self.state.lock().waiting?;
+        Some(now.saturating_duration_since(since))
+    }
+
+    /// Closes the connection the reply goes out on (its calls end and h2 drops their pieces); false
+    /// for a reply with no connection (in-process).
+    pub fn close_connection(&self) -> bool {
+        self.link.as_ref().inspect(|l| l.close()).is_some()
     }
 
     /// A handle for the reply's handler.
@@ -156,6 +176,7 @@ impl Drop for Piece {
         s.pieces -= 1;
         s.bytes -= self.data.len() as u64;
         s.dropped += 1;
+        s.waiting = (s.pieces > 0).then(Instant::now);
         if s.pieces == 0 {
             if let Some(w) = s.waiter.take() {
                 w.wake();

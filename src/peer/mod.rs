@@ -114,6 +114,11 @@ impl Peer {
         }
     }
 
+    /// The local user the client runs as: a Unix socket's uid, or the owner of a loopback TCP socket.
+    pub fn user(&self) -> Option<u32> {
+        self.uid.or(self.tcp_uid)
+    }
+
     /// Whether the client still runs: `Some(false)` once its process has exited (or its pid now names
     /// another process), `None` when that cannot be known (TCP, unseen pids).
     pub fn is_alive(&self) -> Option<bool> {

@@ -231,7 +231,7 @@ impl ShmRegistry {
     fn access_for(&self, owner: &Peer) -> Access {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
-        match owner.uid.or(owner.tcp_uid) {
+        match owner.user() {
             Some(uid) if uid == euid => (0o600, None),
             Some(uid) if euid == 0 => (0o600, Some(uid)),
             _ => (0o640, None),
@@ -619,8 +619,7 @@ fn lends_to(a: &Arena, access: Access, to: &Peer) -> bool {
         return false;
     }
     let before = a.owner.lock();
-    let user = |p: &Peer| p.uid.or(p.tcp_uid);
-    match (user(&before), user(to)) {
+    match (before.user(), to.user()) {
         (Some(b), Some(t)) => b == t,
         _ => before.key == PeerKey::Local && to.key == PeerKey::Local,
     }
