@@ -65,7 +65,7 @@ pub struct Engine {
     journal: Option<Arc<Journal>>,
     /// Probe and GetClips requests since start-up, and those in progress.
     requests: AtomicU64,
-    inflight_calls: AtomicU64,
+    inflight_calls: Arc<AtomicU64>,
     streams: StreamCounters,
     limits: Limits,
     /// How long a stream may wait on its client (`--stream-idle-timeout`; zero: forever).
@@ -167,7 +167,7 @@ impl Engine {
             state,
             journal,
             requests: AtomicU64::new(0),
-            inflight_calls: AtomicU64::new(0),
+            inflight_calls: Arc::default(),
             streams: StreamCounters::default(),
             limits: config.limits.clone(),
             stream_idle: config.tenancy.stream_idle,
@@ -237,11 +237,12 @@ impl Engine {
         self.catalog.datasets()
     }
 
-    /// Counts a Probe or GetClips request; the guard counts it in progress until dropped.
-    pub fn request_started(&self) -> CallGuard<'_> {
+    /// Counts a Probe or GetClips request; the guard counts it in progress until dropped (a GetClips
+    /// reply's, by the RPC layer, when its last byte is written).
+    pub fn request_started(&self) -> CallGuard {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.inflight_calls.fetch_add(1, Ordering::Relaxed);
-        CallGuard(&self.inflight_calls)
+        CallGuard(self.inflight_calls.clone())
     }
 
     pub fn stats(&self) -> Stats {
@@ -466,9 +467,9 @@ impl Engine {
 }
 
 /// Decrements a gauge when a call ends, however it ends (cancellation included).
-pub struct CallGuard<'a>(&'a AtomicU64);
+pub struct CallGuard(Arc<AtomicU64>);
 
-impl Drop for CallGuard<'_> {
+impl Drop for CallGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }

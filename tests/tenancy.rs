@@ -76,6 +76,10 @@ async fn a_client_at_its_inflight_quota_is_refused_while_another_is_served() {
     // (Nothing of it is read: a read would let the daemon send the rest and end the call.)
     let mut held = held_get_clips(&tcp, &frames).await.expect("admitted");
     let holding = (30 * W * H * 3) as u64;
+    // GetStats counts the call in progress while its reply waits for the client (it counted only the
+    // handler's part, 0 here).
+    let mut observer = d.client().await;
+    assert_eq!(observer.stats().await.unwrap().inflight_requests, 1);
     // A asks for as much again (its decoded frames and output, 2 × 15.7 MB): over its 40 MB, so it waits
     // briefly and is refused with the numbers; meanwhile client B (Unix socket) is served exactly.
     let mut a = Client::connect(&tcp).await.unwrap();
@@ -108,6 +112,15 @@ async fn a_client_at_its_inflight_quota_is_refused_while_another_is_served() {
         bytes += m.data.len() as u64;
     }
     assert_eq!(bytes, holding);
+    let mut waited = 0;
+    while observer.stats().await.unwrap().inflight_requests != 0 {
+        waited += 1;
+        assert!(
+            waited < 100,
+            "the call read to its end is still counted in progress"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     served_exactly(&mut a, &[7, 8], "client A after its reply was read").await;
     assert_eq!(refusal_lines(&d, "client-inflight-bytes"), 1);
 }

@@ -308,6 +308,8 @@ impl pb::v_serve_server::VServe for Api {
         req.shm_reuse = req.shm && reuse;
         let dtype = req.transform.batch.dtype;
         let layout = req.transform.batch.layout;
+        // In progress (GetStats' inflight_requests) until the reply's last byte is written.
+        let inflight = self.engine.request_started();
         let reply = handle::clips::get_clips(&self.engine, req, &peer)
             .await
             .map_err(|e| fail_for("GetClips", Some(&peer), e))?;
@@ -347,13 +349,9 @@ impl pb::v_serve_server::VServe for Api {
             })
             .collect();
         let idle = self.engine.stream_idle();
-        Ok(Response::new(Box::pin(reply::Reply::new(
-            messages,
-            reservation,
-            keep,
-            idle,
-            &peer,
-        ))))
+        Ok(Response::new(Box::pin(
+            reply::Reply::new(messages, reservation, keep, idle, &peer).counted(inflight),
+        )))
     }
 
     type StreamBatchesStream =

@@ -27,6 +27,7 @@ use tonic::Status;
 use super::pb;
 use crate::budget::Keep;
 use crate::budget::Reservation;
+use crate::engine::CallGuard;
 use crate::peer::Peer;
 
 type Message = Result<pb::GetClipsResponse, Status>;
@@ -36,6 +37,9 @@ pub struct Reply {
     held: Arc<Mutex<Held>>,
     /// The watchdog, stopped with the reply (or it would sleep out its timeout, one task per call).
     watchdog: Option<tokio::task::AbortHandle>,
+    /// The call's count in progress: the transport drops the reply once its end is sent, which the RPC
+    /// layer holds back until every byte before it is written.
+    _inflight: Option<CallGuard>,
 }
 
 impl Drop for Reply {
@@ -96,7 +100,17 @@ impl Reply {
         let watchdog = (!idle.is_zero()).then(|| {
             tokio::spawn(watch(Arc::downgrade(&held), idle, peer.describe())).abort_handle()
         });
-        Reply { held, watchdog }
+        Reply {
+            held,
+            watchdog,
+            _inflight: None,
+        }
+    }
+
+    /// The reply, counting its call in progress with `inflight` until it is dropped.
+    pub fn counted(mut self, inflight: CallGuard) -> Reply {
+        self._inflight = Some(inflight);
+        self
     }
 }
 

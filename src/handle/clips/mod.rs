@@ -30,13 +30,13 @@ use crate::transport::{deliver, Destination};
 mod in_place;
 use in_place::{plain, InPlace};
 
-/// Serves one GetClips request.
+/// Serves one GetClips request. Counted in progress by the caller ([`Engine::request_started`]: the
+/// RPC layer's count lasts until the reply's last byte is written).
 pub async fn get_clips(
     engine: &Arc<Engine>,
     req: ClipsRequest,
     peer: &Peer,
 ) -> Result<ClipsReply, Error> {
-    let _inflight = engine.request_started();
     match get_clips_once(engine, &req, peer).await {
         // The damaged video is now indexed by decoding; frame numbers may have changed, so the whole
         // request is resolved again.
