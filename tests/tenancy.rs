@@ -263,6 +263,19 @@ async fn one_process_cannot_take_every_connection() {
         "{}",
         d.log_text()
     );
+    // A new connection of this process is closed at once: its call fails UNAVAILABLE every time, with
+    // the cause (the client named it UNAVAILABLE, UNKNOWN "transport error" or CANCELLED by run: probe
+    // C, D5).
+    for i in 0..10 {
+        let e = match Client::connect(&d.addr).await {
+            Err(e) => e,
+            Ok(mut extra) => extra
+                .stats()
+                .await
+                .expect_err("a connection over the bound"),
+        };
+        assert_eq!(e.code_name(), "UNAVAILABLE", "try {i}: {e}");
+    }
     c.stats()
         .await
         .expect("this process's first connection still serves");

@@ -46,7 +46,7 @@ pub enum ClientError {
     #[error("INVALID_ARGUMENT: bad address {0:?}: expected unix:/path.sock, HOST:PORT or http://HOST:PORT")]
     BadAddress(String),
     #[error("{}: {}", code_name(.0.code()), .0.message())]
-    Status(#[from] tonic::Status),
+    Status(tonic::Status),
     #[error("INTERNAL: malformed reply: {0}")]
     Protocol(String),
     /// A shared-memory reply this process cannot open: the daemon is on another host, in another
@@ -54,6 +54,42 @@ pub enum ClientError {
     /// gets the bytes.
     #[error("INTERNAL: {0} (the daemon is on another host or container, or another user's: ask Transport::Inline)")]
     ShmUnreachable(String),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> ClientError {
+        ClientError::Status(connection_failed(status))
+    }
+}
+
+/// A call whose connection failed, as gRPC names it: UNAVAILABLE (what callers retry), with the cause.
+/// tonic names it UNKNOWN "transport error", or CANCELLED "operation was canceled" (hyper's request
+/// dropped with its connection), when the connection fails under the call rather than before it: a
+/// daemon closing a connection at once (its client, its user or all clients at a connection limit) got
+/// UNAVAILABLE, UNKNOWN or CANCELLED by run (probe C, D5). Statuses the daemon sent, and those of no
+/// transport error, pass unchanged.
+fn connection_failed(status: tonic::Status) -> tonic::Status {
+    use std::error::Error;
+    if !matches!(status.code(), tonic::Code::Unknown | tonic::Code::Cancelled) {
+        return status;
+    }
+    let mut cause = status.source();
+    let mut transport = false;
+    let mut chain = Vec::new();
+    while let Some(e) = cause {
+        transport |= e.is::<tonic::transport::Error>();
+        chain.push(e.to_string());
+        cause = e.source();
+    }
+    if !transport {
+        return status;
+    }
+    chain.dedup();
+    tonic::Status::unavailable(format!(
+        "connection to the daemon failed: {} (a daemon closes a new connection at once when this \
+         process, its user or all clients hold as many as it allows: see its log)",
+        chain.join(": ")
+    ))
 }
 
 impl ClientError {
