@@ -23,14 +23,15 @@
 //! takes a place back from a call
 //! - whose reply's bytes have waited that long with none written (`after`: `--stream-idle-timeout`, at
 //!   most 30 s; [`Sent::waiting_for`]), and
-//! - whose tenant holds at least two places more than the asker's: tenants are users (a Unix socket's
-//!   uid, a loopback TCP socket's owner) or remote addresses; between two processes of one user, the
-//!   processes' places are compared.
+//! - whose tenant holds more places than the asker's: tenants are users (a Unix socket's uid, a
+//!   loopback TCP socket's owner) or remote addresses; between two processes of one user (64 hung
+//!   workers of one trainer, say), the processes' places are compared.
 //!
-//! The longest-waiting such call loses its place and its connection is closed (what the connection's
-//! watchdog does later anyway), with a log line and `vserve_stream_places_taken_back`. A reply being
-//! read, a call still working, and a tenant as small as the asker are never taken; nor is anything
-//! while a place is free.
+//! Such a call of the tenant holding most, the longest waiting, loses its place and its connection is
+//! closed (what the connection's watchdog does later anyway), with a log line and
+//! `vserve_stream_places_taken_back`. So places move only from a larger holder to a smaller one, and
+//! only from replies nobody reads: a reply being read, a call still working, and a tenant no larger
+//! than the asker are never taken; nor is anything while a place is free.
 //!
 //! Input: a call asking to start, and its [`Peer`]. Output: a [`Permit`] held for the call's whole life
 //! (until its reply ends or the client goes away), or the refusal. Invariants: permits out ≤ the global
@@ -159,9 +160,10 @@ impl Held {
         Some(entry)
     }
 
-    /// The call whose place `asker` (of `tenant`) may take back (module comment): the longest waiting
-    /// of those whose reply has waited at least `after` and whose tenant (or, within the asker's tenant,
-    /// client) holds two places more than the asker's.
+    /// The call whose place `asker` (of `tenant`) may take back (module comment): of the calls whose
+    /// reply has waited at least `after` and whose holder holds more places than the asker's (its tenant
+    /// against the asker's; within the asker's tenant, its client against the asker), one of the
+    /// largest holder, the longest waiting.
     fn victim(
         &self,
         asker: &PeerKey,
@@ -170,16 +172,16 @@ impl Held {
         now: Instant,
     ) -> Option<(u64, Duration)> {
         let (mine, ours) = (of(&self.clients, asker), of(&self.tenants, tenant));
-        let mut best: Option<(u64, Duration)> = None;
+        let mut best: Option<(u64, usize, Duration)> = None;
         for (&id, e) in &self.calls {
-            let bigger = if e.tenant != *tenant {
-                of(&self.tenants, &e.tenant) > ours + 1
+            let holds = if e.tenant != *tenant {
+                of(&self.tenants, &e.tenant).checked_sub(ours)
             } else {
-                e.peer.key != *asker && of(&self.clients, &e.peer.key) > mine + 1
+                of(&self.clients, &e.peer.key).checked_sub(mine)
             };
-            if !bigger {
+            let Some(lead) = holds.filter(|&n| n > 0) else {
                 continue;
-            }
+            };
             let Some(waited) = e
                 .reply
                 .as_ref()
@@ -188,11 +190,11 @@ impl Held {
             else {
                 continue;
             };
-            if waited >= after && best.is_none_or(|(_, w)| waited > w) {
-                best = Some((id, waited));
+            if waited >= after && best.is_none_or(|(_, l, w)| (lead, waited) > (l, w)) {
+                best = Some((id, lead, waited));
             }
         }
-        best
+        best.map(|(id, _, waited)| (id, waited))
     }
 }
 
@@ -515,9 +517,9 @@ mod tests {
     }
 
     /// Probe C's D2, the rule: a refused client takes a place back only from a reply waiting for its
-    /// client, and only from a tenant (a user; within one user, a process) holding two places more.
+    /// client, only from a tenant holding more places than its own, the largest first.
     #[test]
-    fn a_refused_client_takes_back_the_place_of_a_bigger_tenants_waiting_reply() {
+    fn a_refused_client_takes_back_the_place_of_a_larger_tenants_waiting_reply() {
         let limits = ClassLimits {
             total: 4,
             per_client: 4,
@@ -542,29 +544,59 @@ mod tests {
                 .collect::<Vec<_>>()
         };
 
-        // User 3000 holds none: user 1000's first waiting reply goes (user 2000 holds only one).
-        let (newcomer, second) = (user(30, 3000), user(31, 3000));
-        let n1 = a.try_admit(Class::Stream, &newcomer, None).unwrap();
+        // User 3000 holds none: user 1000, holding most, loses its longest waiting reply (user 2000's
+        // waits too).
+        let newcomer = |pid| user(pid, 3000);
+        let n1 = a.try_admit(Class::Stream, &newcomer(30), None).unwrap();
         assert_eq!(closed(), [true, false, false, false]);
         assert_eq!((a.in_use(Class::Stream), counted.get()), (4, 1));
-        // User 3000 now holds one, user 1000 two: not two more, so the next is refused.
-        let e = a.try_admit(Class::Stream, &second, None).unwrap_err();
-        assert!(e.to_string().contains("(max-streams)"), "{e}");
-        // Within user 1000, a process holding none against one holding two: its waiting reply goes, the
-        // reply that is not waiting never does.
-        let _n2 = a.try_admit(Class::Stream, &user(11, 1000), None).unwrap();
+        // User 3000 holds one, user 1000 two: its other waiting reply goes; the one not waiting never.
+        let _n2 = a.try_admit(Class::Stream, &newcomer(31), None).unwrap();
         assert_eq!(closed(), [true, false, true, false]);
-        let e = a
-            .try_admit(Class::Stream, &user(12, 1000), None)
-            .unwrap_err();
+        // User 3000 holds two, no other tenant more: refused.
+        let e = a.try_admit(Class::Stream, &newcomer(32), None).unwrap_err();
         assert!(e.to_string().contains("(max-streams)"), "{e}");
-        assert_eq!(counted.get(), 2);
+        assert_eq!(
+            (closed(), counted.get()),
+            (vec![true, false, true, false], 2)
+        );
         // A taken permit frees nothing when dropped; the others do.
         drop(permits.remove(0));
         assert_eq!(a.in_use(Class::Stream), 4);
         drop(n1);
         assert_eq!(a.in_use(Class::Stream), 3);
-        a.try_admit(Class::Stream, &second, None).unwrap();
+        a.try_admit(Class::Stream, &newcomer(32), None).unwrap();
+    }
+
+    /// Within one user, processes are weighed: a process holding none takes the place of a process's
+    /// reply nobody reads (a hung worker), not of one being read.
+    #[test]
+    fn within_one_user_a_process_holding_none_takes_a_hung_ones_place() {
+        let limits = ClassLimits {
+            total: 2,
+            per_client: 2,
+            reserved: 0,
+        };
+        let a =
+            Admission::new(limits, limits).taking_back(Some(Duration::ZERO), Counter::default());
+        let replies = [reply(false), reply(true)];
+        let _held: Vec<Permit> = [10, 11]
+            .into_iter()
+            .zip(&replies)
+            .map(|(pid, (s, _, _))| {
+                a.try_admit(Class::Stream, &user(pid, 1000), Some(s))
+                    .unwrap()
+            })
+            .collect();
+        let _p = a.try_admit(Class::Stream, &user(12, 1000), None).unwrap();
+        assert_eq!(
+            replies.each_ref().map(|(_, l, _)| l.is_closed()),
+            [false, true]
+        );
+        let e = a
+            .try_admit(Class::Stream, &user(13, 1000), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("(max-streams)"), "{e}");
     }
 
     /// Before its reply has waited `after`, no place is taken back, and with places free none is.
