@@ -346,6 +346,13 @@ async fn inside_a_daemon_the_check_streams_results_into_its_store_and_its_stream
     assert_eq!(by_video["ok.mov"]["status"], "ok");
     assert_eq!(by_video["ok.mov"]["frames"], 4);
     assert_eq!(by_video["notvideo.mp4"]["status"], "unreadable");
+    let reason = by_video["notvideo.mp4"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("\"notvideo.mp4\"") && !reason.contains(&d.scratch.display().to_string()),
+        "{reason}"
+    );
     assert_eq!(
         out.status.code(),
         Some(1),

@@ -133,6 +133,32 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
         .await;
         ctl.check(&mut d, &c, video).await;
     }
+    // The client is told the video as it named it; the daemon's log keeps the whole path (the reply
+    // named the server's directories: probe A).
+    let whole = d.scratch.join("notvideo.mp4").display().to_string();
+    match c
+        .get_clips(clips_req(
+            SCRATCH,
+            vec![frames_clip("notvideo.mp4", &[0], None)],
+            None,
+        ))
+        .await
+    {
+        Err(vserve_client::ClientError::Status(s)) => {
+            assert!(
+                s.message().starts_with("cannot open \"notvideo.mp4\": "),
+                "{}",
+                s.message()
+            );
+            assert!(!s.message().contains(&whole), "{}", s.message());
+        }
+        other => panic!("notvideo.mp4: {other:?}"),
+    }
+    assert!(
+        d.log_text().contains(&format!("{whole:?}")),
+        "{}",
+        d.log_text()
+    );
     // A symlink loop inside the dataset is the path's fault, not the daemon's (was INTERNAL, with an
     // ERROR line per request).
     expect_both(&mut c, SCRATCH, "loop-a.mp4", &["INVALID_ARGUMENT"], "loop").await;

@@ -52,8 +52,8 @@ impl From<Error> for Status {
 }
 
 /// Converts and logs a failure of `method` from no known client.
-fn fail(method: &'static str, e: Error) -> Status {
-    fail_for(method, None, e)
+fn fail(engine: &Engine, method: &'static str, e: Error) -> Status {
+    fail_for(engine, method, None, e)
 }
 
 /// Converts and logs a failure of `method` for `peer`. Refusals for load (RESOURCE_EXHAUSTED) go through
@@ -61,7 +61,7 @@ fn fail(method: &'static str, e: Error) -> Status {
 /// name that does not exist, a position out of range, no permission) through it per (client, code);
 /// a file's failures (DATA_LOSS and the like) per (client, message); internal errors are logged each
 /// time. The metrics count every one.
-fn fail_for(method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
+fn fail_for(engine: &Engine, method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
     let status = Status::from(e);
     let client = || peer.map_or_else(|| "unknown".to_owned(), Peer::describe);
     match status.code() {
@@ -89,7 +89,11 @@ fn fail_for(method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
             status.message(),
         ),
     }
-    status
+    // Logged with the whole paths; answered with the dataset-relative ones.
+    match engine.catalog().client_message(status.message()) {
+        Some(msg) => Status::new(status.code(), msg),
+        None => status,
+    }
 }
 
 pub struct Api {
@@ -104,6 +108,7 @@ impl Api {
 
 /// One batch as messages: the header first, then the bytes in chunks.
 fn stream_batch_messages(
+    engine: &Engine,
     mut b: StreamBatch,
     dtype: DType,
     layout: Layout,
@@ -153,7 +158,10 @@ fn stream_batch_messages(
                 sample: s.sample,
                 video: s.video,
                 code: s.code,
-                message: s.message,
+                message: engine
+                    .catalog()
+                    .client_message(&s.message)
+                    .unwrap_or(s.message),
             })
             .collect(),
     };
@@ -245,7 +253,7 @@ impl pb::v_serve_server::VServe for Api {
             &peer,
         )
         .await
-        .map_err(|e| fail_for("Probe", Some(&peer), e))?;
+        .map_err(|e| fail_for(&self.engine, "Probe", Some(&peer), e))?;
         let index = probed.index;
         let (dw, dh) = index.display_size();
         // The reply's bytes stay reserved until it is written.
@@ -301,9 +309,10 @@ impl pb::v_serve_server::VServe for Api {
         let keep = keep_of(&request);
         let raw = request.into_inner();
         let transport = transport_from_proto(raw.transport)
-            .map_err(|e| fail_for("GetClips", Some(&peer), e))?;
+            .map_err(|e| fail_for(&self.engine, "GetClips", Some(&peer), e))?;
         let reuse = raw.reuse_arena;
-        let mut req = clips_from_proto(raw).map_err(|e| fail_for("GetClips", Some(&peer), e))?;
+        let mut req = clips_from_proto(raw)
+            .map_err(|e| fail_for(&self.engine, "GetClips", Some(&peer), e))?;
         req.shm = transport_for(&self.engine, &peer, "GetClips", transport) == Transport::Shm;
         req.shm_reuse = req.shm && reuse;
         let dtype = req.transform.batch.dtype;
@@ -312,7 +321,7 @@ impl pb::v_serve_server::VServe for Api {
         let inflight = self.engine.request_started();
         let reply = handle::clips::get_clips(&self.engine, req, &peer)
             .await
-            .map_err(|e| fail_for("GetClips", Some(&peer), e))?;
+            .map_err(|e| fail_for(&self.engine, "GetClips", Some(&peer), e))?;
         let header = pb::BatchHeader {
             shape: reply.shape,
             dtype: dtype_to_proto(dtype),
@@ -364,16 +373,17 @@ impl pb::v_serve_server::VServe for Api {
         let peer = peer_of(&request);
         let keep = keep_of(&request);
         let mut req = stream_from_proto(request.into_inner())
-            .map_err(|e| fail_for("StreamBatches", Some(&peer), e))?;
+            .map_err(|e| fail_for(&self.engine, "StreamBatches", Some(&peer), e))?;
         req.transport = transport_for(&self.engine, &peer, "StreamBatches", req.transport);
         let (dtype, layout) = (req.transform.batch.dtype, req.transform.batch.layout);
         let rx = handle::stream::start_kept(&self.engine, req, peer.clone(), keep)
             .await
-            .map_err(|e| fail_for("StreamBatches", Some(&peer), e))?;
+            .map_err(|e| fail_for(&self.engine, "StreamBatches", Some(&peer), e))?;
+        let engine = self.engine.clone();
         let messages = tokio_stream::wrappers::ReceiverStream::new(rx).flat_map(move |item| {
             let out: Vec<Result<pb::StreamBatchesResponse, Status>> = match item {
-                Err(e) => vec![Err(fail_for("StreamBatches", Some(&peer), e))],
-                Ok(b) => stream_batch_messages(b, dtype, layout),
+                Err(e) => vec![Err(fail_for(&engine, "StreamBatches", Some(&peer), e))],
+                Ok(b) => stream_batch_messages(&engine, b, dtype, layout),
             };
             tokio_stream::iter(out)
         });
@@ -389,7 +399,7 @@ impl pb::v_serve_server::VServe for Api {
         self.engine
             .shm()
             .release(&req.arena, &req.slots, &peer)
-            .map_err(|e| fail_for("ReleaseSlots", Some(&peer), Error::from(e)))?;
+            .map_err(|e| fail_for(&self.engine, "ReleaseSlots", Some(&peer), Error::from(e)))?;
         Ok(Response::new(pb::ReleaseSlotsResponse {}))
     }
 
@@ -409,7 +419,7 @@ impl pb::v_serve_server::VServe for Api {
         let engine = self.engine.clone();
         let r = tokio::task::spawn_blocking(move || engine.catalog().reload())
             .await
-            .map_err(|e| fail("Reload", Error::Internal(e.to_string())))?;
+            .map_err(|e| fail(&self.engine, "Reload", Error::Internal(e.to_string())))?;
         // A reload that found nothing new is not news (a client looping Reload wrote 28,000 lines in
         // 10 s, probe C); what changed or failed is.
         if r.changed.is_empty() && r.errors.is_empty() {
@@ -441,6 +451,7 @@ impl pb::v_serve_server::VServe for Api {
             },
             count => {
                 return Err(fail_for(
+                    &self.engine,
                     "CheckDataset",
                     Some(&peer),
                     Error::InvalidArgument(if count == 0 {
@@ -467,10 +478,12 @@ impl pb::v_serve_server::VServe for Api {
             },
         )
         .await
-        .map_err(|e| fail_for("CheckDataset", Some(&peer), e))?;
+        .map_err(|e| fail_for(&self.engine, "CheckDataset", Some(&peer), e))?;
+        let engine = self.engine.clone();
         let messages = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |item| {
-            let p = item.map_err(|e| fail_for("CheckDataset", Some(&peer), e))?;
+            let p = item.map_err(|e| fail_for(&engine, "CheckDataset", Some(&peer), e))?;
             let r = p.report;
+            let reason = r.reason.unwrap_or_default();
             Ok(pb::CheckDatasetResponse {
                 video: Some(pb::VideoHealth {
                     video: r.video,
@@ -478,7 +491,7 @@ impl pb::v_serve_server::VServe for Api {
                     frames: r.frames,
                     decodable_frames: r.decodable_frames,
                     first_bad_frame: r.first_bad_frame,
-                    reason: r.reason.unwrap_or_default(),
+                    reason: engine.catalog().client_message(&reason).unwrap_or(reason),
                     seconds: r.seconds,
                 }),
                 done: p.done,

@@ -17,7 +17,7 @@ pub(super) async fn answer(
     peer: &Peer,
     req: pb::QuarantineRequest,
 ) -> Result<pb::QuarantineResponse, Status> {
-    let fail = |e| fail_for("Quarantine", Some(peer), e);
+    let fail = |e| fail_for(engine, "Quarantine", Some(peer), e);
     let q = engine.catalog().quarantine().clone();
     let cleared = if req.all || !req.clear.is_empty() {
         if !may_administer(peer) {

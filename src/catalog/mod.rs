@@ -106,6 +106,9 @@ pub struct Catalog {
     /// Tables being built now, each with a receiver that sees its build end (its sender dropped): a
     /// lookup that finds one waits for it without a place (`builds.rs`).
     building: builds::UnderWay,
+    /// Every dataset root as messages quote a path beneath it (`"/srv/kin/`), longest first: what
+    /// [`Catalog::client_message`] takes out.
+    quoted_roots: Vec<String>,
 }
 
 impl Catalog {
@@ -154,7 +157,19 @@ impl Catalog {
                 .cloned()
                 .collect(),
         );
+        let mut quoted_roots: Vec<String> = datasets
+            .values()
+            .map(|d| &d.root)
+            .chain(gulps.values().map(|g| &g.root))
+            .map(|root| {
+                let quoted = format!("{:?}", format!("{}/", root.display()));
+                quoted[..quoted.len() - 1].to_owned()
+            })
+            .collect();
+        quoted_roots.sort_by_key(|q| std::cmp::Reverse(q.len()));
+        quoted_roots.dedup();
         Ok(Catalog {
+            quoted_roots,
             datasets,
             gulps,
             indexes: moka::sync::Cache::builder()
@@ -271,6 +286,21 @@ impl Catalog {
     /// Video indexes built since start-up.
     pub fn index_builds(&self) -> u64 {
         self.index_builds.load(Ordering::Relaxed)
+    }
+
+    /// `msg` as clients see it: a video's path beneath a dataset root written as clients name it, relative
+    /// to the root (`"/srv/kin/a/b.mp4"` becomes `"a/b.mp4"`). A remote client has no business learning
+    /// the server's directories; the daemon's own log keeps the whole path.
+    pub fn client_message(&self, msg: &str) -> Option<String> {
+        let found = self
+            .quoted_roots
+            .iter()
+            .filter(|q| msg.contains(q.as_str()));
+        let mut out: Option<String> = None;
+        for q in found {
+            out = Some(out.as_deref().unwrap_or(msg).replace(q.as_str(), "\""));
+        }
+        out
     }
 
     pub fn dataset(&self, name: &str) -> Result<&Dataset, Error> {
