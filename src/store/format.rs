@@ -1,4 +1,4 @@
-//! The store's file format, version 4: one little-endian file per (video, stream), laid out so that a
+//! The store's file format, version 5: one little-endian file per (video, stream), laid out so that a
 //! reader can memory-map it and read any field or frame in O(1) without parsing the rest.
 //!
 //! ```text
@@ -8,7 +8,9 @@
 //!                a version 2 record is read with content 0, a version 1 record also without its table;
 //!                their headers end at 272. Version 3 is laid out as 4, but its tables made by decoding
 //!                counted frames with no pts from 0 instead of taking their best-effort timestamps: such
-//!                a table is read without its table, as version 1's)
+//!                a table is read without its table, as version 1's. Version 4 is laid out as 5, but its
+//!                checks called an MP4 cut short not media (unreadable, not corrupt): such a verdict is
+//!                read as unchecked, so the file is judged again)
 //!     12      4  CRC-32 (IEEE) of bytes 16..len
 //!     16      8  len: the whole file's size
 //!     24      8  identity: file size           32 16 identity: mtime, ns since the epoch (i128)
@@ -50,7 +52,7 @@ use crate::index::table::{Column, ColumnKind, Packed, TableBytes};
 use crate::index::{FrameEntry, IndexMethod, SeekMode, VideoIndex};
 
 pub const MAGIC: &[u8; 8] = b"VSRVSTOR";
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 const HEADER: usize = 312;
 /// Where the header of a version 3 record ends (it had no file node).
 const HEADER_V3: usize = 280;
@@ -448,6 +450,9 @@ pub fn decode_owned(owned: TableBytes) -> Result<Record, FormatError> {
                 reason,
             }
         }
+        // Before version 5, `vserve check` opened a video apart from the index and called an MP4 cut
+        // short not media: that verdict is not trusted (the file is judged again when next asked for).
+        3 if version < 5 && bytes[55] != 1 => Health::Unchecked,
         3 => Health::Unreadable {
             reason,
             corrupt: bytes[55] == 1,

@@ -119,9 +119,25 @@ fn every_flipped_bit_and_truncation_is_refused() {
             "truncation to {len}"
         );
     }
-    let mut v5 = bytes.clone();
-    v5[8] = 5;
-    assert_eq!(format::decode(&v5), Err(format::FormatError::Version(5)));
+    let mut v6 = bytes.clone();
+    v6[8] = 6;
+    assert_eq!(format::decode(&v6), Err(format::FormatError::Version(6)));
+    // Version 4's checks called an MP4 cut short not media: its "unreadable, not corrupt" verdicts are
+    // read as unchecked (judged again); its corrupt ones, and version 5's, are kept.
+    for (corrupt, version, kept) in [(false, 4, false), (true, 4, true), (false, 5, true)] {
+        let health = Health::Unreadable {
+            reason: "cannot open: Invalid data found when processing input".into(),
+            corrupt,
+        };
+        let mut b = format::encode(&record("/v/cut.mp4", health.clone(), None));
+        b[8] = version;
+        let want = if kept { health } else { Health::Unchecked };
+        assert_eq!(
+            format::decode(&b).unwrap().health,
+            want,
+            "v{version}, corrupt {corrupt}"
+        );
+    }
     // A version 1 record keeps its health; its table, which could not say whether the display matrix
     // mirrors, is built again. Neither version 1 nor 2 knew the content sample (0: unknown).
     let mut v1 = bytes.clone();
