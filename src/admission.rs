@@ -15,12 +15,12 @@
 //!   are not starved by ranks that hold many streams. The in-flight byte budget applies the same rule
 //!   ([`crate::budget`], `--reserved-inflight-bytes`). Unary calls have no reserve (they are short).
 //!
-//! Places taken back (streams only, when the server sets it up with [`Admission::taking_back`]): a place
+//! Places taken back (both classes, when the server sets it up with [`Admission::taking_back`]): a place
 //! stands for work, but a reply waiting for a client that opens no flow-control window holds its place
 //! until its connection is closed for it (twice `--stream-idle-timeout`, `server::conns`); four clients
-//! holding every place that way refused every other client for 20-25 minutes (probe C, D2), at no cost
-//! to themselves and each within its fair share. So a call refused for the global limit or the reserve
-//! takes a place back from a call
+//! holding every stream place that way refused every other client for 20-25 minutes (probe C, D2), at no
+//! cost to themselves and each within its fair share, and unread Probe replies did the same to the unary
+//! places. So a call refused for its class's global limit or reserve takes a place back from a call
 //! - whose reply's bytes have waited that long with none written (`after`: `--stream-idle-timeout`, at
 //!   most 30 s; [`Sent::waiting_for`]), and
 //! - whose tenant holds more places than the asker's: tenants are users (a Unix socket's uid, a
@@ -28,8 +28,8 @@
 //!   workers of one trainer, say), the processes' places are compared.
 //!
 //! Such a call of the tenant holding most, the longest waiting, loses its place and its connection is
-//! closed (what the connection's watchdog does later anyway), with a log line and
-//! `vserve_stream_places_taken_back`. So places move only from a larger holder to a smaller one, and
+//! closed (what the connection's watchdog does later anyway), with a log line naming the limit and
+//! `vserve_places_taken_back`. So places move only from a larger holder to a smaller one, and
 //! only from replies nobody reads: a reply being read, a call still working, and a tenant no larger
 //! than the asker are never taken; nor is anything while a place is free.
 //!
@@ -306,13 +306,16 @@ impl Admission {
         Admission::new(all, all)
     }
 
-    /// Lets a call refused a stream place take one back from a reply that has waited `after` for its
-    /// client (module comment; never with None), counting each in `counted`. Call before the
-    /// admission is cloned.
+    /// Lets a call refused a place take one back from a reply that has waited `after` for its client
+    /// (module comment; never with None), counting each in `counted`. Call before the admission is
+    /// cloned.
     pub fn taking_back(mut self, after: Option<Duration>, counted: Counter) -> Admission {
-        Arc::get_mut(&mut self.streams)
-            .expect("set before the admission is shared")
-            .take_back = after.map(|after| TakeBack { after, counted });
+        let take_back = after.map(|after| TakeBack { after, counted });
+        for pool in [&mut self.streams, &mut self.unary] {
+            Arc::get_mut(pool)
+                .expect("set before the admission is shared")
+                .take_back = take_back.clone();
+        }
         self
     }
 
@@ -371,10 +374,11 @@ impl Admission {
             tracing::warn!(
                 client = %entry.peer.describe(),
                 for_client = %peer.describe(),
+                limit = %pool.class.flags().0,
                 waited_seconds = waited.as_secs_f64(),
                 connection_closed = closed,
-                "stream place taken back: the client's reply waited that long for its flow-control window \
-                 with no byte written while another client was refused a place; its connection is closed"
+                "place taken back: the client's reply waited that long for its flow-control window with \
+                 no byte written while another client was refused a place; its connection is closed"
             );
         }
         Ok(Permit {

@@ -236,7 +236,8 @@ pub struct RpcMetrics {
     pub send: Histogram,
     /// Reply bytes written for array-carrying calls, by transport.
     pub bytes_sent: Family<TransportLabel, Counter>,
-    /// Stream places taken back from replies left unread for a refused client ([`crate::admission`]).
+    /// Places (stream or unary) taken back from replies left unread for a refused client
+    /// ([`crate::admission`]).
     pub places_taken_back: Counter,
     /// Calls that do work (Probe, ListDatasets, Reload and the reply streams; not health checks,
     /// GetStats or releases), in flight and finished: not exported, read by the idle heap trim.
@@ -319,8 +320,8 @@ impl RpcMetrics {
             self.bytes_sent.clone(),
         );
         r.register(
-            "stream_places_taken_back",
-            "Stream places taken back from replies whose client left them unread, for a refused client",
+            "places_taken_back",
+            "Stream and unary places taken back from replies whose client left them unread, for a refused client",
             self.places_taken_back.clone(),
         );
     }

@@ -97,7 +97,7 @@ async fn metrics_parse_and_count_the_requests_made() {
         "vserve_rpc_requests_total",
         "vserve_rpc_in_flight_requests",
         "vserve_rpc_in_flight_streams",
-        "vserve_stream_places_taken_back_total",
+        "vserve_places_taken_back_total",
         "vserve_cache_hits_total",
         "vserve_cache_misses_total",
         "vserve_cache_size_bytes",

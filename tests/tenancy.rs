@@ -400,13 +400,14 @@ async fn a_long_run_pauses_for_another_clients_short_request() {
 }
 
 /// An HTTP/2 connection from `source` (a loopback address of its own, so a client of its own to the
-/// daemon) that opens no flow-control window for replies (SETTINGS_INITIAL_WINDOW_SIZE 0), with
-/// `calls` GetClips of bikes.mp4 sent on it and never read: probe C's D2. Returns the connection's
+/// daemon) that opens no flow-control window for replies (SETTINGS_INITIAL_WINDOW_SIZE 0), with one call
+/// of `method` sent on it for each of `requests` and never read: probe C's D2. Returns the connection's
 /// replies, once the daemon has answered each one's headers; Err(the status) for a refused call.
-async fn unread_calls(
+async fn unread_calls<M: prost::Message>(
     tcp: &str,
     source: &str,
-    calls: u64,
+    method: &str,
+    requests: &[M],
 ) -> Vec<Result<h2::RecvStream, tonic::Status>> {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
@@ -420,16 +421,16 @@ async fn unread_calls(
         let _ = conn.await;
     });
     let mut out = Vec::new();
-    for i in 0..calls {
+    for request in requests {
         let mut client = client.clone().ready().await.unwrap();
         let req = http::Request::builder()
             .method("POST")
-            .uri("http://localhost/vserve.v1.VServe/GetClips")
+            .uri(format!("http://localhost/vserve.v1.VServe/{method}"))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(())
             .unwrap();
-        let msg = prost::Message::encode_to_vec(&bikes(&[2 * i, 2 * i + 1]));
+        let msg = request.encode_to_vec();
         let mut framed = vec![0u8];
         framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
         framed.extend_from_slice(&msg);
@@ -443,6 +444,9 @@ async fn unread_calls(
     }
     out
 }
+
+/// Loopback addresses of four clients.
+const SOURCES: [&str; 4] = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
 
 /// Probe C's D2: four clients that open no flow-control window took every stream place with replies
 /// they never read, and held them until their connections were closed for it (twice
@@ -469,8 +473,9 @@ async fn a_refused_client_takes_a_place_back_from_replies_left_unread() {
     .await;
     let tcp = d.tcp_addr();
     let mut held = Vec::new();
-    for source in ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"] {
-        for reply in unread_calls(&tcp, source, 2).await {
+    for source in SOURCES {
+        let requests = [bikes(&[0, 1]), bikes(&[2, 3])];
+        for reply in unread_calls(&tcp, source, "GetClips", &requests).await {
             held.push(reply.unwrap_or_else(|s| panic!("{source} refused: {}", s.message())));
         }
     }
@@ -494,17 +499,73 @@ async fn a_refused_client_takes_a_place_back_from_replies_left_unread() {
     let log = d.log_text();
     let taken: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("stream place taken back"))
+        .filter(|l| l.contains("place taken back"))
         .collect();
     assert_eq!(taken.len(), 1, "{log}");
-    assert!(taken[0].contains("client=127.0.0."), "{}", taken[0]);
+    assert!(
+        taken[0].contains("client=127.0.0.") && taken[0].contains("limit=max-streams"),
+        "{}",
+        taken[0]
+    );
     assert!(!log.contains("twice --stream-idle-timeout"), "{log}");
     let (_, metrics) = d.admin_get("/metrics");
     assert!(
         metrics
             .lines()
-            .any(|l| l == "vserve_stream_places_taken_back_total 1"),
+            .any(|l| l == "vserve_places_taken_back_total 1"),
         "{metrics}"
     );
+    drop(held);
+}
+
+/// D2 for unary calls: a Probe reply nobody reads held its `--max-unary` place as long, so four clients
+/// that open no window filled Probe and ListDatasets for everyone. A refused client takes a place back
+/// as for streams.
+#[tokio::test]
+async fn a_refused_probe_takes_a_place_back_from_replies_left_unread() {
+    const IDLE: u64 = 4;
+    let idle = IDLE.to_string();
+    let d = Daemon::start_with(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--max-unary",
+        "8",
+        "--client-unary",
+        "2",
+        "--stream-idle-timeout",
+        &idle,
+    ])
+    .await;
+    let tcp = d.tcp_addr();
+    let mut held = Vec::new();
+    let probe = probe_req(MEDIA, BIKES, None, true);
+    for source in SOURCES {
+        let requests = [probe.clone(), probe.clone()];
+        for reply in unread_calls(&tcp, source, "Probe", &requests).await {
+            held.push(reply.unwrap_or_else(|s| panic!("{source} refused: {}", s.message())));
+        }
+    }
+    let filled = std::time::Instant::now();
+    let mut c = d.client().await;
+    match c.probe(probe.clone()).await {
+        Err(vserve_client::ClientError::Status(s)) => {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
+            assert!(s.message().contains("(max-unary)"), "{}", s.message());
+        }
+        other => panic!("all places held: expected RESOURCE_EXHAUSTED, got {other:?}"),
+    }
+    tokio::time::sleep(
+        std::time::Duration::from_millis(IDLE * 1000 + 500).saturating_sub(filled.elapsed()),
+    )
+    .await;
+    let p = c.probe(probe).await.expect("a place taken back");
+    assert_eq!((p.frame_count, p.pts.len()), (250, 250));
+    let log = d.log_text();
+    let taken: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("place taken back"))
+        .collect();
+    assert_eq!(taken.len(), 1, "{log}");
+    assert!(taken[0].contains("limit=max-unary"), "{}", taken[0]);
     drop(held);
 }
