@@ -27,6 +27,10 @@
 //!   loopback TCP socket's owner) or remote addresses; between two processes of one user (64 hung
 //!   workers of one trainer, say), the processes' places are compared.
 //!
+//! The in-flight byte budget asks the same ([`Admission::relieve`]) once for a reservation that does not
+//! fit for want of others' bytes: the asker's own call, which holds no bytes yet, is not counted against
+//! it, and the taken reply's bytes come back when its connection closes.
+//!
 //! Such a call of the tenant holding most, the longest waiting, loses its place and its connection is
 //! closed (what the connection's watchdog does later anyway), with a log line naming the limit and
 //! `vserve_places_taken_back`. So places move only from a larger holder to a smaller one, and
@@ -164,16 +168,20 @@ impl Held {
     /// reply has waited at least `after` and whose holder holds more places than the asker's (its tenant
     /// against the asker's; within the asker's tenant, its client against the asker), one of the
     /// largest holder, the longest waiting.
+    /// `(mine, ours)`: the places the asker and its tenant count as holding.
     fn victim(
         &self,
         asker: &PeerKey,
         tenant: &Tenant,
+        (mine, ours): (usize, usize),
         after: Duration,
-        now: Instant,
     ) -> Option<(u64, Duration)> {
-        let (mine, ours) = (of(&self.clients, asker), of(&self.tenants, tenant));
+        let now = Instant::now();
         let mut best: Option<(u64, usize, Duration)> = None;
         for (&id, e) in &self.calls {
+            if e.peer.key == *asker {
+                continue;
+            }
             let holds = if e.tenant != *tenant {
                 of(&self.tenants, &e.tenant).checked_sub(ours)
             } else {
@@ -203,6 +211,27 @@ impl Held {
 struct TakeBack {
     after: Duration,
     counted: Counter,
+}
+
+impl TakeBack {
+    /// Ends the call whose place was taken for `asker`, refused for `limit`: its connection is closed,
+    /// counted and logged.
+    fn ended(&self, entry: Entry, waited: Duration, asker: &Peer, limit: &str) {
+        self.counted.inc();
+        let closed = entry
+            .reply
+            .and_then(|r| r.upgrade())
+            .is_some_and(|r| r.close_connection());
+        tracing::warn!(
+            client = %entry.peer.describe(),
+            for_client = %asker.describe(),
+            %limit,
+            waited_seconds = waited.as_secs_f64(),
+            connection_closed = closed,
+            "place taken back: the client's reply waited that long for its flow-control window with no \
+             byte written while another client was refused (the limit named); its connection is closed"
+        );
+    }
 }
 
 struct Pool {
@@ -340,8 +369,8 @@ impl Admission {
         let mut verdict = pool.check(&held, peer);
         let mut taken = None;
         if let (Err(Over::Global | Over::Reserve { .. }), Some(tb)) = (verdict, &pool.take_back) {
-            let now = Instant::now();
-            if let Some((id, waited)) = held.victim(&peer.key, &tenant, tb.after, now) {
+            let counts = (of(&held.clients, &peer.key), of(&held.tenants, &tenant));
+            if let Some((id, waited)) = held.victim(&peer.key, &tenant, counts, tb.after) {
                 let entry = held.remove(id).expect("a victim is held");
                 verdict = pool.check(&held, peer);
                 if verdict.is_ok() {
@@ -366,25 +395,36 @@ impl Admission {
         );
         drop(held);
         if let (Some((entry, waited)), Some(tb)) = (taken, &pool.take_back) {
-            tb.counted.inc();
-            let closed = entry
-                .reply
-                .and_then(|r| r.upgrade())
-                .is_some_and(|r| r.close_connection());
-            tracing::warn!(
-                client = %entry.peer.describe(),
-                for_client = %peer.describe(),
-                limit = %pool.class.flags().0,
-                waited_seconds = waited.as_secs_f64(),
-                connection_closed = closed,
-                "place taken back: the client's reply waited that long for its flow-control window with \
-                 no byte written while another client was refused a place; its connection is closed"
-            );
+            tb.ended(entry, waited, peer, pool.class.flags().0);
         }
         Ok(Permit {
             pool: pool.clone(),
             id,
         })
+    }
+
+    /// For the in-flight byte budget: `peer`, refused bytes, takes back the stream place of a reply left
+    /// unread (module comment), whose bytes its connection's close gives back. Its own call, which
+    /// holds no bytes yet, is not counted against it (so a client holding one place may take the
+    /// place of another holding one). Whether one was taken.
+    pub fn relieve(&self, peer: &Peer) -> bool {
+        let pool = &self.streams;
+        let Some(tb) = &pool.take_back else {
+            return false;
+        };
+        let tenant = Tenant::of(peer);
+        let mut held = pool.held.lock();
+        let counts = (
+            of(&held.clients, &peer.key).saturating_sub(1),
+            of(&held.tenants, &tenant).saturating_sub(1),
+        );
+        let Some((id, waited)) = held.victim(&peer.key, &tenant, counts, tb.after) else {
+            return false;
+        };
+        let entry = held.remove(id).expect("a victim is held");
+        drop(held);
+        tb.ended(entry, waited, peer, "max-inflight-bytes");
+        true
     }
 
     /// Calls of `class` admitted now.
@@ -601,6 +641,27 @@ mod tests {
             .try_admit(Class::Stream, &user(13, 1000), None)
             .unwrap_err();
         assert!(e.to_string().contains("(max-streams)"), "{e}");
+    }
+
+    /// For the in-flight byte budget: a client whose call is short of bytes takes the place of another's
+    /// unread reply as large as that call, never one of its own.
+    #[test]
+    fn a_client_short_of_bytes_takes_back_another_clients_unread_reply() {
+        let limits = ClassLimits {
+            total: 8,
+            per_client: 8,
+            reserved: 0,
+        };
+        let a =
+            Admission::new(limits, limits).taking_back(Some(Duration::ZERO), Counter::default());
+        let (asker, other) = (user(10, 1000), user(11, 1000));
+        let (own, theirs) = (reply(true), reply(true));
+        let _mine = a.try_admit(Class::Stream, &asker, Some(&own.0)).unwrap();
+        let _theirs = a.try_admit(Class::Stream, &other, Some(&theirs.0)).unwrap();
+        assert!(a.relieve(&asker));
+        assert!(theirs.1.is_closed() && !own.1.is_closed());
+        assert!(!a.relieve(&asker), "only its own unread reply is left");
+        assert!(!own.1.is_closed());
     }
 
     /// Before its reply has waited `after`, no place is taken back, and with places free none is.

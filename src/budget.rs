@@ -160,6 +160,19 @@ struct Inner {
     /// Woken whenever bytes are returned.
     freed: Notify,
     refusals: AtomicU64,
+    /// Asked once by a client's reservation that does not fit for want of others' bytes
+    /// ([`Budget::set_relief`]).
+    relief: std::sync::OnceLock<Relief>,
+}
+
+/// Frees bytes for a client others' replies keep waiting: true when it ended one (the server's
+/// admission takes back the place of a reply left unread, `crate::admission`).
+pub struct Relief(pub Box<dyn Fn(&Peer) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Relief {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Relief")
+    }
 }
 
 /// Bytes held against the budget; returned when dropped.
@@ -191,8 +204,15 @@ impl Budget {
                 used: Mutex::new(Used::default()),
                 freed: Notify::new(),
                 refusals: AtomicU64::new(0),
+                relief: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Sets what a client's reservation that does not fit asks, once, to free bytes others hold
+    /// ([`Relief`]); the first setting stays.
+    pub fn set_relief(&self, relief: Relief) {
+        let _ = self.inner.relief.set(relief);
     }
 
     pub fn capacity(&self) -> u64 {
@@ -292,11 +312,22 @@ impl Inner {
             ));
         }
         let deadline = tokio::time::Instant::now() + self.wait;
+        let mut relieved = false;
         loop {
             // Registered before the check, so a release between the check and the wait is not missed.
             let freed = self.freed.notified();
-            if self.take_now(bytes, who).is_ok() {
-                return Ok(());
+            let over = match self.take_now(bytes, who) {
+                Ok(()) => return Ok(()),
+                Err(over) => over,
+            };
+            // Short for others' bytes (not its own quota): ask once for a reply nobody reads to end.
+            if !relieved && matches!(over, Over::Global | Over::Reserve { .. }) {
+                relieved = true;
+                if let (Some(relief), Some(peer)) =
+                    (self.relief.get(), who.key().and(who.client.as_ref()))
+                {
+                    (relief.0)(peer);
+                }
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
                 // One last look: bytes freed just at the deadline still count.

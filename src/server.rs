@@ -112,26 +112,30 @@ pub async fn serve_engine(
             .map_or_else(Vec::new, |e| e.scrape(cpu_threads, total - cpu_threads))
     });
     let metrics = Arc::new(metrics);
-    let layer = RpcLayer::new(
-        metrics.rpc.clone(),
-        Admission::new(
-            ClassLimits {
-                total: config.limits.max_streams,
-                per_client: config.tenancy.client_streams(config.limits.max_streams),
-                reserved: config.tenancy.reserved_streams(config.limits.max_streams),
-            },
-            ClassLimits {
-                total: config.tenancy.max_unary,
-                per_client: config.tenancy.client_unary.min(config.tenancy.max_unary),
-                reserved: 0,
-            },
-        )
-        .taking_back(
-            take_back_after(engine.stream_idle()),
-            metrics.rpc.places_taken_back.clone(),
-        ),
+    let admission = Admission::new(
+        ClassLimits {
+            total: config.limits.max_streams,
+            per_client: config.tenancy.client_streams(config.limits.max_streams),
+            reserved: config.tenancy.reserved_streams(config.limits.max_streams),
+        },
+        ClassLimits {
+            total: config.tenancy.max_unary,
+            per_client: config.tenancy.client_unary.min(config.tenancy.max_unary),
+            reserved: 0,
+        },
     )
-    .with_send_idle(engine.stream_idle());
+    .taking_back(
+        take_back_after(engine.stream_idle()),
+        metrics.rpc.places_taken_back.clone(),
+    );
+    // A client short of in-flight bytes takes them back from a reply left unread, as for places.
+    let relief = admission.clone();
+    engine
+        .budget()
+        .set_relief(crate::budget::Relief(Box::new(move |peer| {
+            relief.relieve(peer)
+        })));
+    let layer = RpcLayer::new(metrics.rpc.clone(), admission).with_send_idle(engine.stream_idle());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<VServeServer<Api>>().await;
     let reflection = tonic_reflection::server::Builder::configure()

@@ -569,3 +569,75 @@ async fn a_refused_probe_takes_a_place_back_from_replies_left_unread() {
     assert!(taken[0].contains("limit=max-unary"), "{}", taken[0]);
     drop(held);
 }
+
+/// D2 for the in-flight byte budget: replies nobody reads held the open part of
+/// `--max-inflight-bytes` (each client within its share when it came), and a client asking more than the
+/// reserve was refused until their connections were closed for it (twice `--stream-idle-timeout`). A
+/// client short of bytes now takes back the place of a reply left unread as long as
+/// `--stream-idle-timeout`, and its bytes with it.
+#[tokio::test]
+async fn a_client_short_of_bytes_takes_them_back_from_replies_left_unread() {
+    const IDLE: u64 = 4;
+    let idle = IDLE.to_string();
+    let d = Daemon::start_with(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--max-inflight-bytes",
+        "96MiB",
+        "--client-inflight-bytes",
+        "40MiB",
+        "--reserved-inflight-bytes",
+        "10MiB",
+        "--stream-idle-timeout",
+        &idle,
+    ])
+    .await;
+    let tcp = d.tcp_addr();
+    // Four clients each hold one unread reply of 30 frames (15.7 MB; 31.3 MB while it is made): 62.7 MB of
+    // the open 90.2 MB (96 MiB less the 10 MiB reserve).
+    let mut held = Vec::new();
+    for (i, source) in SOURCES.into_iter().enumerate() {
+        let first = 30 * i as u64;
+        let requests = [bikes(&(first..first + 30).collect::<Vec<u64>>())];
+        for reply in unread_calls(&tcp, source, "GetClips", &requests).await {
+            held.push(reply.unwrap_or_else(|s| panic!("{source} refused: {}", s.message())));
+        }
+    }
+    let filled = std::time::Instant::now();
+    // Another 30 frames need 31.3 MB, more than the open part has left and than a fifth client's fair
+    // share of it: refused, after the budget's wait.
+    let frames: Vec<u64> = (120..150).collect();
+    let mut c = d.client().await;
+    match c.get_clips(bikes(&frames)).await {
+        Err(vserve_client::ClientError::Status(s)) => {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
+            assert!(
+                s.message().contains("(reserved-inflight-bytes)"),
+                "{}",
+                s.message()
+            );
+        }
+        Err(e) => panic!("the budget held: expected RESOURCE_EXHAUSTED, got {e}"),
+        Ok(b) => panic!(
+            "the budget held: expected RESOURCE_EXHAUSTED, served {:?}",
+            b.header.shape
+        ),
+    }
+    tokio::time::sleep(
+        std::time::Duration::from_millis(IDLE * 1000 + 500).saturating_sub(filled.elapsed()),
+    )
+    .await;
+    served_exactly(&mut c, &frames, "a client beside four that never read").await;
+    let log = d.log_text();
+    let taken: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("place taken back"))
+        .collect();
+    assert_eq!(taken.len(), 1, "{log}");
+    assert!(
+        taken[0].contains("limit=max-inflight-bytes"),
+        "{}",
+        taken[0]
+    );
+    drop(held);
+}
