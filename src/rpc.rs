@@ -34,6 +34,7 @@ use crate::metrics::{MethodCodeLabels, MethodLabel, RpcMetrics, TransportLabel};
 use crate::peer::{Link, Peer};
 
 mod bodies;
+mod calls;
 pub mod codec;
 mod timeout;
 
@@ -204,6 +205,11 @@ where
             (method == "other").then(|| crate::refusal::quoted(req.uri().path(), 200));
         let peer = Peer::from_extensions(req.extensions());
         req.extensions_mut().insert(peer.clone());
+        // Every call counts against the bounds on calls in flight ([`calls`]), whatever its method.
+        let ticket = match calls::Ledger::global().enter(&peer) {
+            Ok(t) => t,
+            Err(why) => return self.refuse(method, &peer, tonic::Status::resource_exhausted(why)),
+        };
         let class = match kind {
             Kind::DataStream | Kind::WorkStream => Some(Class::Stream),
             Kind::Work => Some(Class::Unary),
@@ -233,7 +239,7 @@ where
             Some(Ok(p)) => Some(p),
             Some(Err(e)) => return self.refuse(method, &peer, e.into()),
         };
-        let call = Call::start(self.metrics.clone(), method, kind, permit);
+        let call = Call::start(self.metrics.clone(), method, kind, permit, ticket);
         req.extensions_mut().insert(sent.keep());
         let send_idle = self.send_idle;
         let req = req.map(|b| {
@@ -321,6 +327,8 @@ struct Call {
     code: Option<tonic::Code>,
     finished: bool,
     permit: Option<Permit>,
+    /// The call's count in the calls in flight.
+    ticket: Option<calls::Ticket>,
 }
 
 impl Call {
@@ -329,6 +337,7 @@ impl Call {
         method: &'static str,
         kind: Kind,
         permit: Option<Permit>,
+        ticket: calls::Ticket,
     ) -> Call {
         match kind {
             Kind::Unary | Kind::Work => metrics.in_flight_requests.inc(),
@@ -348,6 +357,7 @@ impl Call {
             code: None,
             finished: false,
             permit,
+            ticket: Some(ticket),
         }
     }
 
@@ -357,6 +367,7 @@ impl Call {
             return;
         }
         self.permit.take();
+        self.ticket.take();
         let m = &self.metrics;
         match self.kind {
             Kind::Unary | Kind::Work => m.in_flight_requests.dec(),

@@ -412,6 +412,18 @@ async fn unread_calls<M: prost::Message>(
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
     let io = socket.connect(tcp.parse().unwrap()).await.unwrap();
+    unread_on(io, method, requests).await
+}
+
+/// [`unread_calls`] on a connection already made.
+async fn unread_on<M: prost::Message, IO>(
+    io: IO,
+    method: &str,
+    requests: &[M],
+) -> Vec<Result<h2::RecvStream, tonic::Status>>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (client, conn) = h2::client::Builder::new()
         .initial_window_size(0)
         .handshake::<_, bytes::Bytes>(io)
@@ -640,4 +652,49 @@ async fn a_client_short_of_bytes_takes_them_back_from_replies_left_unread() {
         taken[0]
     );
     drop(held);
+}
+
+/// Calls that no admission limit counts (GetStats, ReleaseSlots, health) held their memory while their
+/// replies went unread: one process holding 15,360 unread GetStats took 110 MB in a second, and a user's
+/// processes could take gigabytes. Now one client has at most 1,024 calls in flight, of any method; the
+/// next is refused by name while other clients are served.
+#[tokio::test]
+async fn one_client_holds_at_most_1024_calls_in_flight() {
+    let d = Daemon::start().await;
+    let request = [proto::GetStatsRequest {}; 256];
+    let (mut held, mut refused) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let io = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+        for reply in unread_on(io, "GetStats", &request).await {
+            match reply {
+                Ok(r) => held.push(r),
+                Err(s) => refused.push(s),
+            }
+        }
+    }
+    assert_eq!((held.len(), refused.len()), (1024, 256));
+    for s in &refused {
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            s.message().ends_with("has 1024 calls in flight, the most one client may (calls whose replies are not read count until their connection closes)"),
+            "{}",
+            s.message()
+        );
+    }
+    // Another process is served.
+    let out = vserve_cli(&["stats", "--addr", &d.addr]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Once this process resets those calls, it is served again.
+    drop(held);
+    let mut c = d.client().await;
+    let mut tries = 0;
+    while let Err(e) = c.stats().await {
+        tries += 1;
+        assert!(tries < 100, "still refused after its calls were reset: {e}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
