@@ -552,6 +552,17 @@ mod tests {
         }
     }
 
+    /// `total` places of each class, all open to any client, taken back after `after`, counted in
+    /// `counted`.
+    fn taking(total: usize, after: Duration, counted: &Counter) -> Admission {
+        let limits = ClassLimits {
+            total,
+            per_client: total,
+            reserved: 0,
+        };
+        Admission::new(limits, limits).taking_back(Some(after), counted.clone())
+    }
+
     /// A reply on a connection of its own; `waiting`: one of its pieces is held unwritten.
     fn reply(waiting: bool) -> (Arc<Sent>, Arc<crate::peer::Link>, Option<bytes::Bytes>) {
         let link = crate::peer::Link::new();
@@ -564,13 +575,8 @@ mod tests {
     /// client, only from a tenant holding more places than its own, the largest first.
     #[test]
     fn a_refused_client_takes_back_the_place_of_a_larger_tenants_waiting_reply() {
-        let limits = ClassLimits {
-            total: 4,
-            per_client: 4,
-            reserved: 0,
-        };
         let counted = Counter::default();
-        let a = Admission::new(limits, limits).taking_back(Some(Duration::ZERO), counted.clone());
+        let a = taking(4, Duration::ZERO, &counted);
         let (hog, other) = (user(10, 1000), user(20, 2000));
         let replies: Vec<_> = [true, false, true, true].map(reply).into();
         let mut permits: Vec<Permit> = replies[..3]
@@ -616,13 +622,7 @@ mod tests {
     /// reply nobody reads (a hung worker), not of one being read.
     #[test]
     fn within_one_user_a_process_holding_none_takes_a_hung_ones_place() {
-        let limits = ClassLimits {
-            total: 2,
-            per_client: 2,
-            reserved: 0,
-        };
-        let a =
-            Admission::new(limits, limits).taking_back(Some(Duration::ZERO), Counter::default());
+        let a = taking(2, Duration::ZERO, &Counter::default());
         let replies = [reply(false), reply(true)];
         let _held: Vec<Permit> = [10, 11]
             .into_iter()
@@ -647,13 +647,7 @@ mod tests {
     /// unread reply as large as that call, never one of its own.
     #[test]
     fn a_client_short_of_bytes_takes_back_another_clients_unread_reply() {
-        let limits = ClassLimits {
-            total: 8,
-            per_client: 8,
-            reserved: 0,
-        };
-        let a =
-            Admission::new(limits, limits).taking_back(Some(Duration::ZERO), Counter::default());
+        let a = taking(8, Duration::ZERO, &Counter::default());
         let (asker, other) = (user(10, 1000), user(11, 1000));
         let (own, theirs) = (reply(true), reply(true));
         let _mine = a.try_admit(Class::Stream, &asker, Some(&own.0)).unwrap();
@@ -667,13 +661,7 @@ mod tests {
     /// Before its reply has waited `after`, no place is taken back, and with places free none is.
     #[test]
     fn nothing_is_taken_back_before_the_wait_or_while_a_place_is_free() {
-        let limits = ClassLimits {
-            total: 3,
-            per_client: 3,
-            reserved: 0,
-        };
-        let a = Admission::new(limits, limits)
-            .taking_back(Some(Duration::from_secs(3600)), Counter::default());
+        let a = taking(3, Duration::from_secs(3600), &Counter::default());
         let hog = user(10, 1000);
         let replies = [reply(true), reply(true)];
         let _held: Vec<Permit> = replies

@@ -459,6 +459,71 @@ where
 
 /// Loopback addresses of four clients.
 const SOURCES: [&str; 4] = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+/// `--stream-idle-timeout` of the take-back tests, in seconds.
+const IDLE: u64 = 4;
+
+/// A daemon on TCP too, with `--stream-idle-timeout` [`IDLE`] and `flags`.
+async fn idle_daemon(flags: &[&str]) -> Daemon {
+    let idle = IDLE.to_string();
+    let mut args = vec!["--listen", "127.0.0.1:0", "--stream-idle-timeout", &idle];
+    args.extend_from_slice(flags);
+    Daemon::start_with(&args).await
+}
+
+/// Each of [`SOURCES`] (the `i`th) sends `requests(i)` of `method` on a connection that opens no
+/// window: the replies, every call admitted, and when the last was.
+async fn fill<M: prost::Message>(
+    d: &Daemon,
+    method: &str,
+    requests: impl Fn(usize) -> Vec<M>,
+) -> (Vec<h2::RecvStream>, std::time::Instant) {
+    let tcp = d.tcp_addr();
+    let mut held = Vec::new();
+    for (i, source) in SOURCES.into_iter().enumerate() {
+        for reply in unread_calls(&tcp, source, method, &requests(i)).await {
+            held.push(reply.unwrap_or_else(|s| panic!("{source} refused: {}", s.message())));
+        }
+    }
+    (held, std::time::Instant::now())
+}
+
+/// Asserts a refusal naming `limit`.
+fn assert_refused<T>(result: Result<T, vserve_client::ClientError>, limit: &str) {
+    match result {
+        Err(vserve_client::ClientError::Status(s)) => {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
+            assert!(
+                s.message().contains(&format!("({limit})")),
+                "{}",
+                s.message()
+            );
+        }
+        Err(e) => panic!("expected RESOURCE_EXHAUSTED ({limit}), got {e}"),
+        Ok(_) => panic!("expected RESOURCE_EXHAUSTED ({limit}), served"),
+    }
+}
+
+/// Sleeps until the replies admitted by `filled` have waited [`IDLE`] and half a second more.
+async fn wait_out_idle(filled: std::time::Instant) {
+    let wait = std::time::Duration::from_millis(IDLE * 1000 + 500);
+    tokio::time::sleep(wait.saturating_sub(filled.elapsed())).await;
+}
+
+/// The one log line of a place taken back, for `limit`, from one of [`SOURCES`].
+fn taken_back_once(d: &Daemon, limit: &str) -> String {
+    let log = d.log_text();
+    let taken: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("place taken back"))
+        .collect();
+    assert_eq!(taken.len(), 1, "{log}");
+    assert!(
+        taken[0].contains("client=127.0.0.") && taken[0].contains(&format!("limit={limit}")),
+        "{}",
+        taken[0]
+    );
+    taken[0].to_owned()
+}
 
 /// Probe C's D2: four clients that open no flow-control window took every stream place with replies
 /// they never read, and held them until their connections were closed for it (twice
@@ -468,58 +533,25 @@ const SOURCES: [&str; 4] = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
 /// Before that wait, the refusal stands (a reply read slowly is not taken).
 #[tokio::test]
 async fn a_refused_client_takes_a_place_back_from_replies_left_unread() {
-    const IDLE: u64 = 4;
-    let idle = IDLE.to_string();
-    let d = Daemon::start_with(&[
-        "--listen",
-        "127.0.0.1:0",
+    let d = idle_daemon(&[
         "--max-streams",
         "8",
         "--client-streams",
         "4",
         "--reserved-streams",
         "0",
-        "--stream-idle-timeout",
-        &idle,
     ])
     .await;
-    let tcp = d.tcp_addr();
-    let mut held = Vec::new();
-    for source in SOURCES {
-        let requests = [bikes(&[0, 1]), bikes(&[2, 3])];
-        for reply in unread_calls(&tcp, source, "GetClips", &requests).await {
-            held.push(reply.unwrap_or_else(|s| panic!("{source} refused: {}", s.message())));
-        }
-    }
-    let filled = std::time::Instant::now();
+    let (held, filled) = fill(&d, "GetClips", |_| vec![bikes(&[0, 1]), bikes(&[2, 3])]).await;
     // Every place is held by a reply waiting for its client's window: this process is refused at once.
     let mut c = d.client().await;
-    match c.get_clips(bikes(&[3])).await {
-        Err(vserve_client::ClientError::Status(s)) => {
-            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
-            assert!(s.message().contains("(max-streams)"), "{}", s.message());
-        }
-        other => panic!("all places held: expected RESOURCE_EXHAUSTED, got {other:?}"),
-    }
+    assert_refused(c.get_clips(bikes(&[3])).await, "max-streams");
     // Once those replies have waited the idle timeout, a refused client gets a place: frames exact.
-    tokio::time::sleep(
-        std::time::Duration::from_millis(IDLE * 1000 + 500).saturating_sub(filled.elapsed()),
-    )
-    .await;
+    wait_out_idle(filled).await;
     served_exactly(&mut c, &[3, 4], "a client beside four that never read").await;
     served_exactly(&mut c, &[40], "its next call").await;
-    let log = d.log_text();
-    let taken: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("place taken back"))
-        .collect();
-    assert_eq!(taken.len(), 1, "{log}");
-    assert!(
-        taken[0].contains("client=127.0.0.") && taken[0].contains("limit=max-streams"),
-        "{}",
-        taken[0]
-    );
-    assert!(!log.contains("twice --stream-idle-timeout"), "{log}");
+    taken_back_once(&d, "max-streams");
+    assert!(!d.log_text().contains("twice --stream-idle-timeout"));
     let (_, metrics) = d.admin_get("/metrics");
     assert!(
         metrics
@@ -535,50 +567,15 @@ async fn a_refused_client_takes_a_place_back_from_replies_left_unread() {
 /// as for streams.
 #[tokio::test]
 async fn a_refused_probe_takes_a_place_back_from_replies_left_unread() {
-    const IDLE: u64 = 4;
-    let idle = IDLE.to_string();
-    let d = Daemon::start_with(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--max-unary",
-        "8",
-        "--client-unary",
-        "2",
-        "--stream-idle-timeout",
-        &idle,
-    ])
-    .await;
-    let tcp = d.tcp_addr();
-    let mut held = Vec::new();
+    let d = idle_daemon(&["--max-unary", "8", "--client-unary", "2"]).await;
     let probe = probe_req(MEDIA, BIKES, None, true);
-    for source in SOURCES {
-        let requests = [probe.clone(), probe.clone()];
-        for reply in unread_calls(&tcp, source, "Probe", &requests).await {
-            held.push(reply.unwrap_or_else(|s| panic!("{source} refused: {}", s.message())));
-        }
-    }
-    let filled = std::time::Instant::now();
+    let (held, filled) = fill(&d, "Probe", |_| vec![probe.clone(), probe.clone()]).await;
     let mut c = d.client().await;
-    match c.probe(probe.clone()).await {
-        Err(vserve_client::ClientError::Status(s)) => {
-            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
-            assert!(s.message().contains("(max-unary)"), "{}", s.message());
-        }
-        other => panic!("all places held: expected RESOURCE_EXHAUSTED, got {other:?}"),
-    }
-    tokio::time::sleep(
-        std::time::Duration::from_millis(IDLE * 1000 + 500).saturating_sub(filled.elapsed()),
-    )
-    .await;
+    assert_refused(c.probe(probe.clone()).await, "max-unary");
+    wait_out_idle(filled).await;
     let p = c.probe(probe).await.expect("a place taken back");
     assert_eq!((p.frame_count, p.pts.len()), (250, 250));
-    let log = d.log_text();
-    let taken: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("place taken back"))
-        .collect();
-    assert_eq!(taken.len(), 1, "{log}");
-    assert!(taken[0].contains("limit=max-unary"), "{}", taken[0]);
+    taken_back_once(&d, "max-unary");
     drop(held);
 }
 
@@ -589,68 +586,30 @@ async fn a_refused_probe_takes_a_place_back_from_replies_left_unread() {
 /// `--stream-idle-timeout`, and its bytes with it.
 #[tokio::test]
 async fn a_client_short_of_bytes_takes_them_back_from_replies_left_unread() {
-    const IDLE: u64 = 4;
-    let idle = IDLE.to_string();
-    let d = Daemon::start_with(&[
-        "--listen",
-        "127.0.0.1:0",
+    let d = idle_daemon(&[
         "--max-inflight-bytes",
         "96MiB",
         "--client-inflight-bytes",
         "40MiB",
         "--reserved-inflight-bytes",
         "10MiB",
-        "--stream-idle-timeout",
-        &idle,
     ])
     .await;
-    let tcp = d.tcp_addr();
     // Four clients each hold one unread reply of 30 frames (15.7 MB; 31.3 MB while it is made): 62.7 MB of
     // the open 90.2 MB (96 MiB less the 10 MiB reserve).
-    let mut held = Vec::new();
-    for (i, source) in SOURCES.into_iter().enumerate() {
+    let (held, filled) = fill(&d, "GetClips", |i| {
         let first = 30 * i as u64;
-        let requests = [bikes(&(first..first + 30).collect::<Vec<u64>>())];
-        for reply in unread_calls(&tcp, source, "GetClips", &requests).await {
-            held.push(reply.unwrap_or_else(|s| panic!("{source} refused: {}", s.message())));
-        }
-    }
-    let filled = std::time::Instant::now();
+        vec![bikes(&(first..first + 30).collect::<Vec<u64>>())]
+    })
+    .await;
     // Another 30 frames need 31.3 MB, more than the open part has left and than a fifth client's fair
     // share of it: refused, after the budget's wait.
     let frames: Vec<u64> = (120..150).collect();
     let mut c = d.client().await;
-    match c.get_clips(bikes(&frames)).await {
-        Err(vserve_client::ClientError::Status(s)) => {
-            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{}", s.message());
-            assert!(
-                s.message().contains("(reserved-inflight-bytes)"),
-                "{}",
-                s.message()
-            );
-        }
-        Err(e) => panic!("the budget held: expected RESOURCE_EXHAUSTED, got {e}"),
-        Ok(b) => panic!(
-            "the budget held: expected RESOURCE_EXHAUSTED, served {:?}",
-            b.header.shape
-        ),
-    }
-    tokio::time::sleep(
-        std::time::Duration::from_millis(IDLE * 1000 + 500).saturating_sub(filled.elapsed()),
-    )
-    .await;
+    assert_refused(c.get_clips(bikes(&frames)).await, "reserved-inflight-bytes");
+    wait_out_idle(filled).await;
     served_exactly(&mut c, &frames, "a client beside four that never read").await;
-    let log = d.log_text();
-    let taken: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("place taken back"))
-        .collect();
-    assert_eq!(taken.len(), 1, "{log}");
-    assert!(
-        taken[0].contains("limit=max-inflight-bytes"),
-        "{}",
-        taken[0]
-    );
+    taken_back_once(&d, "max-inflight-bytes");
     drop(held);
 }
 
