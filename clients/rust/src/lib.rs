@@ -87,7 +87,8 @@ fn connection_failed(status: tonic::Status) -> tonic::Status {
     chain.dedup();
     tonic::Status::unavailable(format!(
         "connection to the daemon failed: {} (a daemon closes a new connection at once when this \
-         process, its user or all clients hold as many as it allows: see its log)",
+         process, its user or all clients hold as many as it allows, and a connection whose replies \
+         go unread while others wait: see its log)",
         chain.join(": ")
     ))
 }
