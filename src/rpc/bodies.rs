@@ -14,9 +14,7 @@
 //! their peer key (a process on the Unix socket, an address on TCP), hashed into [`BUCKETS`] counters:
 //! two clients sharing a counter share its bound, and the table never grows.
 
-use std::collections::hash_map::DefaultHasher;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -35,7 +33,7 @@ pub const CLIENT_HELD: u64 = 32 << 20;
 /// Bytes all clients' unfinished request bodies may hold together.
 pub const TOTAL_HELD: u64 = 256 << 20;
 /// Counters clients are hashed into.
-pub const BUCKETS: usize = 1024;
+pub const BUCKETS: usize = super::calls::BUCKETS;
 
 /// The held bytes: one counter per bucket of clients, and the total.
 pub struct Ledger {
@@ -65,9 +63,7 @@ impl Ledger {
     }
 
     fn bucket_of(peer: &Peer) -> usize {
-        let mut h = DefaultHasher::new();
-        peer.key.hash(&mut h);
-        (h.finish() % BUCKETS as u64) as usize
+        super::calls::bucket(&peer.key)
     }
 
     /// Counts `n` more bytes for a bucket; Err(the bound crossed) when they cross one (still counted:

@@ -55,7 +55,8 @@ impl Drop for Ticket {
     }
 }
 
-fn bucket(key: impl Hash) -> usize {
+/// The counter `key` is hashed into, of [`BUCKETS`] (request bodies' ledger uses it too).
+pub(super) fn bucket(key: impl Hash) -> usize {
     let mut h = DefaultHasher::new();
     key.hash(&mut h);
     (h.finish() % BUCKETS as u64) as usize
