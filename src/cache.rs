@@ -195,6 +195,7 @@ mod tests {
                 scaled_height: 10,
                 rotation: 0,
                 mirror: false,
+                resized: false,
             },
         }
     }

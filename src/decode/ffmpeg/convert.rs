@@ -18,7 +18,8 @@ use crate::decode::{oriented, rotate_rgb, Frame, Geometry};
 enum Scaling {
     /// The video's own size: one BICUBIC conversion (and scale, for a frame of another size).
     Native,
-    /// A resize of a frame of the video's size: one BILINEAR scale and conversion.
+    /// A resize of a frame of the video's size: one BILINEAR scale and conversion (a size equal to the
+    /// video's included: the scale filter converts to RGB24 with its own flags).
     Resize,
     /// A resize of a frame of another size: BILINEAR resize in the frame's format, then a BICUBIC
     /// conversion.
@@ -129,8 +130,8 @@ impl Converter {
             let f = &*frame.as_ptr();
             (f.format, f.colorspace as i32, f.color_range as i32)
         };
-        // A frame already at the output size is only converted (a scale filter to its own size passes
-        // it through), BICUBIC.
+        // A frame of another size than the video's already at the output size is passed through by the
+        // user's scale filter (same size, same format) and converted by the CLI's own, BICUBIC.
         let own_size = (width, height) == (frame.width(), frame.height());
         let key = (
             fmt,
@@ -169,7 +170,7 @@ impl Converter {
             } else {
                 (frame.width(), frame.height())
             };
-            let flags = if scaling == Scaling::Resize && !own_size {
+            let flags = if scaling == Scaling::Resize {
                 Flags::BILINEAR
             } else {
                 Flags::BICUBIC
@@ -239,8 +240,9 @@ impl Converter {
 /// conversion (and any scaling), as its `transpose`/`hflip,vflip` filters do. swscale's chroma filtering is
 /// not symmetric in x and y, so rotating the RGB image afterwards would differ for most formats (10-bit
 /// 4:2:0 by up to 104 levels). 4:2:2 turned by 90/270 follows the CLI's format negotiation (see below).
-/// Formats whose planes cannot be rotated (packed, palette) fall back to rotating the RGB image, which
-/// may differ from the CLI.
+/// Packed formats without subsampling (RGB0, RGB48, ...) are turned pixel by pixel, as `transpose` turns
+/// them. Formats that cannot be turned so (palette, packed 4:2:2, bitstreams) fall back to rotating the
+/// RGB image, which may differ from the CLI once resized.
 pub(super) fn convert_frame(
     converter: &mut Option<Converter>,
     frame: &ff::frame::Video,
@@ -248,8 +250,7 @@ pub(super) fn convert_frame(
     native_size: (u32, u32),
     place: Option<&mut [u8]>,
 ) -> Result<Option<Frame>, String> {
-    let native = (geometry.scaled_width, geometry.scaled_height) == native_size;
-    let scaling = if native {
+    let scaling = if !geometry.resized {
         Scaling::Native
     } else if (frame.width(), frame.height()) == native_size {
         Scaling::Resize
@@ -259,9 +260,7 @@ pub(super) fn convert_frame(
     if !geometry.upright() {
         let widened;
         let mut source = frame;
-        let resized =
-            (geometry.scaled_width, geometry.scaled_height) != (frame.width(), frame.height());
-        if geometry.rotation % 180 == 90 && resized {
+        if geometry.rotation % 180 == 90 && geometry.resized {
             // `transpose` takes no 4:2:2. Before a scale filter the CLI's format negotiation converts such
             // frames to 4:4:4 (swscale's default, bicubic, scaler) and so does this; at native size it
             // converts straight to RGB before transposing, which is the fallback below.
@@ -306,15 +305,15 @@ pub(super) fn convert_frame(
     }
 }
 
-/// A 4:2:2 frame converted to the 4:4:4 format the CLI's autorotation would convert it to; None for
-/// other formats.
+/// A 4:2:2 frame converted to the 4:4:4 format the CLI's autorotation would convert it to (its format
+/// negotiation picks 16-bit 4:4:4 for 10- and 12-bit sources: `-v debug` says "picking yuv444p16le out
+/// of ... ref:yuv422p10le"); None for other formats.
 fn chroma_444(frame: &ff::frame::Video) -> Result<Option<ff::frame::Video>, String> {
     use ff::format::Pixel;
     let target = match frame.format() {
         Pixel::YUV422P => Pixel::YUV444P,
         Pixel::YUVJ422P => Pixel::YUVJ444P,
-        Pixel::YUV422P10LE => Pixel::YUV444P10LE,
-        Pixel::YUV422P12LE => Pixel::YUV444P12LE,
+        Pixel::YUV422P10LE | Pixel::YUV422P12LE => Pixel::YUV444P16LE,
         _ => return Ok(None),
     };
     let (w, h) = (frame.width(), frame.height());
@@ -336,8 +335,9 @@ fn chroma_444(frame: &ff::frame::Video) -> Result<Option<ff::frame::Video>, Stri
     Ok(Some(out))
 }
 
-/// Bytes per sample of a planar format whose planes can be rotated sample by sample (every component
-/// 1 or 2 bytes, the same for all), and whether its chroma grid is square (needed to transpose).
+/// Bytes per sample of a format whose planes can be rotated sample by sample, and whether its chroma
+/// grid is square (needed to transpose): planar with every component 1 or 2 bytes, the same for all, or
+/// packed in one plane without subsampling (a whole pixel of up to 8 bytes moved at once).
 fn planar_layout(format: ff::format::Pixel) -> Option<(usize, bool)> {
     // SAFETY: av_pix_fmt_desc_get returns a pointer to a static descriptor, or null for unknown formats.
     let desc = unsafe { ff::ffi::av_pix_fmt_desc_get(format.into()).as_ref()? };
@@ -346,10 +346,16 @@ fn planar_layout(format: ff::format::Pixel) -> Option<(usize, bool)> {
     let odd = (ff::ffi::AV_PIX_FMT_FLAG_PAL
         | ff::ffi::AV_PIX_FMT_FLAG_BITSTREAM
         | ff::ffi::AV_PIX_FMT_FLAG_HWACCEL) as u64;
-    if !planar || flags & odd != 0 || desc.nb_components == 0 {
+    if flags & odd != 0 || desc.nb_components == 0 {
         return None;
     }
     let comps = &desc.comp[..desc.nb_components as usize];
+    if !planar {
+        let step = comps[0].step;
+        let one_plane = comps.iter().all(|c| c.plane == 0 && c.step == step);
+        let whole = desc.log2_chroma_w == 0 && desc.log2_chroma_h == 0;
+        return (one_plane && whole && (1..=8).contains(&step)).then_some((step as usize, true));
+    }
     let step = comps[0].step;
     if !(step == 1 || step == 2) || comps.iter().any(|c| c.step != step || c.offset != 0) {
         return None;

@@ -90,6 +90,7 @@ mod idle_tests {
                 scaled_height: src.index.height,
                 rotation: 0,
                 mirror: false,
+                resized: false,
             };
             backend.decode_run(&src, &run, geometry, None).unwrap();
             src

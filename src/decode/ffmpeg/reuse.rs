@@ -329,6 +329,7 @@ mod tests {
             scaled_height: c.source.index.height,
             rotation: 0,
             mirror: false,
+            resized: false,
         }
     }
 

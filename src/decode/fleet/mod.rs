@@ -518,6 +518,7 @@ fn test_job(
             scaled_height: 2,
             rotation: 0,
             mirror: false,
+            resized: false,
         },
         sink: None,
         on_done: Arc::new(Mutex::new(Some(

@@ -102,6 +102,7 @@ async fn joined_runs_start_at_the_joiners_turn() {
         scaled_height: 4,
         rotation: 0,
         mirror: false,
+        resized: false,
     };
     // Tenant a queues ten runs (one per geometry); the last is the one b will want.
     let mut backlog = Vec::new();
