@@ -228,14 +228,19 @@ const MAX_TOP_LEVEL_BOXES: usize = 100_000;
 /// For a file FFmpeg could not open: how it is cut short, when it is an ISO media file (MP4, MOV, 3GP)
 /// whose top-level boxes run past its end or that has no `moov` box. Most MP4s are written with their
 /// index (`moov`) last, so a copy cut short, or a recording still being written, has the media data
-/// and no index; FFmpeg says only "Invalid data found when processing input". None when the file does
-/// not start with one of the top-level boxes such files start with, or its boxes are whole and it has
-/// a `moov` (then it is damaged some other way).
+/// and no index; FFmpeg says only "Invalid data found when processing input". An empty file, of any
+/// name, is cut short too (a copy or download that never wrote it). None when the file does not start
+/// with one of the top-level boxes such files start with (shorter than a box header: when its name is
+/// not an ISO media one), or its boxes are whole and it has a `moov` (then it is damaged some other way).
 pub fn iso_truncation(file: &CheckedFile) -> Option<String> {
     use std::os::unix::fs::FileExt;
     const STILL: &str = "cut short, or still being written";
     const NO_INDEX: &str = "no 'moov' box (the index an MP4 needs)";
+    const ISO_NAMES: [&str; 9] = ["mp4", "m4v", "mov", "qt", "3gp", "3g2", "mj2", "m4a", "f4v"];
     let len = file.file.metadata().ok()?.len();
+    if len == 0 {
+        return Some("the file is empty (0 bytes): cut short, or never written".into());
+    }
     let (mut at, mut moov) = (0u64, false);
     // A real file has a handful of top-level boxes (a fragmented one a pair a fragment); a file of
     // millions of empty boxes is read no further than this (one read a box).
@@ -245,6 +250,14 @@ pub fn iso_truncation(file: &CheckedFile) -> Option<String> {
         }
         let mut head = [0u8; 16];
         let got = file.file.read_at(&mut head, at).ok()?;
+        // A few bytes and nothing else tell nothing by themselves: an MP4 cut there, or a note named so.
+        let iso_name = || {
+            let ext = file.path.extension().and_then(|e| e.to_str());
+            ext.is_some_and(|e| ISO_NAMES.iter().any(|n| e.eq_ignore_ascii_case(n)))
+        };
+        if got < 8 && at == 0 && !iso_name() {
+            return None;
+        }
         if got < 8 {
             let index = if moov {
                 String::new()
@@ -422,6 +435,21 @@ mod tests {
         // (the index box renamed): no index, though nothing is cut.
         assert_eq!(open("whole.mp4", &whole).0, None);
         assert_eq!(open("text.mp4", b"hello, this is no video at all").0, None);
+        // Empty, whatever its name: cut short. Shorter than a box header: cut short when named as ISO
+        // media, nothing to say otherwise (the open's own error, not media, stands).
+        for name in ["empty.mp4", "empty.mkv"] {
+            let (how, err) = open(name, b"");
+            let empty = "the file is empty (0 bytes): cut short, or never written";
+            assert_eq!(how.as_deref(), Some(empty));
+            assert_eq!(err.unwrap(), format!("truncated: {empty}"));
+        }
+        let (how, err) = open("note.txt", b"x");
+        assert_eq!(how, None);
+        assert!(!err.unwrap().starts_with("truncated"));
+        assert!(open("cut.MOV", b"\0\0\x01")
+            .0
+            .unwrap()
+            .starts_with("it ends inside a box header (3 bytes at 0) and has no 'moov' box"));
         // Past MAX_TOP_LEVEL_BOXES boxes the walk gives up rather than read one box at a time for ever.
         let mut many = b"\0\0\0\x08ftyp".to_vec();
         many.extend(b"\0\0\0\x08free".repeat(MAX_TOP_LEVEL_BOXES));
