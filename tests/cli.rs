@@ -664,3 +664,105 @@ async fn reload_lists_the_datasets_again_and_names_a_broken_manifest() {
         .unwrap_or_else(|| panic!("no dataset m in {v}"));
     assert_eq!(u64_of(&kept["samples"], "samples"), 1, "{v}");
 }
+
+/// An H.264 stream coded with periodic intra refresh: its container marks each recovery point (a P
+/// picture) a keyframe, where decoding cannot start and FFmpeg's frame is no key frame. The probe's
+/// keyframes and frame mappings are ffprobe's frame list from the first probe on, in MP4 (length
+/// prefixes) and MPEG-TS (start codes); frames past a recovery point are the CLI's, and no decode
+/// disagrees with the scan (before, the first such request found the table wrong, warned of damage in
+/// a clean file and indexed it again by decoding).
+#[tokio::test]
+async fn intra_refresh_recovery_points_are_no_keyframes() {
+    let d = Daemon::start().await;
+    let mp4 = d.scratch.join("refresh.mp4");
+    let ts = d.scratch.join("refresh.ts");
+    let ffmpeg = |args: &[&str]| {
+        let status = Command::new("ffmpeg")
+            .args(["-nostdin", "-v", "error", "-y"])
+            .args(args)
+            .status()
+            .expect("run ffmpeg");
+        assert!(status.success(), "ffmpeg {args:?}");
+    };
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=size=160x120:rate=25:duration=4",
+        "-c:v",
+        "libx264",
+        "-bf",
+        "0",
+        "-x264-params",
+        "intra-refresh=1:keyint=25",
+        mp4.to_str().unwrap(),
+    ]);
+    ffmpeg(&[
+        "-i",
+        mp4.to_str().unwrap(),
+        "-c",
+        "copy",
+        ts.to_str().unwrap(),
+    ]);
+    for (video, path) in [("refresh.mp4", &mp4), ("refresh.ts", &ts)] {
+        let packets = Command::new("ffprobe")
+            .args(["-v", "error", "-select_streams", "v:0", "-show_entries"])
+            .args(["packet=flags", "-of", "csv=p=0"])
+            .arg(path)
+            .output()
+            .expect("run ffprobe");
+        let marked = String::from_utf8_lossy(&packets.stdout)
+            .lines()
+            .filter(|l| l.starts_with('K'))
+            .count();
+        let want = ffprobe_frames(path.to_str().unwrap(), "v:0");
+        let want_keys: Vec<u64> = (0..want.len() as u64)
+            .filter(|&k| want[k as usize].1 == 1)
+            .collect();
+        assert!(
+            marked > want_keys.len(),
+            "{video}: the container marks {marked} packets, the decoder {want_keys:?}"
+        );
+        let args = [
+            "probe",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            SCRATCH,
+            "--video",
+            video,
+        ];
+        let keys: Vec<u64> = array(&json(&cli_stdout(&args))["keyframes"], "keyframes")
+            .iter()
+            .map(|k| u64_of(k, "keyframe"))
+            .collect();
+        assert_eq!(keys, want_keys, "{video}");
+        let mut with_mappings = args.to_vec();
+        with_mappings.push("--frame-mappings");
+        let mapped: Vec<u64> = array(&json(&cli_stdout(&with_mappings))["frames"], "frames")
+            .iter()
+            .map(|f| u64_of(&f["key_frame"], "key_frame"))
+            .collect();
+        let want_flags: Vec<u64> = want.iter().map(|f| f.1).collect();
+        assert_eq!(mapped, want_flags, "{video}");
+        // Frames just past the second and third recovery points (50, 75).
+        let frames = [52u64, 60, 77];
+        let mut c = d.client().await;
+        let batch = get(
+            &mut c,
+            clips_req(SCRATCH, vec![frames_clip(video, &frames, None)], None),
+        )
+        .await;
+        let reference = Ffmpeg::default().frames(path, 160, 120, Some(&frames));
+        for (k, f) in frames.iter().zip(u8_frames(&batch, frames.len(), 120, 160)) {
+            assert_bytes_eq(
+                &f,
+                &reference[k],
+                Some((160, 120)),
+                &format!("{video} frame {k}"),
+            );
+        }
+    }
+    let log = d.log_text();
+    assert!(!log.contains("decoding disagreed"), "{log}");
+}

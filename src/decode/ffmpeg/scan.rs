@@ -11,7 +11,7 @@ use std::path::Path;
 use ff::codec::packet::Ref as _;
 use ffmpeg_next as ff;
 
-use super::h264::nal_units_tile;
+use super::h264::{h264_key_picture, nal_units_tile};
 use super::info::{init, pick_stream, read_only_stream, stream_facts};
 use super::open::open_input;
 use super::open_decoder;
@@ -337,6 +337,7 @@ pub fn build_index_of(
 
     // One packet scan, decoding the start of the stream on the way.
     let nal_len = facts.nal_length_size;
+    let h264 = facts.codec == "h264";
     let mut packets: Vec<(Option<i64>, i64, bool)> = Vec::new();
     let mut irregular: Option<String> = force_decode.then(|| "decode errors seen".to_owned());
     let mut truncated = false;
@@ -395,7 +396,11 @@ pub fn build_index_of(
         // A stream cut mid-GOP (a recording, a segment): what comes before its first keyframe decodes
         // only in part, or not at all, and the decoder may drop packets without a word (HEVC slices
         // whose parameter sets came earlier), which a packet table would count as frames.
-        if packets.is_empty() && !packet.is_key() {
+        // An H.264 recovery point of intra refresh is marked a keyframe by its container, though
+        // decoding cannot start there (nor does FFmpeg call its frame one): not one here either.
+        let key = packet.is_key()
+            && !(h264 && packet.data().and_then(|d| h264_key_picture(d, nal_len)) == Some(false));
+        if packets.is_empty() && !key {
             irregular.get_or_insert_with(|| "the stream starts before its first keyframe".into());
         }
         // A decoder that reorders nothing outputs frames in packet order: pts going back in packet order
@@ -411,7 +416,7 @@ pub fn build_index_of(
         if irregular.is_none() {
             start.feed(&packet);
         }
-        packets.push((packet.pts(), packet.duration(), packet.is_key()));
+        packets.push((packet.pts(), packet.duration(), key));
     }
     drop(input);
 
