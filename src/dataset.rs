@@ -195,6 +195,12 @@ pub enum DatasetError {
     BadPath(String),
     #[error("video path {video:?} leaves dataset {dataset:?} (a path is relative to its root, has no '..', and does not resolve outside it)")]
     Outside { dataset: String, video: String },
+    /// Quoted without quotation marks: messages to clients drop a dataset's root from quoted paths,
+    /// which would turn an absolute path under the root into a relative one the daemon would serve.
+    #[error(
+        "video path {video} is absolute: a path in dataset {dataset:?} is relative to its root"
+    )]
+    Absolute { dataset: String, video: String },
     #[error("video {video:?} not in dataset {dataset:?}")]
     NotFound { dataset: String, video: String },
     #[error("video {video:?} in dataset {dataset:?} is {kind}, not a regular file")]
@@ -202,6 +208,14 @@ pub enum DatasetError {
         dataset: String,
         video: String,
         kind: String,
+    },
+    /// The file, or a directory on its way, is not readable by the daemon's user (EACCES, EPERM): an
+    /// operator's file modes, not a fault of the daemon's.
+    #[error("cannot read {video:?} in dataset {dataset:?}: {reason} (the daemon's user may not read it, or a directory on its way)")]
+    Unreadable {
+        dataset: String,
+        video: String,
+        reason: String,
     },
     #[error("cannot read {video:?} in dataset {dataset:?}: {reason}")]
     Io {
@@ -212,6 +226,23 @@ pub enum DatasetError {
 }
 
 impl Dataset {
+    /// A failed read of `video`: refused by file modes, or another I/O error.
+    fn io_error(&self, video: &str, e: &std::io::Error) -> DatasetError {
+        let (dataset, video, reason) = (self.name.clone(), video.to_owned(), e.to_string());
+        match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => DatasetError::Unreadable {
+                dataset,
+                video,
+                reason,
+            },
+            _ => DatasetError::Io {
+                dataset,
+                video,
+                reason,
+            },
+        }
+    }
+
     /// Opens a dataset root; the directory must exist.
     pub fn new(name: &str, root: &Path) -> std::io::Result<Dataset> {
         let root = root.canonicalize()?;
@@ -334,11 +365,7 @@ impl Dataset {
                 dataset: self.name.clone(),
                 video: video.to_owned(),
             },
-            _ => DatasetError::Io {
-                dataset: self.name.clone(),
-                video: video.to_owned(),
-                reason: e.to_string(),
-            },
+            _ => self.io_error(video, &e),
         })?;
         CheckedFile::from_file(path, file).map_err(|kind| not_a_file(&kind))
     }
@@ -356,9 +383,13 @@ impl Dataset {
         for comp in rel.components() {
             match comp {
                 Component::Normal(_) | Component::CurDir => {}
-                Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
-                    return Err(outside())
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(DatasetError::Absolute {
+                        dataset: self.name.clone(),
+                        video: video.to_owned(),
+                    })
                 }
+                Component::ParentDir => return Err(outside()),
             }
         }
         let joined = self.root.join(rel);
@@ -375,20 +406,12 @@ impl Dataset {
                 kind: "a symbolic-link loop".into(),
             },
             Some(libc::ENAMETOOLONG) => DatasetError::BadPath(video.to_owned()),
-            _ => DatasetError::Io {
-                dataset: self.name.clone(),
-                video: video.to_owned(),
-                reason: e.to_string(),
-            },
+            _ => self.io_error(video, &e),
         })?;
         if !canonical.starts_with(&self.root) {
             return Err(outside());
         }
-        let meta = std::fs::metadata(&canonical).map_err(|e| DatasetError::Io {
-            dataset: self.name.clone(),
-            video: video.to_owned(),
-            reason: e.to_string(),
-        })?;
+        let meta = std::fs::metadata(&canonical).map_err(|e| self.io_error(video, &e))?;
         if !meta.is_file() {
             return Err(DatasetError::NotAFile {
                 dataset: self.name.clone(),
@@ -428,12 +451,40 @@ mod tests {
         assert!(ds.resolve("sub/a.mp4").is_ok());
         assert!(ds.resolve("./sub/a.mp4").is_ok());
         assert!(ds.resolve("inside.mp4").is_ok());
-        for bad in [
-            "../secret.mp4",
-            "/etc/passwd",
-            "sub/../../secret.mp4",
-            "link.mp4",
-        ] {
+        // Absolute, even under the root: refused, and quoted so that the message to the client (which
+        // drops the root from quoted paths) keeps it absolute (probe B).
+        let under = root.join("sub/a.mp4").display().to_string();
+        for abs in ["/etc/passwd", under.as_str()] {
+            let e = ds.resolve(abs).unwrap_err();
+            assert!(matches!(e, DatasetError::Absolute { .. }), "{abs}: {e:?}");
+            assert!(e
+                .to_string()
+                .starts_with(&format!("video path {abs} is absolute")));
+            assert_eq!(
+                crate::error::Error::from(e).code(),
+                crate::error::Code::PermissionDenied
+            );
+        }
+        // Refused by file modes (a daemon not root, a file or directory of mode 000): the operator's
+        // doing, PERMISSION_DENIED, not INTERNAL (probe B).
+        let denied = ds.io_error(
+            "sub/a.mp4",
+            &std::io::Error::from_raw_os_error(libc::EACCES),
+        );
+        assert!(
+            matches!(denied, DatasetError::Unreadable { .. }),
+            "{denied:?}"
+        );
+        assert_eq!(
+            crate::error::Error::from(denied).code(),
+            crate::error::Code::PermissionDenied
+        );
+        let other = ds.io_error("sub/a.mp4", &std::io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(
+            crate::error::Error::from(other).code(),
+            crate::error::Code::Internal
+        );
+        for bad in ["../secret.mp4", "sub/../../secret.mp4", "link.mp4"] {
             assert!(
                 matches!(ds.resolve(bad), Err(DatasetError::Outside { .. })),
                 "{bad}: {:?}",

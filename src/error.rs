@@ -104,7 +104,9 @@ impl From<DatasetError> for Error {
         let msg = e.to_string();
         match e {
             DatasetError::BadPath(_) | DatasetError::NotAFile { .. } => Error::InvalidArgument(msg),
-            DatasetError::Outside { .. } => Error::PermissionDenied(msg),
+            DatasetError::Outside { .. }
+            | DatasetError::Absolute { .. }
+            | DatasetError::Unreadable { .. } => Error::PermissionDenied(msg),
             DatasetError::NotFound { .. } => Error::NotFound(msg),
             DatasetError::Io { .. } => Error::Internal(msg),
         }

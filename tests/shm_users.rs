@@ -326,3 +326,47 @@ async fn the_cli_in_another_shm_namespace_reads_inline() {
         );
     }
 }
+
+/// A video the daemon's user may not read (mode 000, or in a directory of mode 000) is the operator's
+/// file modes: PERMISSION_DENIED saying so, not INTERNAL, which the README keeps for the daemon's faults
+/// (probe B: INTERNAL "Permission denied (os error 13)").
+#[tokio::test]
+async fn a_video_the_daemons_user_may_not_read_is_permission_denied() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: the daemon runs as another user only when started by root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start_as(&[], DAEMON_ID).await;
+    let mut c = d.client().await;
+    let locked_dir = d.scratch.join("locked");
+    std::fs::create_dir(&locked_dir).unwrap();
+    for (from, to) in [("ok.mov", "mode000.mov"), ("ok.mov", "locked/in.mov")] {
+        std::fs::copy(d.scratch.join(from), d.scratch.join(to)).unwrap();
+    }
+    std::fs::set_permissions(
+        d.scratch.join("mode000.mov"),
+        std::fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    std::fs::set_permissions(&locked_dir, std::fs::Permissions::from_mode(0o000)).unwrap();
+    for video in ["mode000.mov", "locked/in.mov"] {
+        let res = c
+            .get_clips(clips_req(
+                SCRATCH,
+                vec![frames_clip(video, &[0], None)],
+                None,
+            ))
+            .await;
+        let msg = status_message(&res);
+        expect_code(res, &["PERMISSION_DENIED"], video);
+        assert!(msg.contains("the daemon's user may not read it"), "{msg}");
+    }
+    // The readable control is served.
+    get(
+        &mut c,
+        clips_req(SCRATCH, vec![frames_clip("ok.mov", &[0], None)], None),
+    )
+    .await;
+}
