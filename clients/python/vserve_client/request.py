@@ -345,7 +345,12 @@ def clip_msg(clip: Any) -> "pb.ClipSpec":
 def _indices(clip: Any, frames: Any) -> Iterable[int]:
     arr = np.asarray(frames).reshape(-1)
     if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0):
-        raise InvalidArgument(f"clip {clip!r}: frame indices must be ints from 0 to {UINT64_MAX}")
+        # (Negative indices count from the end in VideoDecoder, which knows the frame count; here the
+        # daemon resolves them.)
+        raise InvalidArgument(
+            f"clip {clip!r}: frame indices must be ints of at least 0 (no negative ones: the frame count is "
+            "the daemon's; VideoDecoder takes them)"
+        )
     return (int(i) for i in arr)
 
 
@@ -486,6 +491,16 @@ def stream_request(
         s.seconds_between_frames = _positive_seconds("seconds_between_frames", seconds_between_frames)
     if seconds_between_clip_starts is not None:
         s.seconds_between_clip_starts = _positive_seconds("seconds_between_clip_starts", seconds_between_clip_starts)
+    # (A negative bound counts from the end: only two from the start can be compared here; the daemon
+    # checks the others, by its wire names.)
+    if (
+        sampling_range_start is not None
+        and sampling_range_end is not None
+        and 0 <= float(sampling_range_start) >= float(sampling_range_end) >= 0
+    ):
+        raise InvalidArgument(
+            f"sampling_range_start={sampling_range_start!r} must be before sampling_range_end={sampling_range_end!r}"
+        )
     if sampling_range_start is not None:
         s.range_start = float(sampling_range_start)
     if sampling_range_end is not None:

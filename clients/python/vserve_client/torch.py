@@ -169,6 +169,10 @@ class VideoClipDataset(IterableDataset):
         if unknown:
             raise TypeError(f"VideoClipDataset: unknown stream arguments {sorted(unknown)}")
         stream_kwargs = rename_deprecated(stream_kwargs)
+        if "batch_size" not in stream_kwargs:
+            raise TypeError(
+                "VideoClipDataset: batch_size is required (the daemon batches; give the DataLoader batch_size=None)"
+            )
         # Validate now, in the main process, rather than in a worker.
         stream_request(dataset, **stream_kwargs)
         self.addr = addr

@@ -20,6 +20,7 @@ into :class:`~vserve_client.batch.Batch` objects.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
@@ -33,7 +34,15 @@ import numpy as np
 
 from ._proto import vserve_pb2 as pb
 from .batch import WIRE_DTYPES, Batch, assemble_batches, assemble_one
-from .errors import ClientClosed, InvalidArgument, NotFound, ProtocolError, ResourceExhausted, ShmUnreachable
+from .errors import (
+    ClientClosed,
+    InvalidArgument,
+    NotFound,
+    ProtocolError,
+    ResourceExhausted,
+    ShmUnreachable,
+    Unavailable,
+)
 
 TRANSPORTS = ("auto", "shm", "inline")
 
@@ -125,10 +134,12 @@ class Mapping:
             with open(path, "rb") as f:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         except OSError as e:
-            raise ShmUnreachable(
+            err = ShmUnreachable(
                 f"cannot map the daemon's shared memory {path}: {e.strerror} (is the daemon on another host or "
                 "in another container, or another user's? use transport='inline')"
-            ) from None
+            )
+            err.errno = e.errno
+            raise err from None
         self.path = path
         self.size = len(self.mm)
         self.base = np.frombuffer(self.mm, dtype=np.uint8)
@@ -287,6 +298,10 @@ class ShmTransport(Transport):
         self._collected: List[Tuple[str, int]] = []
         self._lock = threading.Lock()
         self._maps: "OrderedDict[Tuple[str, int], Mapping]" = OrderedDict()
+        # Whether this process has mapped one of the daemon's arenas: after that, an arena file the daemon
+        # named and that is not there means the daemon went away (it removes its files as it shuts down),
+        # not that its shared memory is out of this process's reach.
+        self._mapped_any = False
         self._checked = 0.0
         # The process whose pruning thread runs (a forked child starts its own).
         self._pruner_pid = 0
@@ -363,8 +378,17 @@ class ShmTransport(Transport):
             if mapping is not None:
                 self._maps.move_to_end(key)
                 return mapping
-        mapping = Mapping(shm.path)
+        try:
+            mapping = Mapping(shm.path)
+        except ShmUnreachable as e:
+            if self._mapped_any and getattr(e, "errno", None) == errno.ENOENT:
+                raise Unavailable(
+                    f"the daemon's shared memory {shm.path} is gone before this reply was read: the daemon shut "
+                    "down or restarted (this process had read its shared memory before)"
+                ) from None
+            raise
         with self._lock:
+            self._mapped_any = True
             self._maps[key] = mapping
             while len(self._maps) > CACHED_MAPPINGS:
                 self._maps.popitem(last=False)
