@@ -325,7 +325,7 @@ pub async fn serve_engine(
     tokio::select! {
         _ = drained => {}
         _ = tokio::time::sleep(grace) => {
-            tracing::warn!(grace_s = grace.as_secs_f64(), "grace period over; closing remaining connections");
+            tracing::warn!(grace_s = grace.as_secs_f64(), connections = gate.open(), "grace period over; closing remaining connections (their clients had not read their replies, or calls had not ended)");
         }
         _ = crate::shutdown::signal() => {
             tracing::warn!("second signal; closing remaining connections now");

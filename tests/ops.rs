@@ -998,3 +998,31 @@ async fn admin_methods_other_than_get_are_405_with_allow() {
         "{reply}"
     );
 }
+
+/// A reply its client never reads holds the drain for the whole grace period; then the daemon closes the
+/// connection and exits, and does not warn of decode threads stuck in reads: its threads were idle (the
+/// fleet had no time left to see them exit, and said so for every such shutdown: probe B).
+#[tokio::test]
+async fn a_reply_left_unread_through_the_grace_is_no_stuck_read() {
+    let mut d = Daemon::start_with(&["--listen", "127.0.0.1:0", "--shutdown-grace", "1"]).await;
+    let frames: Vec<u64> = (0..30).collect();
+    let held_channel = tonic::transport::Endpoint::from_shared(format!("http://{}", d.tcp_addr()))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let _held = proto::v_serve_client::VServeClient::new(held_channel.clone())
+        .max_decoding_message_size(64 << 20)
+        .get_clips(bikes(&frames))
+        .await
+        .expect("GetClips admitted")
+        .into_inner();
+    d.signal("TERM");
+    let exit = d.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(exit, Some(Some(0)), "{}", d.log_text());
+    let log = d.log_text();
+    assert!(log.contains("grace period over"), "{log}");
+    assert!(!log.contains("decode threads still busy"), "{log}");
+}

@@ -62,6 +62,10 @@ pub const LONG_RUN_FRAMES: usize = 4096;
 /// ([`Backend::idle`]), and again each time as long.
 const IDLE_SWEEP: Duration = Duration::from_secs(10);
 
+/// The least time [`Fleet::shutdown`] gives its threads to exit once told to stop (idle ones take
+/// microseconds; this bounds the shutdown of a daemon with a thread stuck in a read past its grace).
+const IDLE_EXIT: Duration = Duration::from_millis(500);
+
 /// A run as queued: until a decode thread takes it (`started`), other requests may add frames to it.
 #[derive(Debug)]
 pub struct PendingRun {
@@ -377,11 +381,14 @@ impl Fleet {
     }
 
     /// Stops accepting jobs, lets the threads finish what is queued until `deadline`, then leaves the
-    /// threads still busy (stuck reads) behind. Queued runs no thread took fail with ShuttingDown.
+    /// threads still busy (stuck reads) behind. Queued runs no thread took fail with ShuttingDown. Idle
+    /// threads get [`IDLE_EXIT`] to see the stop and exit, however close the deadline: a daemon whose
+    /// grace period a client's unread reply used up warned of stuck reads with every thread idle.
     pub fn shutdown(&self, deadline: Instant) {
         if self.shut_down.swap(true, Ordering::SeqCst) {
             return;
         }
+        let deadline = deadline.max(Instant::now() + IDLE_EXIT);
         *self.shared.stopping.lock() = true;
         self.shared.stop.notify_all();
         self.shared.scheduler.close();
