@@ -24,6 +24,10 @@ out=$(systemd-analyze verify "$tmp/vserve.service" 2>&1) || fail "systemd-analyz
 sed 's/^ProtectSystem=/ProtectSytem=/' "$tmp/vserve.service" >"$tmp/broken.service"
 out=$(systemd-analyze verify "$tmp/broken.service" 2>&1 || true)
 grep -q "Unknown key 'ProtectSytem'" <<<"$out" || fail "systemd-analyze missed a broken unit: $out"
+# Clients are processes only where the daemon sees them (/proc/<pid>/stat of other users' processes).
+if grep -Eq '^ProtectProc=(invisible|noaccess)' deploy/systemd/vserve.service; then
+  fail "ProtectProc hides clients' processes from the daemon: every process of a user would be one client"
+fi
 grep -Eq '^TimeoutStopSec=([0-9]+)' deploy/systemd/vserve.service || fail "no TimeoutStopSec"
 stop=$(sed -n 's/^TimeoutStopSec=\([0-9]*\).*/\1/p' deploy/systemd/vserve.service)
 grace=$(sed -n 's/^shutdown-grace = \([0-9]*\).*/\1/p' deploy/systemd/vserve.toml)
@@ -61,6 +65,8 @@ c = pod["containers"][0]
 assert c["securityContext"]["readOnlyRootFilesystem"], "root filesystem not read-only"
 mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
 assert state in mounts and not mounts[state].get("readOnly"), f"{state} is not a writable mount"
+# Clients are processes: their socket peers' pids mean something only in the host's PID namespace.
+assert pod.get("hostPID") is True, "the DaemonSet needs hostPID: true to tell a user's processes apart"
 init = next(i for i in pod["initContainers"] if i["name"] == "own-dirs")
 assert state in init["command"] and str(pod["securityContext"]["runAsUser"]) in init["command"][1], init
 PY

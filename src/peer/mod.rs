@@ -63,9 +63,15 @@ impl Peer {
         let key = match pid.filter(|&p| p > 0) {
             Some(pid) => match process_start(pid) {
                 Some(start) => PeerKey::Process { pid, start },
-                None => PeerKey::User(uid),
+                None => {
+                    unseen_processes(&format!("/proc/{pid}/stat cannot be read"));
+                    PeerKey::User(uid)
+                }
             },
-            None => PeerKey::User(uid),
+            None => {
+                unseen_processes("the socket names no process (pid 0: the client is in a PID namespace this daemon does not see)");
+                PeerKey::User(uid)
+            }
         };
         Peer {
             key,
@@ -173,6 +179,17 @@ fn parse_groups(status: &str) -> Option<Vec<u32>> {
 }
 
 /// A process's start time (field 22 of /proc/PID/stat), `None` when there is no such process.
+/// Warns once that a Unix-socket client is counted as its user: the daemon cannot see its process (a
+/// `/proc` mounted `hidepid=`, systemd's `ProtectProc=invisible`, a PID namespace of its own as a pod
+/// without `hostPID`), so every process of that user shares one client's limits. (Also the rare client
+/// that exits between connecting and its call.)
+fn unseen_processes(why: &str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(%why, "a client's process is not visible to this daemon, so it counts as its user: every process of that user shares one client's limits (a /proc mounted hidepid=, systemd ProtectProc=invisible, or a Kubernetes pod without hostPID: true); warned once");
+    }
+}
+
 fn process_start(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces or ')': split after the last one.
