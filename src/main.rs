@@ -33,7 +33,9 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// A command whose output is cut short (`vserve probe ... | head`) ends quietly, as a tool killed by
 /// SIGPIPE does (status 141, what a shell reports for one), rather than with `println!`'s panic and
-/// backtrace. SIGPIPE itself stays ignored: gRPC writes to a closed socket must fail, not kill.
+/// backtrace; one whose output cannot be written otherwise (a full disk, `> /dev/full`) says so and
+/// exits 74 (EX_IOERR), as an unwritable `--out` does. SIGPIPE itself stays ignored: gRPC writes to a
+/// closed socket must fail, not kill.
 fn end_quietly_on_a_closed_stdout() {
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -43,8 +45,15 @@ fn end_quietly_on_a_closed_stdout() {
             .map(String::as_str)
             .or_else(|| payload.downcast_ref::<&str>().copied())
             .unwrap_or("");
-        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
-            std::process::exit(141);
+        if let Some(why) = message.strip_prefix("failed printing to stdout") {
+            if why.contains("Broken pipe") {
+                std::process::exit(141);
+            }
+            eprintln!(
+                "vserve: cannot write stdout: {}",
+                why.trim_start_matches(':').trim()
+            );
+            std::process::exit(74);
         }
         report(info)
     }));

@@ -766,3 +766,81 @@ async fn intra_refresh_recovery_points_are_no_keyframes() {
     let log = d.log_text();
     assert!(!log.contains("decoding disagreed"), "{log}");
 }
+
+/// `vserve stream --list` whose reader goes away ends at once with 141 (it ignored the write errors,
+/// streamed the whole epoch for nobody and exited 0); output that cannot be written for another reason
+/// (a full disk) is exit 74 with a message, for every command (they panicked, exit 101: probe C).
+#[tokio::test]
+async fn output_that_cannot_be_written_ends_a_command_by_its_exit_code() {
+    use std::io::BufRead;
+    let d = Daemon::start().await;
+    let mut child = Command::new(vserve_bin())
+        .args([
+            "stream",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            MEDIA,
+            "--batch-size",
+            "1",
+        ])
+        .args(["--size", "16x16", "--list"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vserve");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("{\"batch\":0"), "{first}");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(141),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    for args in [
+        vec![
+            "probe",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            MEDIA,
+            "--video",
+            BIKES,
+        ],
+        vec!["datasets", "--addr", &d.addr],
+        vec![
+            "stream",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            MEDIA,
+            "--batch-size",
+            "1",
+            "--size",
+            "16x16",
+            "--list",
+        ],
+    ] {
+        let out = Command::new(vserve_bin())
+            .args(&args)
+            .stdout(full())
+            .output()
+            .expect("run vserve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(74), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("vserve: cannot write stdout: "),
+            "{args:?}: {stderr}"
+        );
+    }
+}

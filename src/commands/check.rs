@@ -8,7 +8,7 @@
 //! `--daemon`). Exit: 0 every video ok, 1 some not, 64 bad flags, 69 the daemon could not run the check,
 //! 74 an unusable state directory.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -291,8 +291,7 @@ impl Output {
                     .map_or_else(String::new, |m| format!(" ({m})"))
             )
         };
-        let _ = writeln!(stdout, "{line}");
-        let _ = stdout.flush();
+        super::line_out(&mut stdout, &line);
         drop(stdout);
         self.draw(done, done >= self.total);
     }

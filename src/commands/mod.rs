@@ -380,7 +380,7 @@ pub async fn stream(args: &StreamArgs) -> Result<(), CommandError> {
                     "crop": c.crop.as_ref().map(|r| [r.x, r.y, r.width, r.height]),
                     "flipped": c.flipped,
                 });
-                let _ = writeln!(out, "{line}");
+                line_out(&mut out, &line.to_string());
             }
         }
         if let Some(dir) = &args.out_dir {
@@ -483,6 +483,20 @@ pub fn write_npy(path: &Path, shape: &[u64], descr: &str, data: &[u8]) -> std::i
     f.write_all(header.as_bytes())?;
     f.write_all(data)?;
     f.flush()
+}
+
+/// Writes one line of a command's output to stdout: a reader gone (`| head`) ends the command as
+/// SIGPIPE would (141), any other failure (a full disk) says so and exits 74, as `println!` does through
+/// the panic hook in `main.rs`. (A line output ignoring its errors went on streaming a whole epoch for a
+/// reader that had exited, and exited 0.)
+pub(crate) fn line_out(out: &mut impl Write, line: &str) {
+    if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        eprintln!("vserve: cannot write stdout: {e}");
+        std::process::exit(74);
+    }
 }
 
 #[cfg(test)]
