@@ -3,8 +3,9 @@
 //! - `GET /metrics`: every metric in the OpenMetrics text format (Prometheus scrapes it);
 //! - `GET /livez`: 200 while the daemon can make progress; 503, saying why, when it cannot (every decode
 //!   thread stuck past its deadline, or more threads stuck than it replaces: restarting it is the cure);
-//! - `GET /readyz`: 200 while the gRPC listeners accept calls, 503 before start-up completes and from the
-//!   moment a drain starts (so load balancers and Kubernetes stop sending work first).
+//! - `GET /readyz`: 200 while the gRPC listeners accept calls, 503 before start-up completes, from the
+//!   moment a drain starts (so load balancers and Kubernetes stop sending work first), and while
+//!   `/livez` is 503.
 //!
 //! The port is bounded as the gRPC ones are: idle connections once took every descriptor the daemon
 //! had (see [`serve`]).
@@ -201,17 +202,21 @@ fn respond(req: &Request<Incoming>, state: &AdminState) -> Response<String> {
                 format!("not live: {why}\n"),
             ),
         },
-        "/readyz" => {
-            if state.is_ready() {
-                text(StatusCode::OK, PLAIN, "ready\n".into())
-            } else {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    PLAIN,
-                    "not ready (starting or draining)\n".into(),
-                )
-            }
-        }
+        // Not live is not ready either: a daemon whose decode threads are all stuck answers every call
+        // UNAVAILABLE, and work routed to it by readiness would fail (it said ready: probe C).
+        "/readyz" => match state.liveness.as_ref().map_or(Ok(()), |check| check()) {
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                PLAIN,
+                format!("not ready: {why}\n"),
+            ),
+            Ok(()) if state.is_ready() => text(StatusCode::OK, PLAIN, "ready\n".into()),
+            Ok(()) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                PLAIN,
+                "not ready (starting or draining)\n".into(),
+            ),
+        },
         _ => text(
             StatusCode::NOT_FOUND,
             PLAIN,

@@ -177,8 +177,13 @@ async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
     expect_code(res, &["UNAVAILABLE"], "a decode with every slot stuck");
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(d.is_running());
-    // Readiness is about draining, not health.
-    assert_eq!(d.admin_get("/readyz").0, 200);
+    // Not live is not ready: work routed here by readiness would fail UNAVAILABLE (it said 200: probe C).
+    let (code, body) = d.admin_get("/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.starts_with("not ready: 2 decode threads are stuck"),
+        "{body}"
+    );
 }
 
 #[tokio::test]
