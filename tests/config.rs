@@ -127,6 +127,21 @@ fn invalid_values_exit_64_naming_key_and_value() {
             "12parsecs",
         ),
         (vec!["--decode-threads", "0"], vec![], "decode-threads", "0"),
+        // Negative values are values to name, not unknown flags; a negative size says so (it was
+        // "unexpected argument '-1'", and through env "unknown unit": probe C).
+        (vec!["--cache-bytes", "-1"], vec![], "cache-bytes", "-1"),
+        (
+            vec!["--decode-deadline", "-1"],
+            vec![],
+            "decode-deadline",
+            "-1",
+        ),
+        (
+            vec![],
+            vec![("VSERVE_CACHE_BYTES", "-1")],
+            "cache-bytes",
+            "-1",
+        ),
         (
             vec!["--decode-deadline", "0"],
             vec![],
@@ -305,4 +320,33 @@ fn a_dataset_flag_is_taken_whole_and_the_env_list_is_split() {
     );
     assert_eq!(code, 0, "{err}");
     assert_eq!(line(&out, "dataset"), "dataset = [\"f=/data/f\"]");
+}
+
+/// A boolean setting's variable takes the usual spellings (1/0, yes/no, on/off as well as true/false:
+/// `VSERVE_ALLOW_INSECURE_TCP=1` stopped the daemon, exit 64), and `vserve config` prints it either way
+/// (it was left out when off: probe C).
+#[test]
+fn boolean_variables_take_the_usual_spellings_and_config_prints_them() {
+    for (value, want) in [
+        ("1", true),
+        ("yes", true),
+        ("on", true),
+        ("true", true),
+        ("0", false),
+        ("no", false),
+        ("off", false),
+    ] {
+        let (code, out, err) = config(&[], &[("VSERVE_ALLOW_INSECURE_TCP", value)]);
+        assert_eq!(code, 0, "{value}: {err}");
+        assert_eq!(
+            line(&out, "allow-insecure-tcp"),
+            format!("allow-insecure-tcp = {want}"),
+            "{value}"
+        );
+    }
+    let (_, out, _) = config(&[], &[]);
+    assert_eq!(
+        line(&out, "allow-insecure-tcp"),
+        "allow-insecure-tcp = false"
+    );
 }

@@ -21,6 +21,8 @@ use super::{
 };
 
 #[derive(Args, Debug, Clone, Default)]
+// `--cache-bytes -1` is a bad value to name, not an unknown flag.
+#[command(allow_negative_numbers = true)]
 pub struct ServeArgs {
     /// TOML file with the same settings as the flags.
     #[arg(long, env = "VSERVE_CONFIG", value_name = "FILE")]
@@ -132,7 +134,8 @@ pub struct ServeArgs {
     #[arg(long, env = "VSERVE_STREAM_IDLE_TIMEOUT", value_name = "SECONDS")]
     pub stream_idle_timeout: Option<f64>,
     /// Serve a TCP listener on a non-loopback address without --auth-token-file (otherwise refused).
-    #[arg(long, env = "VSERVE_ALLOW_INSECURE_TCP")]
+    /// The variable takes true/false, 1/0, yes/no, on/off.
+    #[arg(long, env = "VSERVE_ALLOW_INSECURE_TCP", value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_insecure_tcp: bool,
     /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
     #[arg(long, env = "VSERVE_MAX_STREAMS", value_name = "N")]
@@ -588,9 +591,7 @@ fn ops_to_toml(c: &Config) -> String {
     };
     let mut out = format!("rescan-interval = {}\n", c.rescan_interval.as_secs_f64());
     out += &tenancy::tenancy_to_toml(&c.tenancy);
-    if o.allow_insecure_tcp {
-        out += "allow-insecure-tcp = true\n";
-    }
+    out += &format!("allow-insecure-tcp = {}\n", o.allow_insecure_tcp);
     out += &format!(
         "max-streams = {}\nadmin-listen = {:?}\nlog-format = {:?}\nsocket-mode = \"{:04o}\"\n",
         c.limits.max_streams,

@@ -499,6 +499,13 @@ pub fn parse_bytes(key: &str, s: &str) -> Result<u64, ConfigError> {
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
+    if t.starts_with('-') {
+        return Err(ConfigError::new(
+            key,
+            s,
+            "negative (a size is at least 0 bytes)",
+        ));
+    }
     let (num, unit) = t.split_at(split);
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
