@@ -183,6 +183,10 @@ pub struct Store {
     max_bytes: u64,
     /// Bytes of records, once counted (the first write walks the directory).
     used: Mutex<Option<u64>>,
+    /// Record files warned about as unreadable, untrusted or another video's, until written again: a
+    /// request reads its video's record twice (a lookup, then the build), and each bad record was warned
+    /// twice.
+    warned: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Records at least this long are memory-mapped, smaller ones read onto the heap: a map costs a page
@@ -249,7 +253,13 @@ impl Store {
             state: state.clone(),
             max_bytes,
             used: Mutex::new(None),
+            warned: Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    /// Whether to warn about record file `name` now: once until it is written again.
+    fn first_warning(&self, name: &str) -> bool {
+        self.warned.lock().insert(name.to_owned())
     }
 
     /// The file holding `key`'s record, relative to the state directory.
@@ -278,18 +288,25 @@ impl Store {
             Ok(Some(b)) => b,
             Ok(None) => return None,
             Err(e) => {
-                tracing::warn!(file = %self.state.path(&name).display(), error = %e, "store record unreadable; ignoring it");
+                if self.first_warning(&name) {
+                    tracing::warn!(file = %self.state.path(&name).display(), error = %e, "store record unreadable; ignoring it");
+                }
                 return None;
             }
         };
         let record = match format::decode_owned(bytes) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(file = %self.state.path(&name).display(), video = %key.path.display(), error = %e, "store record not trusted; ignoring it");
+                if self.first_warning(&name) {
+                    tracing::warn!(file = %self.state.path(&name).display(), video = %key.path.display(), error = %e, "store record not trusted; ignoring it");
+                }
                 return None;
             }
         };
         if record.key.path != key.path || record.key.stream != key.stream {
+            if !self.first_warning(&name) {
+                return None;
+            }
             tracing::warn!(file = %self.state.path(&name).display(), video = %key.path.display(), holds = %record.key.path.display(), "store record belongs to another video; ignoring it");
             return None;
         }
@@ -328,6 +345,7 @@ impl Store {
         let name = Store::file_name(&record.key);
         let old = std::fs::metadata(self.state.path(&name)).map_or(0, |m| on_disk(m.len()));
         self.state.write_atomic(&name, &bytes)?;
+        self.warned.lock().remove(&name);
         let over = {
             let mut used = self.used.lock();
             let total = match *used {
