@@ -280,7 +280,7 @@ pub fn index_one(
     // A file over the pixel bound is one another configuration decodes: reported, not recorded.
     let remember = !matches!(built, Err(crate::index::IndexError::TooLarge { .. }));
     let (health, table) = match built {
-        Ok(ix) if ix.damaged => (health_of(&file, None), Some(ix)),
+        Ok(ix) if ix.needs_health_check() => (health_of(&file, None), Some(ix)),
         Ok(ix) => (Health::Unchecked, Some(ix)),
         Err(crate::index::IndexError::Corrupt { reason, .. }) => (
             Health::Unreadable {

@@ -114,6 +114,15 @@ pub enum Lookup {
 }
 
 impl VideoIndex {
+    /// Whether the video's health must come from a whole decode ([`crate::check::health_of`]) before a
+    /// stream places clips on it: its table met decoder errors, or the file lacks frames its header
+    /// declares (cut short: its last frames may come from packets cut in two, which the decoder
+    /// conceals without an error, and `vserve index` called such a file whole where `vserve check`
+    /// found its first bad frame: probe C).
+    pub fn needs_health_check(&self) -> bool {
+        self.damaged || self.declared_frames > 0
+    }
+
     pub fn frame_count(&self) -> usize {
         self.frames.len()
     }

@@ -270,8 +270,9 @@ async fn corrupt_or_foreign_records_are_ignored_with_a_warning_and_the_right_fra
 #[tokio::test]
 async fn damaged_videos_are_sampled_before_their_first_bad_frame_and_stay_damaged() {
     const CORRUPT: &str = "decord/corrupted.mp4"; // 49 frames, errors from frame 28
-                                                  // 65 frames; the error is in a packet after the last frame FFmpeg outputs (the CLI's 65 frames are
-                                                  // served exactly, see tests/coverage.rs), so the file is not damaged for sampling: used to the end.
+                                                  // 65 frames, cut inside the packet after them (the CLI's 65 frames are served exactly, see
+                                                  // tests/coverage.rs): bad from frame 64, the first out after the packet the decoder rejects,
+                                                  // as `vserve check` says (before, the index called it whole and sampled it to its end).
     const ZOMBIE: &str = "fate/white_zombie_scrunch-part.mov";
     const OK: &str = "decord/unordered.mov";
     let dir = dataset_dir(&[CORRUPT, ZOMBIE, OK]);
@@ -289,10 +290,7 @@ async fn damaged_videos_are_sampled_before_their_first_bad_frame_and_stay_damage
             last[CORRUPT], 27,
             "{what}: {CORRUPT} sampled up to frame 27"
         );
-        assert_eq!(
-            last[ZOMBIE], 64,
-            "{what}: {ZOMBIE} sampled to its last frame"
-        );
+        assert_eq!(last[ZOMBIE], 63, "{what}: {ZOMBIE} sampled up to frame 63");
         assert_eq!(last[OK], 3, "{what}: {OK} to its last frame");
         assert!(
             batches.iter().all(|b| b.header.skipped.is_empty()),
@@ -425,6 +423,7 @@ async fn vserve_index_shards_merge_by_copying_and_a_daemon_over_them_builds_no_t
         "dali/cfr.mov",
         "imageio/realshort.mp4",
         "gulpio/test.webm",
+        "fate/white_zombie_scrunch-part.mov",
         CONTROL_VIDEO,
     ];
     let dir = dataset_dir(VIDEOS);
@@ -460,6 +459,14 @@ async fn vserve_index_shards_merge_by_copying_and_a_daemon_over_them_builds_no_t
     );
     // The damaged file got its table, and where its damage starts; seconds are the table's.
     assert!(union["decord/corrupted.mp4"]["first_bad_frame"].is_u64());
+    // A file cut inside its last packet: damaged where `vserve check` says, from the first frame out after
+    // the packet the decoder rejected (`index` called it whole: probe C).
+    let cut = &union["fate/white_zombie_scrunch-part.mov"];
+    assert_eq!(
+        (&cut["first_bad_frame"], &cut["decodable_frames"]),
+        (&serde_json::json!(64), &serde_json::json!(64)),
+        "{cut}"
+    );
     let secs = union[BIKES]["seconds"].as_f64().unwrap();
     assert!((9.0..11.0).contains(&secs), "bikes is 10 s: {secs}");
 

@@ -516,7 +516,9 @@ impl Catalog {
     ) {
         let Some(store) = &self.store else { return };
         let (health, table) = match built {
-            Ok(ix) if ix.damaged => (crate::check::health_of(file, id.stream), Some(ix.clone())),
+            Ok(ix) if ix.needs_health_check() => {
+                (crate::check::health_of(file, id.stream), Some(ix.clone()))
+            }
             Ok(ix) => (Health::Unchecked, Some(ix.clone())),
             Err(IndexError::Corrupt { reason, .. }) => (
                 Health::Unreadable {
