@@ -1026,3 +1026,40 @@ async fn a_reply_left_unread_through_the_grace_is_no_stuck_read() {
     assert!(log.contains("grace period over"), "{log}");
     assert!(!log.contains("decode threads still busy"), "{log}");
 }
+
+/// SIGTERM while `vserve stream` reads: the daemon ends the stream at its next batch with UNAVAILABLE
+/// "server is shutting down" and takes no new call; the client's releases of slots fail meanwhile, and
+/// the client reads on to the stream's own status (it ended "connection closed", from a release, with a
+/// hint about connection limits: probe C).
+#[tokio::test]
+async fn a_stream_cut_by_a_drain_ends_with_the_daemons_status() {
+    let d = Daemon::start().await;
+    let mut child = std::process::Command::new(vserve_bin())
+        .args([
+            "stream",
+            "--addr",
+            &d.addr,
+            "--dataset",
+            MEDIA,
+            "--batch-size",
+            "2",
+        ])
+        .args(["--size", "32x32", "--clips-per-video", "50", "--list"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vserve stream");
+    let mut first = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut first).unwrap();
+    assert!(first.starts_with("{\"batch\":0"), "{first}");
+    d.signal("TERM");
+    std::io::copy(&mut out, &mut std::io::sink()).unwrap();
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("UNAVAILABLE: server is shutting down"),
+        "{stderr}"
+    );
+}

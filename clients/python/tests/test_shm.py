@@ -467,3 +467,25 @@ def test_a_stream_read_after_the_daemon_shut_down_is_unavailable(tmp_path):
             assert e.value.code == "UNAVAILABLE"
     finally:
         d.stop()
+
+
+def test_a_stream_cut_by_a_drain_ends_with_the_daemons_status(tmp_path):
+    """SIGTERM while a stream is read: the daemon ends the stream at its next batch with UNAVAILABLE
+    "server is shutting down", and closes its listener. The client's releases of slots then fail (no new
+    call is taken) while the stream's last batches and its status are still on their way: it reads them,
+    so the stream ends with the daemon's status (it ended "failed to connect ... Connection refused", from
+    a release: probe C)."""
+    from conftest import Daemon
+
+    d = Daemon(tmp_path)
+    try:
+        with d.client() as c:
+            stream = iter(c.stream("media", batch_size=2, size=(32, 32), num_clips=50, prefetch=2))
+            next(stream)
+            d.proc.terminate()
+            with pytest.raises(vserve_client.Unavailable) as e:
+                for _ in range(100000):
+                    next(stream)
+            assert "server is shutting down" in str(e.value), e.value
+    finally:
+        d.stop()

@@ -463,6 +463,7 @@ class ShmTransport(Transport):
         # land in pages this process has already mapped.
         previous = None
         kept: List[Batch] = []
+        release_failed: Optional[Unavailable] = None
         try:
             for msg in messages:
                 if not msg.HasField("header"):
@@ -474,8 +475,16 @@ class ShmTransport(Transport):
                     raise ProtocolError("batch without a shared-memory slot in a shared-memory stream")
                 mapped = self._mapping(h.shm)
                 batch = Batch(h, mapped.view(h), releaser=self._releaser(h.shm.arena, h.shm.slot))
-                if previous is not None and not previous._kept:
-                    previous.release()
+                if previous is not None and not previous._kept and release_failed is None:
+                    try:
+                        previous.release()
+                    except Unavailable as e:
+                        # A daemon shutting down takes no new call (its listener is closed) while the
+                        # stream's last batches and its status are still on their way: read them, so
+                        # the stream ends with the daemon's own status ("server is shutting down"),
+                        # not this release's "connection refused". An ended stream's arena goes with
+                        # it, released or not.
+                        release_failed = e
                 previous = batch
                 yield batch
                 _check_kept(kept, batch, h.shm.slots)

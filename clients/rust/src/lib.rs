@@ -371,6 +371,7 @@ impl Client {
             inner,
             client: self.inner.clone(),
             arena: None,
+            releases_off: false,
         })
     }
 
@@ -439,6 +440,8 @@ pub struct BatchStream {
     client: VServeClient<Authed>,
     /// The stream's arena, mapped once (transport SHM).
     arena: Option<(String, memmap2::Mmap)>,
+    /// A release failed UNAVAILABLE: no more are sent (see [`BatchStream::next`]).
+    releases_off: bool,
 }
 
 /// Gives a slot back once its bytes are copied out.
@@ -498,7 +501,18 @@ impl BatchStream {
             .map_err(|_| ClientError::Protocol(format!("array of {} bytes", header.nbytes)))?;
         if let Some(slot) = &header.shm {
             let data = read_slot(slot, nbytes, &mut self.arena)?;
-            release(&mut self.client, slot).await?;
+            if !self.releases_off {
+                match release(&mut self.client, slot).await {
+                    // A daemon shutting down takes no new call (its listener is closed) while the
+                    // stream's last batches and its status are on their way: read them, so that the
+                    // stream ends with the daemon's status ("server is shutting down"), not this
+                    // release's "connection closed". An ended stream's arena goes with it.
+                    Err(ClientError::Status(s)) if s.code() == tonic::Code::Unavailable => {
+                        self.releases_off = true;
+                    }
+                    other => other?,
+                }
+            }
             return Ok(Some(Batch { header, data }));
         }
         let mut data = Vec::with_capacity(nbytes);
