@@ -86,9 +86,9 @@ fn connection_failed(status: tonic::Status) -> tonic::Status {
     }
     chain.dedup();
     tonic::Status::unavailable(format!(
-        "connection to the daemon failed: {} (a daemon closes a new connection at once when this \
-         process, its user or all clients hold as many as it allows, and a connection whose replies \
-         go unread while others wait: see its log)",
+        "connection to the daemon failed: {} (the daemon stopped, restarted or closed the connection: \
+         it closes a new one at once when this process, its user or all clients hold as many as it \
+         allows, and one whose replies go unread while others wait; see its log)",
         chain.join(": ")
     ))
 }
