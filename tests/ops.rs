@@ -1063,3 +1063,39 @@ async fn a_stream_cut_by_a_drain_ends_with_the_daemons_status() {
         "{stderr}"
     );
 }
+
+/// FFmpeg's own messages (`VSERVE_FFMPEG_LOG`) go through the daemon's log: with `--log-format json`
+/// every line is one JSON object, FFmpeg's with target "ffmpeg" (they were raw text on stderr, 49 lines
+/// of 56 in probe C's run). x86_64 only: FFmpeg's callback is installed there.
+#[cfg(target_arch = "x86_64")]
+#[tokio::test]
+async fn ffmpeg_messages_keep_a_json_log_json() {
+    let d = Daemon::start_with_env(
+        &["--log-format", "json"],
+        &[("VSERVE_FFMPEG_LOG", "warning")],
+    )
+    .await;
+    let mut c = d.client().await;
+    // A file cut inside its last packet: the demuxer and the decoder complain.
+    let _ = c
+        .get_clips(clips_req(
+            MEDIA,
+            vec![frames_clip(
+                "fate/white_zombie_scrunch-part.mov",
+                &[60, 64],
+                None,
+            )],
+            None,
+        ))
+        .await;
+    let log = d.log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|v| v["target"] == "ffmpeg"),
+        "no FFmpeg message:\n{log}"
+    );
+}

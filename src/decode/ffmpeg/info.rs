@@ -47,7 +47,8 @@ pub fn decoder_errors() -> u64 {
     DECODER_ERRORS.with(|c| c.get())
 }
 
-/// FFmpeg's log callback: counts HEVC decoders' error messages on this thread, then logs as FFmpeg would.
+/// FFmpeg's log callback: counts HEVC decoders' error messages on this thread, then logs what
+/// `VSERVE_FFMPEG_LOG` asks for through the daemon's log (target `ffmpeg`).
 #[cfg(target_arch = "x86_64")]
 unsafe extern "C" fn log_callback(
     avcl: *mut std::ffi::c_void,
@@ -70,8 +71,41 @@ unsafe extern "C" fn log_callback(
             DECODER_ERRORS.with(|c| c.set(c.get() + 1));
         }
     }
-    // SAFETY: the arguments FFmpeg passed, unchanged.
-    unsafe { ff::ffi::av_log_default_callback(avcl, level, fmt, vl) };
+    // SAFETY: a plain read of FFmpeg's process-global level.
+    if level > unsafe { ff::ffi::av_log_get_level() } {
+        return;
+    }
+    // Shown (VSERVE_FFMPEG_LOG): through the daemon's own log, so that `--log-format json` stays one
+    // JSON object a line (FFmpeg's default callback wrote raw text to stderr: probe C).
+    let mut line = [0 as std::ffi::c_char; 1024];
+    let mut prefix: std::ffi::c_int = 1;
+    // SAFETY: the arguments FFmpeg passed, formatted once into a buffer of the size given.
+    let n = unsafe {
+        ff::ffi::av_log_format_line2(
+            avcl,
+            level,
+            fmt,
+            vl,
+            line.as_mut_ptr(),
+            line.len() as std::ffi::c_int,
+            &mut prefix,
+        )
+    };
+    if n < 0 {
+        return;
+    }
+    // SAFETY: av_log_format_line2 NUL-terminates what it writes within the buffer.
+    let text = unsafe { std::ffi::CStr::from_ptr(line.as_ptr()) }.to_string_lossy();
+    let text = text.trim_end();
+    if text.is_empty() {
+        return;
+    }
+    match level {
+        l if l <= ff::ffi::AV_LOG_ERROR => tracing::error!(target: "ffmpeg", "{text}"),
+        l if l <= ff::ffi::AV_LOG_WARNING => tracing::warn!(target: "ffmpeg", "{text}"),
+        l if l <= ff::ffi::AV_LOG_INFO => tracing::info!(target: "ffmpeg", "{text}"),
+        _ => tracing::debug!(target: "ffmpeg", "{text}"),
+    }
 }
 
 /// The video stream to use: `wanted` when given (it must be a video stream), else FFmpeg's best video
