@@ -387,6 +387,16 @@ impl Engine {
                 "The in-flight memory budget (max-inflight-bytes).",
                 self.budget.capacity(),
             ),
+            Scraped::gauge(
+                "shm_arenas",
+                "Shared-memory arena files alive (replies, streams, spares kept for reuse).",
+                s.shm_arenas,
+            ),
+            Scraped::gauge(
+                "shm_bytes",
+                "Bytes of the shared-memory arena files alive (what they may take of --shm-dir).",
+                self.shm.bytes_in_use() as u64,
+            ),
             Scraped::counter(
                 "decode_deadline_exceeded_runs",
                 "GOP runs failed for passing --decode-deadline (each abandoned its thread).",

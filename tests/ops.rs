@@ -114,6 +114,9 @@ async fn metrics_parse_and_count_the_requests_made() {
         "vserve_transport_send_duration_seconds",
         "vserve_index_failed_files_total",
         "vserve_decode_threads",
+        // Shared memory, for alerts on --shm-dir (it was in GetStats only: probe C).
+        "vserve_shm_arenas",
+        "vserve_shm_bytes",
     ] {
         assert!(before.has(name), "{name} missing from /metrics");
     }

@@ -87,8 +87,12 @@ impl std::fmt::Display for OpenError {
             OpenError::Ffmpeg(ff::Error::Eof) => {
                 write!(f, "the file ends inside its header (End of file): truncated")
             }
+            // FFmpeg says this of a file of no format it knows as well as of a damaged header.
             OpenError::Ffmpeg(e @ ff::Error::InvalidData) => {
-                write!(f, "its header is damaged ({e})")
+                write!(
+                    f,
+                    "not a video container vserve opens, or its header is damaged ({e})"
+                )
             }
             OpenError::Ffmpeg(e @ ff::Error::Other { errno: libc::EIO }) => {
                 write!(f, "its header cannot be read ({e}): truncated or damaged")
