@@ -386,7 +386,10 @@ pub fn run_each(
             }
         }
         drop(tx);
-        for (done, (r, rec)) in rx.iter().enumerate() {
+        for (done, (mut r, rec)) in rx.iter().enumerate() {
+            // Named relative to the dataset, as the daemon's CheckDataset names them (the record keeps
+            // the whole path; `vserve check` printed it: probe C).
+            r.reason = r.reason.map(|m| ds.relative_message(&m));
             if !report(r, rec, done + 1, total) {
                 stop.store(true, Ordering::Relaxed);
                 break;

@@ -189,6 +189,13 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
 
 pub use crate::state::kind_of;
 
+/// `root` as it starts a quoted path in a message (`"/data/k400/`): what messages to clients drop, so
+/// that they name a video relative to its dataset ([`Dataset::relative_message`], the catalogue's).
+pub fn quoted_root(root: &Path) -> String {
+    let quoted = format!("{:?}", format!("{}/", root.display()));
+    quoted[..quoted.len() - 1].to_owned()
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DatasetError {
     #[error("video path {0:?} is empty or not valid")]
@@ -241,6 +248,11 @@ impl Dataset {
                 reason,
             },
         }
+    }
+
+    /// `msg` with this dataset's root dropped from the paths it quotes (`corrupt media "a/b.mp4"`).
+    pub fn relative_message(&self, msg: &str) -> String {
+        msg.replace(&quoted_root(&self.root), "\"")
     }
 
     /// Opens a dataset root; the directory must exist.

@@ -448,6 +448,12 @@ async fn a_checked_mp4_cut_short_is_data_loss_for_the_daemon_after_it() {
         run.videos
     );
     assert_eq!(run.videos["text.mp4"]["status"], "unreadable");
+    // Reasons name the video relative to its dataset, as the daemon's do (they held the root: probe C).
+    let reason = run.videos["cut.mp4"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("\"cut.mp4\"") && !reason.contains(&root.display().to_string()),
+        "{reason}"
+    );
     let d =
         Daemon::start_with_env(&["--dataset", &dataset], &[("VSERVE_STATE_DIR", state_arg)]).await;
     let mut c = d.client().await;

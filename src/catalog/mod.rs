@@ -161,10 +161,7 @@ impl Catalog {
             .values()
             .map(|d| &d.root)
             .chain(gulps.values().map(|g| &g.root))
-            .map(|root| {
-                let quoted = format!("{:?}", format!("{}/", root.display()));
-                quoted[..quoted.len() - 1].to_owned()
-            })
+            .map(|root| crate::dataset::quoted_root(root))
             .collect();
         quoted_roots.sort_by_key(|q| std::cmp::Reverse(q.len()));
         quoted_roots.dedup();
