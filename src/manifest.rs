@@ -542,7 +542,9 @@ fn parse_csv(
     let mut csv = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .trim(csv::Trim::All)
+        // Fields are trimmed here, after the path's check for line breaks: the reader's own trim took
+        // the line break off a quote left open on the last line, whose rest then read as a path.
+        .trim(csv::Trim::None)
         .from_reader(reader);
     let mut record = csv::StringRecord::new();
     // Column positions of path, label, start, end.
@@ -564,13 +566,16 @@ fn parse_csv(
             }
         }
         let line = record.position().map_or(line, |p| p.line());
-        if record.iter().all(str::is_empty) {
+        if record.iter().all(|f| f.trim().is_empty()) {
             continue;
         }
         let [p, l, s, e] = match columns {
             Some(c) => c,
             None => {
-                let names: Vec<String> = record.iter().map(|f| f.to_ascii_lowercase()).collect();
+                let names: Vec<String> = record
+                    .iter()
+                    .map(|f| f.trim().to_ascii_lowercase())
+                    .collect();
                 let find = |alts: &[&str]| names.iter().position(|n| alts.contains(&n.as_str()));
                 if let Some(p) = find(PATH_COLUMNS) {
                     columns = Some([
@@ -586,7 +591,11 @@ fn parse_csv(
                 c
             }
         };
-        let get = |c: Option<usize>| c.and_then(|c| record.get(c)).unwrap_or("");
+        let raw = |c: Option<usize>| c.and_then(|c| record.get(c)).unwrap_or("");
+        let get = |c: Option<usize>| raw(c).trim();
+        if raw(p).contains(['\n', '\r']) {
+            check_row(raw(p), None, None).map_err(|r| err(line, r))?;
+        }
         let video = get(p);
         let label = Some(get(l)).filter(|l| !l.is_empty());
         let start = seconds(get(s), "start").map_err(|r| err(line, r))?;

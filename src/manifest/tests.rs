@@ -198,6 +198,9 @@ fn csv_bad_rows_name_their_line() {
         ),
         ("a.mp4,cat\n,dog\n", 2, "empty path"),
         ("a.mp4\n\"b.mp4,cat\nc.mp4\n", 2, "line break"),
+        // A quote left open on the last line: its line break is the path's, not trimmed away (the rest
+        // was read as the path "unterminated": probe C).
+        ("path,label\na.mp4,cat\n\"unterminated\n", 3, "line break"),
         (
             "path,start,end\na.mp4,0,1\nb.mp4,3,2\n",
             3,
