@@ -340,7 +340,7 @@ impl Catalog {
         let _ = probe.key.set(key.clone());
         if let Some(q) = self.quarantine.check(&key) {
             return Err(Error::DataLoss(format!(
-                "video {video:?} in dataset {dataset:?} is quarantined: {} ({} s ago); it is served again once the file changes (new size or mtime), or once `vserve quarantine clear --path` removes its entry from {}",
+                "video {video:?} in dataset {dataset:?} is quarantined: {} ({} s ago); it is served again once the file changes (new size or mtime), or once `vserve quarantine clear --path P` removes its entry from {} (P the path `vserve quarantine list` prints for it, on the daemon's host)",
                 q.why,
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
