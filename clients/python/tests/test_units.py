@@ -66,6 +66,10 @@ def test_clip_specs():
     for bad in [("a.mp4", [-1]), ("a.mp4", [0.5]), ("a.mp4",), (3, [0]), ("a.mp4", {"frames": [1], "times": [1]})]:
         with pytest.raises(vserve_client.InvalidArgument):
             rq.clip_msg(bad)
+    # mean/std on uint8: refused here, naming every float dtype (the daemon's refusal named only its wire
+    # types, not bfloat16: probe B).
+    with pytest.raises(vserve_client.InvalidArgument, match="float16, bfloat16 or float32"):
+        rq.transform_msg(mean=[0.5] * 3, std=[0.2] * 3)
     # Negative indices: said so, not "ints from 0 to 18446744073709551615" (probe B).
     with pytest.raises(vserve_client.InvalidArgument, match="no negative ones"):
         rq.clip_msg(("a.mp4", [-1]))

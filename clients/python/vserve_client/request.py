@@ -290,6 +290,9 @@ def transform_msg(
     t.dtype = dtype_code(dtype)
     t.mean.extend(_channels("mean", mean))
     t.std.extend(_channels("std", std))
+    if (t.mean or t.std) and t.dtype == pb.DTYPE_UINT8:
+        # (The daemon's own refusal names only its wire types, not bfloat16, which this client makes.)
+        raise InvalidArgument(f"mean/std need a float dtype (float16, bfloat16 or float32), not dtype={dtype!r}")
     t.layout = LAYOUTS[layout_name(layout)]
     t.no_rotate = not rotate
     return t
