@@ -468,6 +468,11 @@ impl Engine {
                 decode_threads as u64,
             ),
             Scraped::gauge(
+                "decode_slots_vacant",
+                "Decode threads missing: slots whose thread, stuck in a read, was abandoned and not replaced.",
+                self.frames.vacant_slots() as u64,
+            ),
+            Scraped::gauge(
                 "decode_gpu_threads",
                 "Decode threads that are NVDEC sessions (backend cuda).",
                 gpu_threads as u64,

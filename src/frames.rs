@@ -193,6 +193,11 @@ impl Frames {
         self.fleet.threads()
     }
 
+    /// Decode slots whose stuck thread was abandoned and not replaced.
+    pub fn vacant_slots(&self) -> usize {
+        self.fleet.vacant_slots()
+    }
+
     pub fn new_tenant(&self, bounded: bool, client: u64) -> Tenant {
         Tenant {
             id: self.counters.tenants.fetch_add(1, Ordering::Relaxed),

@@ -155,6 +155,8 @@ async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
         eprintln!("{what} of the stalled file refused after {took:?}");
     }
     assert_eq!(metric(&d, "decode_stuck_threads"), 1.0);
+    // The first stuck thread was replaced: no slot is without a thread.
+    assert_eq!(metric(&d, "decode_slots_vacant"), 0.0);
 
     // A second stuck file: more stuck threads than the fleet replaces (one per slot). The slot stays
     // empty, /livez says so, and new work fails at once instead of queueing forever.
@@ -165,6 +167,8 @@ async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
         "GetClips of a second stuck file",
     );
     wait_metric(&d, "decode_stuck_threads", 2.0).await;
+    // The one slot has no thread now, which the gauge says (vserve_decode_threads still counts 1: probe C).
+    assert_eq!(metric(&d, "decode_slots_vacant"), 1.0);
     let (code, body) = d.admin_get("/livez");
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("2 decode threads are stuck"), "{body}");

@@ -350,12 +350,18 @@ impl Fleet {
         idle.saturating_sub(self.queue_depth())
     }
 
+    /// Decode slots without a thread: their thread, stuck in a read, was abandoned and not replaced
+    /// (beyond `max_stuck`).
+    pub fn vacant_slots(&self) -> usize {
+        self.shared.slots.iter().filter(|s| s.lock().vacant).count()
+    }
+
     fn stuck_summary(&self) -> String {
         format!(
             "{} decode threads stuck past the {} s deadline (--decode-deadline), {} of {} slots without a thread",
             self.counters.stuck.load(Ordering::Relaxed),
             self.shared.options.deadline.as_secs_f64(),
-            self.shared.slots.iter().filter(|s| s.lock().vacant).count(),
+            self.vacant_slots(),
             self.shared.slots.len()
         )
     }
