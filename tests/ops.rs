@@ -1065,6 +1065,12 @@ async fn a_stream_cut_by_a_drain_ends_with_the_daemons_status() {
         stderr.starts_with("UNAVAILABLE: server is shutting down"),
         "{stderr}"
     );
+    // Logged as ended by the drain, not as a refusal (it was WARN "request refused").
+    let log = d.log_text();
+    assert!(
+        log.contains("call ended: the daemon is shutting down") && !log.contains("request refused"),
+        "{log}"
+    );
 }
 
 /// FFmpeg's own messages (`VSERVE_FFMPEG_LOG`) go through the daemon's log: with `--log-format json`

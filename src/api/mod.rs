@@ -62,8 +62,14 @@ fn fail(engine: &Engine, method: &'static str, e: Error) -> Status {
 /// a file's failures (DATA_LOSS and the like) per (client, message); internal errors are logged each
 /// time. The metrics count every one.
 fn fail_for(engine: &Engine, method: &'static str, peer: Option<&Peer>, e: Error) -> Status {
-    let status = Status::from(e);
     let client = || peer.map_or_else(|| "unknown".to_owned(), Peer::describe);
+    if matches!(e, Error::ShuttingDown) {
+        // Not refused: ended by the drain (a stream at its next batch), one line a call at INFO (it was
+        // a WARN "request refused": probe C).
+        tracing::info!(method, client = %client(), "call ended: the daemon is shutting down");
+        return Status::from(e);
+    }
+    let status = Status::from(e);
     match status.code() {
         tonic::Code::Internal => {
             tracing::error!(method, code = ?status.code(), message = status.message(), "request failed")
