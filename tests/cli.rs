@@ -436,6 +436,63 @@ fn ffprobe_frames(video: &str, stream: &str) -> Vec<(i64, u64, i64)> {
         .collect()
 }
 
+/// Runs the ffmpeg CLI quietly; it must succeed.
+fn ffmpeg(args: &[&str]) {
+    let status = Command::new("ffmpeg")
+        .args(["-nostdin", "-v", "error", "-y"])
+        .args(args)
+        .status()
+        .expect("run ffmpeg");
+    assert!(status.success(), "ffmpeg {args:?}");
+}
+
+/// `vserve probe` of a scratch video, with `extra` flags, as JSON.
+fn probe_cli(d: &Daemon, video: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "probe",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        SCRATCH,
+        "--video",
+        video,
+    ];
+    args.extend_from_slice(extra);
+    json(&cli_stdout(&args))
+}
+
+/// The probe's `keyframes` of a scratch video.
+fn probe_keyframes(d: &Daemon, video: &str) -> Vec<u64> {
+    array(&probe_cli(d, video, &[])["keyframes"], "keyframes")
+        .iter()
+        .map(|k| u64_of(k, "keyframe"))
+        .collect()
+}
+
+/// The probe's `--frame-mappings` of a scratch video: (pts, key_frame, duration) a frame.
+fn probe_mappings(d: &Daemon, video: &str) -> Vec<(i64, u64, i64)> {
+    array(
+        &probe_cli(d, video, &["--frame-mappings"])["frames"],
+        "frames",
+    )
+    .iter()
+    .map(|f| {
+        (
+            i64_of(&f["pts"], "pts"),
+            u64_of(&f["key_frame"], "key_frame"),
+            i64_of(&f["duration"], "duration"),
+        )
+    })
+    .collect()
+}
+
+/// The indices of the frames flagged key in a frame list.
+fn key_indices(frames: &[(i64, u64, i64)]) -> Vec<u64> {
+    (0..frames.len() as u64)
+        .filter(|&k| frames[k as usize].1 == 1)
+        .collect()
+}
+
 #[tokio::test]
 async fn frame_mappings_are_ffprobes_frame_list_in_torchcodecs_format() {
     let d = Daemon::start().await;
@@ -474,14 +531,6 @@ async fn a_file_starting_on_a_b_frame_lists_only_its_key_frames() {
     let d = Daemon::start().await;
     let src = d.scratch.join("bframes.mp4");
     let cut = d.scratch.join("cut.mp4");
-    let ffmpeg = |args: &[&str]| {
-        let status = Command::new("ffmpeg")
-            .args(["-nostdin", "-v", "error", "-y"])
-            .args(args)
-            .status()
-            .expect("run ffmpeg");
-        assert!(status.success(), "ffmpeg {args:?}");
-    };
     ffmpeg(&[
         "-f",
         "lavfi",
@@ -506,39 +555,10 @@ async fn a_file_starting_on_a_b_frame_lists_only_its_key_frames() {
     ]);
     let want = ffprobe_frames(cut.to_str().unwrap(), "v:0");
     assert_eq!(want[0].1, 0, "the cut starts on a non-key frame");
-    let want_keys: Vec<u64> = (0..want.len() as u64)
-        .filter(|&k| want[k as usize].1 == 1)
-        .collect();
+    let want_keys = key_indices(&want);
     assert!(!want_keys.is_empty());
-    let probe = |extra: &[&str]| {
-        let mut args = vec![
-            "probe",
-            "--addr",
-            &d.addr,
-            "--dataset",
-            SCRATCH,
-            "--video",
-            "cut.mp4",
-        ];
-        args.extend_from_slice(extra);
-        json(&cli_stdout(&args))
-    };
-    let keys: Vec<u64> = array(&probe(&[])["keyframes"], "keyframes")
-        .iter()
-        .map(|k| u64_of(k, "keyframe"))
-        .collect();
-    assert_eq!(keys, want_keys);
-    let mapped: Vec<(i64, u64, i64)> = array(&probe(&["--frame-mappings"])["frames"], "frames")
-        .iter()
-        .map(|f| {
-            (
-                i64_of(&f["pts"], "pts"),
-                u64_of(&f["key_frame"], "key_frame"),
-                i64_of(&f["duration"], "duration"),
-            )
-        })
-        .collect();
-    assert_eq!(mapped, want);
+    assert_eq!(probe_keyframes(&d, "cut.mp4"), want_keys);
+    assert_eq!(probe_mappings(&d, "cut.mp4"), want);
     let out = tempfile::tempdir().unwrap();
     let npy = out.path().join("f.npy");
     let last = want.len() as u64 - 1;
@@ -676,14 +696,6 @@ async fn intra_refresh_recovery_points_are_no_keyframes() {
     let d = Daemon::start().await;
     let mp4 = d.scratch.join("refresh.mp4");
     let ts = d.scratch.join("refresh.ts");
-    let ffmpeg = |args: &[&str]| {
-        let status = Command::new("ffmpeg")
-            .args(["-nostdin", "-v", "error", "-y"])
-            .args(args)
-            .status()
-            .expect("run ffmpeg");
-        assert!(status.success(), "ffmpeg {args:?}");
-    };
     ffmpeg(&[
         "-f",
         "lavfi",
@@ -716,35 +728,14 @@ async fn intra_refresh_recovery_points_are_no_keyframes() {
             .filter(|l| l.starts_with('K'))
             .count();
         let want = ffprobe_frames(path.to_str().unwrap(), "v:0");
-        let want_keys: Vec<u64> = (0..want.len() as u64)
-            .filter(|&k| want[k as usize].1 == 1)
-            .collect();
+        let want_keys = key_indices(&want);
         assert!(
             marked > want_keys.len(),
             "{video}: the container marks {marked} packets, the decoder {want_keys:?}"
         );
-        let args = [
-            "probe",
-            "--addr",
-            &d.addr,
-            "--dataset",
-            SCRATCH,
-            "--video",
-            video,
-        ];
-        let keys: Vec<u64> = array(&json(&cli_stdout(&args))["keyframes"], "keyframes")
-            .iter()
-            .map(|k| u64_of(k, "keyframe"))
-            .collect();
-        assert_eq!(keys, want_keys, "{video}");
-        let mut with_mappings = args.to_vec();
-        with_mappings.push("--frame-mappings");
-        let mapped: Vec<u64> = array(&json(&cli_stdout(&with_mappings))["frames"], "frames")
-            .iter()
-            .map(|f| u64_of(&f["key_frame"], "key_frame"))
-            .collect();
-        let want_flags: Vec<u64> = want.iter().map(|f| f.1).collect();
-        assert_eq!(mapped, want_flags, "{video}");
+        assert_eq!(probe_keyframes(&d, video), want_keys, "{video}");
+        let flags = |m: &[(i64, u64, i64)]| m.iter().map(|f| f.1).collect::<Vec<_>>();
+        assert_eq!(flags(&probe_mappings(&d, video)), flags(&want), "{video}");
         // Frames just past the second and third recovery points (50, 75).
         let frames = [52u64, 60, 77];
         let mut c = d.client().await;
@@ -772,28 +763,10 @@ async fn intra_refresh_recovery_points_are_no_keyframes() {
 /// (a full disk) is exit 74 with a message, for every command (they panicked, exit 101: probe C).
 #[tokio::test]
 async fn output_that_cannot_be_written_ends_a_command_by_its_exit_code() {
-    use std::io::BufRead;
     let d = Daemon::start().await;
-    let mut child = Command::new(vserve_bin())
-        .args([
-            "stream",
-            "--addr",
-            &d.addr,
-            "--dataset",
-            MEDIA,
-            "--batch-size",
-            "1",
-        ])
-        .args(["--size", "16x16", "--list"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run vserve");
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    assert!(first.starts_with("{\"batch\":0"), "{first}");
+    let (child, rest) =
+        stream_list_started(&d.addr, MEDIA, &["--batch-size", "1", "--size", "16x16"]);
+    drop(rest);
     let out = child.wait_with_output().unwrap();
     assert_eq!(
         out.status.code(),

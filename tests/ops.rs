@@ -1009,19 +1009,9 @@ async fn admin_methods_other_than_get_are_405_with_allow() {
 async fn a_reply_left_unread_through_the_grace_is_no_stuck_read() {
     let mut d = Daemon::start_with(&["--listen", "127.0.0.1:0", "--shutdown-grace", "1"]).await;
     let frames: Vec<u64> = (0..30).collect();
-    let held_channel = tonic::transport::Endpoint::from_shared(format!("http://{}", d.tcp_addr()))
-        .unwrap()
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
+    let _held = held_get_clips(&d.tcp_addr(), &frames)
         .await
-        .unwrap();
-    let _held = proto::v_serve_client::VServeClient::new(held_channel.clone())
-        .max_decoding_message_size(64 << 20)
-        .get_clips(bikes(&frames))
-        .await
-        .expect("GetClips admitted")
-        .into_inner();
+        .expect("GetClips admitted");
     d.signal("TERM");
     let exit = d.wait_exit(Duration::from_secs(20)).await;
     assert_eq!(exit, Some(Some(0)), "{}", d.log_text());
@@ -1037,25 +1027,15 @@ async fn a_reply_left_unread_through_the_grace_is_no_stuck_read() {
 #[tokio::test]
 async fn a_stream_cut_by_a_drain_ends_with_the_daemons_status() {
     let d = Daemon::start().await;
-    let mut child = std::process::Command::new(vserve_bin())
-        .args([
-            "stream",
-            "--addr",
-            &d.addr,
-            "--dataset",
-            MEDIA,
-            "--batch-size",
-            "2",
-        ])
-        .args(["--size", "32x32", "--clips-per-video", "50", "--list"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run vserve stream");
-    let mut first = String::new();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    std::io::BufRead::read_line(&mut out, &mut first).unwrap();
-    assert!(first.starts_with("{\"batch\":0"), "{first}");
+    let flags = [
+        "--batch-size",
+        "2",
+        "--size",
+        "32x32",
+        "--clips-per-video",
+        "50",
+    ];
+    let (child, mut out) = stream_list_started(&d.addr, MEDIA, &flags);
     d.signal("TERM");
     std::io::copy(&mut out, &mut std::io::sink()).unwrap();
     let done = child.wait_with_output().unwrap();

@@ -282,6 +282,32 @@ pub fn vserve_cli(args: &[&str]) -> std::process::Output {
 }
 
 /// The stdout of a `vserve` command that must succeed.
+/// `vserve stream --list` of `dataset` on `addr` (`flags`: batch size, size, ...) spawned with stdout
+/// and stderr piped, once its first line (batch 0) is out: the child, and a reader of the rest of its
+/// stdout (drop it to close the pipe).
+pub fn stream_list_started(
+    addr: &str,
+    dataset: &str,
+    flags: &[&str],
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(vserve_bin())
+        .args(["stream", "--addr", addr, "--dataset", dataset, "--list"])
+        .args(flags)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vserve stream");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.starts_with("{\"batch\":0"), "{first}");
+    (child, out)
+}
+
 pub fn cli_stdout(args: &[&str]) -> String {
     let out = vserve_cli(args);
     assert!(
