@@ -300,6 +300,12 @@ async fn failures_exit_nonzero_with_the_status_name_first() {
         stderr.trim_start().starts_with("UNAVAILABLE:"),
         "stderr must start with UNAVAILABLE: {stderr:?}"
     );
+    // The cause is said once (it was "No such file or directory (os error 2): No such file or ...").
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
 }
 
 /// Failures on the client's side are not the daemon's: a flag value that does not parse exits 64

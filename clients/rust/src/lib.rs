@@ -577,8 +577,12 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
+        // An error that prints its source already (io errors wrapped as themselves): said once.
+        let text = inner.to_string();
+        if !s.ends_with(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         cur = inner.source();
     }
     s
