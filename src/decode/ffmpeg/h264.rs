@@ -1,15 +1,20 @@
 //! H.264/HEVC bitstream facts read from packets without decoding: whether length-prefixed NAL units tile a
 //! packet, and whether a picture is disposable (referenced by no other).
 
+/// A NAL unit's length prefix: big-endian, of its bytes.
+fn be_size(prefix: &[u8]) -> usize {
+    prefix
+        .iter()
+        .fold(0usize, |acc, &b| (acc << 8) | b as usize)
+}
+
 /// True when `data` (length-prefixed H.264 NAL units) holds coded slices and every one of them has
 /// nal_ref_idc 0: the picture is referenced by no other, so skipping it changes no other frame.
 pub fn h264_disposable(data: &[u8], n: usize) -> bool {
     let mut pos = 0usize;
     let mut slices = 0;
     while pos + n < data.len() {
-        let size = data[pos..pos + n]
-            .iter()
-            .fold(0usize, |acc, &b| (acc << 8) | b as usize);
+        let size = be_size(&data[pos..pos + n]);
         let start = pos + n;
         if size == 0 || start + size > data.len() {
             return false;
@@ -64,9 +69,7 @@ fn nal_units(data: &[u8], n: Option<usize>) -> Vec<&[u8]> {
         Some(n) => {
             let mut pos = 0usize;
             while pos + n <= data.len() {
-                let size = data[pos..pos + n]
-                    .iter()
-                    .fold(0usize, |acc, &b| (acc << 8) | b as usize);
+                let size = be_size(&data[pos..pos + n]);
                 let start = pos + n;
                 match start.checked_add(size) {
                     Some(end) if size > 0 && end <= data.len() => out.push(&data[start..end]),
@@ -156,9 +159,7 @@ pub fn nal_units_tile(data: &[u8], n: usize) -> bool {
         if pos + n > data.len() {
             return false;
         }
-        let size = data[pos..pos + n]
-            .iter()
-            .fold(0usize, |acc, &b| (acc << 8) | b as usize);
+        let size = be_size(&data[pos..pos + n]);
         if size == 0 {
             return false;
         }
