@@ -70,6 +70,13 @@ def test_clip_specs():
     # types, not bfloat16: probe B).
     with pytest.raises(vserve_client.InvalidArgument, match="float16, bfloat16 or float32"):
         rq.transform_msg(mean=[0.5] * 3, std=[0.2] * 3)
+    # A video may be a pathlib path, relative to its dataset, as TorchCodec takes paths (it was refused:
+    # probe B); a bytes path is not.
+    from pathlib import PurePosixPath
+
+    assert rq.clip_msg((PurePosixPath("a/b.mp4"), [0])).video == "a/b.mp4"
+    with pytest.raises(vserve_client.InvalidArgument, match="expected a str"):
+        rq.clip_msg((b"a/b.mp4", [0]))
     # Negative indices: said so, not "ints from 0 to 18446744073709551615" (probe B).
     with pytest.raises(vserve_client.InvalidArgument, match="no negative ones"):
         rq.clip_msg(("a.mp4", [-1]))

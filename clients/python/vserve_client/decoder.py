@@ -304,7 +304,7 @@ class VideoDecoder:
         self._address = client if isinstance(client, str) else None
         self._given = None if isinstance(client, str) else client
         self.dataset = dataset
-        self.video = video
+        self.video = os.fspath(video) if isinstance(video, os.PathLike) else video
         if stream_index == -1:
             stream_index = None  # TorchCodec's "the best video stream"
         self.dimension_order = dimension_order

@@ -20,6 +20,7 @@ the wire permuted per clip (a view, no copy).
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
@@ -132,8 +133,11 @@ def _canonical(arg: str, value: Any, table: Mapping[str, Any]) -> str:
 
 def text(arg: str, value: Any) -> str:
     """A string field's value (a dataset or video name): a ``str`` that UTF-8, the wire's encoding, can
-    carry. ``None`` (which protobuf would send as ``""``), bytes, paths and strings holding a lone surrogate
-    (what ``os.fsdecode`` makes of a file name that is not UTF-8) are refused naming the argument."""
+    carry; a video may also be a ``pathlib`` path (relative to its dataset, as TorchCodec takes paths).
+    ``None`` (which protobuf would send as ``""``), bytes and strings holding a lone surrogate (what
+    ``os.fsdecode`` makes of a file name that is not UTF-8) are refused naming the argument."""
+    if arg == "video" and isinstance(value, os.PathLike):
+        value = os.fspath(value)
     if not isinstance(value, str):
         raise InvalidArgument(f"{arg}={value!r}: expected a str")
     try:
