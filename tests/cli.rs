@@ -442,14 +442,19 @@ fn ffprobe_frames(video: &str, stream: &str) -> Vec<(i64, u64, i64)> {
         .collect()
 }
 
-/// Runs the ffmpeg CLI quietly; it must succeed.
-fn ffmpeg(args: &[&str]) {
-    let status = Command::new("ffmpeg")
-        .args(["-nostdin", "-v", "error", "-y"])
-        .args(args)
-        .status()
-        .expect("run ffmpeg");
-    assert!(status.success(), "ffmpeg {args:?}");
+/// Four seconds of `testsrc2` at 160x120, 25 fps, encoded by libx264 with `x264` options into `out`.
+fn testsrc_h264(out: &Path, x264: &[&str]) {
+    let mut args = vec![
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=size=160x120:rate=25:duration=4",
+        "-c:v",
+        "libx264",
+    ];
+    args.extend_from_slice(x264);
+    args.push(out.to_str().unwrap());
+    ffmpeg(&args);
 }
 
 /// `vserve probe` of a scratch video, with `extra` flags, as JSON.
@@ -537,19 +542,7 @@ async fn a_file_starting_on_a_b_frame_lists_only_its_key_frames() {
     let d = Daemon::start().await;
     let src = d.scratch.join("bframes.mp4");
     let cut = d.scratch.join("cut.mp4");
-    ffmpeg(&[
-        "-f",
-        "lavfi",
-        "-i",
-        "testsrc2=size=160x120:rate=25:duration=4",
-        "-c:v",
-        "libx264",
-        "-bf",
-        "3",
-        "-g",
-        "30",
-        src.to_str().unwrap(),
-    ]);
+    testsrc_h264(&src, &["-bf", "3", "-g", "30"]);
     ffmpeg(&[
         "-ss",
         "1.3",
@@ -702,19 +695,10 @@ async fn intra_refresh_recovery_points_are_no_keyframes() {
     let d = Daemon::start().await;
     let mp4 = d.scratch.join("refresh.mp4");
     let ts = d.scratch.join("refresh.ts");
-    ffmpeg(&[
-        "-f",
-        "lavfi",
-        "-i",
-        "testsrc2=size=160x120:rate=25:duration=4",
-        "-c:v",
-        "libx264",
-        "-bf",
-        "0",
-        "-x264-params",
-        "intra-refresh=1:keyint=25",
-        mp4.to_str().unwrap(),
-    ]);
+    testsrc_h264(
+        &mp4,
+        &["-bf", "0", "-x264-params", "intra-refresh=1:keyint=25"],
+    );
     ffmpeg(&[
         "-i",
         mp4.to_str().unwrap(),

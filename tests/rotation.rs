@@ -6,23 +6,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 use vserve_client::proto;
-
-fn ffmpeg(args: &[&str]) {
-    let out = Command::new("ffmpeg")
-        .args(["-nostdin", "-v", "error", "-y"])
-        .args(args)
-        .output()
-        .expect("run ffmpeg");
-    assert!(
-        out.status.success(),
-        "ffmpeg {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn make_fixtures(dir: &Path) {
     let src10 = media_path("torchcodec/h264_10bits.mp4");

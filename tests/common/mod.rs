@@ -282,6 +282,20 @@ pub fn vserve_cli(args: &[&str]) -> std::process::Output {
 }
 
 /// The stdout of a `vserve` command that must succeed.
+/// Runs the ffmpeg CLI quietly (making fixtures); it must succeed, or the test fails with its stderr.
+pub fn ffmpeg(args: &[&str]) {
+    let out = Command::new("ffmpeg")
+        .args(["-nostdin", "-v", "error", "-y"])
+        .args(args)
+        .output()
+        .expect("run ffmpeg");
+    assert!(
+        out.status.success(),
+        "ffmpeg {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `vserve stream --list` of `dataset` on `addr` (`flags`: batch size, size, ...) spawned with stdout
 /// and stderr piped, once its first line (batch 0) is out: the child, and a reader of the rest of its
 /// stdout (drop it to close the pipe).
