@@ -430,13 +430,19 @@ fn ffprobe_frames(video: &str, stream: &str) -> Vec<(i64, u64, i64)> {
         .output()
         .expect("run ffprobe");
     let v = json(&String::from_utf8_lossy(&out.stdout));
-    array(&v["frames"], "ffprobe frames")
+    frame_list(&v, "pkt_duration")
+}
+
+/// A JSON frame list's (pts, key_frame, duration) a frame, the duration under `duration` (ffprobe names
+/// it `pkt_duration`, the probe's frame mappings `duration`).
+fn frame_list(v: &Value, duration: &str) -> Vec<(i64, u64, i64)> {
+    array(&v["frames"], "frames")
         .iter()
         .map(|f| {
             (
                 i64_of(&f["pts"], "pts"),
                 u64_of(&f["key_frame"], "key_frame"),
-                i64_of(&f["pkt_duration"], "pkt_duration"),
+                i64_of(&f[duration], duration),
             )
         })
         .collect()
@@ -482,19 +488,7 @@ fn probe_keyframes(d: &Daemon, video: &str) -> Vec<u64> {
 
 /// The probe's `--frame-mappings` of a scratch video: (pts, key_frame, duration) a frame.
 fn probe_mappings(d: &Daemon, video: &str) -> Vec<(i64, u64, i64)> {
-    array(
-        &probe_cli(d, video, &["--frame-mappings"])["frames"],
-        "frames",
-    )
-    .iter()
-    .map(|f| {
-        (
-            i64_of(&f["pts"], "pts"),
-            u64_of(&f["key_frame"], "key_frame"),
-            i64_of(&f["duration"], "duration"),
-        )
-    })
-    .collect()
+    frame_list(&probe_cli(d, video, &["--frame-mappings"]), "duration")
 }
 
 /// The indices of the frames flagged key in a frame list.

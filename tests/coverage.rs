@@ -33,21 +33,6 @@ const CHAPLIN: &str = "moviepy/chaplin.mp4";
 /// The dataset name the generated files are served under.
 const MADE: &str = "made";
 
-/// Runs `ffmpeg -nostdin -v error -y ARGS` in `dir`; it must succeed.
-fn ffmpeg(dir: &Path, args: &[&str]) {
-    let out = Command::new("ffmpeg")
-        .current_dir(dir)
-        .args(["-nostdin", "-v", "error", "-y"])
-        .args(args)
-        .output()
-        .expect("run ffmpeg");
-    assert!(
-        out.status.success(),
-        "ffmpeg {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// `ffprobe -v error ARGS FILE` as text.
 fn ffprobe(file: &Path, args: &[&str]) -> String {
     let out = Command::new("ffprobe")
@@ -82,7 +67,7 @@ async fn serving(dir: &Path) -> Daemon {
 fn make_mpeg2(dir: &Path) -> Vec<String> {
     let mut names = Vec::new();
     for (name, bf, size) in [("bf0.mpg", "0", "384:164"), ("bf2.mpg", "2", "352:150")] {
-        ffmpeg(
+        ffmpeg_in(
             dir,
             &[
                 "-i",
@@ -131,7 +116,7 @@ fn make_mpeg2(dir: &Path) -> Vec<String> {
 /// An H.264 transport stream of bikes.mp4 (keyframe every second, B-frames), and its last and first 60%
 /// of bytes (`tail -c`, `head -c`).
 fn make_cut_ts(dir: &Path) -> Vec<String> {
-    ffmpeg(
+    ffmpeg_in(
         dir,
         &[
             "-i",
@@ -164,7 +149,7 @@ fn make_cut_ts(dir: &Path) -> Vec<String> {
 fn encode_part(dir: &Path, name: &str, start: &str, size: &str, codec: &str) {
     let input = media_path(BIKES);
     let scale = format!("scale={size}");
-    ffmpeg(
+    ffmpeg_in(
         dir,
         &[
             "-ss",
@@ -201,7 +186,7 @@ fn concat(dir: &Path, entries: &[(&str, bool)], out: &str) {
         })
         .collect();
     std::fs::write(dir.join("list.txt"), list).unwrap();
-    ffmpeg(
+    ffmpeg_in(
         dir,
         &[
             "-f", "concat", "-safe", "0", "-i", "list.txt", "-c", "copy", out,
@@ -303,7 +288,7 @@ fn make_size_changes(dir: &Path) -> Vec<String> {
 /// of MPEG-4 Part 2 whose second half reads back as zeros (a tail never written before a crash, a
 /// preallocated download).
 fn make_truncated_mp4(dir: &Path) -> Vec<String> {
-    ffmpeg(
+    ffmpeg_in(
         dir,
         &[
             "-i",
@@ -338,7 +323,7 @@ fn make_truncated_mp4(dir: &Path) -> Vec<String> {
     let whole = std::fs::read(dir.join("whole.mp4.part")).unwrap();
     std::fs::remove_file(dir.join("whole.mp4.part")).unwrap();
     std::fs::write(dir.join("cut.mp4"), &whole[..whole.len() / 2]).unwrap();
-    ffmpeg(
+    ffmpeg_in(
         dir,
         &[
             "-i",
@@ -385,7 +370,7 @@ fn make_pixel_formats(dir: &Path) -> Vec<String> {
         ("gray16.nut", "rawvideo", "gray16le"),
         ("ya8.nut", "rawvideo", "ya8"),
     ] {
-        ffmpeg(
+        ffmpeg_in(
             dir,
             &[
                 "-i",
@@ -549,7 +534,7 @@ async fn served_exactly(c: &mut Client, dir: &Path, name: &str) -> usize {
 #[tokio::test]
 async fn pts_out_of_order_without_reordering_are_numbered_as_the_cli_outputs_them() {
     let dir = tempfile::tempdir().unwrap();
-    ffmpeg(
+    ffmpeg_in(
         dir.path(),
         &[
             "-i",
@@ -568,7 +553,7 @@ async fn pts_out_of_order_without_reordering_are_numbered_as_the_cli_outputs_the
             "src.mkv",
         ],
     );
-    ffmpeg(
+    ffmpeg_in(
         dir.path(),
         &[
             "-i",
@@ -608,7 +593,7 @@ async fn pts_out_of_order_without_reordering_are_numbered_as_the_cli_outputs_the
 #[tokio::test]
 async fn an_hevc_stream_cut_mid_gop_decodes_from_its_start_as_the_cli_does_every_time() {
     let dir = tempfile::tempdir().unwrap();
-    ffmpeg(
+    ffmpeg_in(
         dir.path(),
         &[
             "-f",

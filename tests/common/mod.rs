@@ -284,7 +284,13 @@ pub fn vserve_cli(args: &[&str]) -> std::process::Output {
 /// The stdout of a `vserve` command that must succeed.
 /// Runs the ffmpeg CLI quietly (making fixtures); it must succeed, or the test fails with its stderr.
 pub fn ffmpeg(args: &[&str]) {
+    ffmpeg_in(Path::new("."), args)
+}
+
+/// [`ffmpeg`] run in `dir` (relative paths in `args` are under it).
+pub fn ffmpeg_in(dir: &Path, args: &[&str]) {
     let out = Command::new("ffmpeg")
+        .current_dir(dir)
         .args(["-nostdin", "-v", "error", "-y"])
         .args(args)
         .output()
