@@ -47,6 +47,19 @@ pub fn decoder_errors() -> u64 {
     DECODER_ERRORS.with(|c| c.get())
 }
 
+/// A line FFmpeg is writing in pieces on this thread (see [`log_callback`]).
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+struct PendingLine {
+    text: String,
+    level: std::ffi::c_int,
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    static LOG_LINE: std::cell::RefCell<PendingLine> = std::cell::RefCell::default();
+}
+
 /// FFmpeg's log callback: counts HEVC decoders' error messages on this thread, then logs what
 /// `VSERVE_FFMPEG_LOG` asks for through the daemon's log (target `ffmpeg`).
 #[cfg(target_arch = "x86_64")]
@@ -76,9 +89,11 @@ unsafe extern "C" fn log_callback(
         return;
     }
     // Shown (VSERVE_FFMPEG_LOG): through the daemon's own log, so that `--log-format json` stays one
-    // JSON object a line (FFmpeg's default callback wrote raw text to stderr: probe C).
+    // JSON object a line (FFmpeg's default callback wrote raw text to stderr: probe C). FFmpeg may write
+    // one line in several calls ("Packet corrupt (...)" then "."): pieces gather on this thread until a
+    // newline, and the line takes the most severe level of its pieces.
     let mut line = [0 as std::ffi::c_char; 1024];
-    let mut prefix: std::ffi::c_int = 1;
+    let mut prefix = LOG_LINE.with(|l| l.borrow().text.is_empty()) as std::ffi::c_int;
     // SAFETY: the arguments FFmpeg passed, formatted once into a buffer of the size given.
     let n = unsafe {
         ff::ffi::av_log_format_line2(
@@ -95,8 +110,23 @@ unsafe extern "C" fn log_callback(
         return;
     }
     // SAFETY: av_log_format_line2 NUL-terminates what it writes within the buffer.
-    let text = unsafe { std::ffi::CStr::from_ptr(line.as_ptr()) }.to_string_lossy();
-    let text = text.trim_end();
+    let piece = unsafe { std::ffi::CStr::from_ptr(line.as_ptr()) }.to_string_lossy();
+    let Some((text, level)) = LOG_LINE.with(|l| {
+        let mut l = l.borrow_mut();
+        l.text.push_str(&piece);
+        l.level = if l.text.len() == piece.len() {
+            level
+        } else {
+            l.level.min(level)
+        };
+        // A line that never ends is cut at the buffer's size rather than held for ever.
+        (l.text.ends_with('\n') || l.text.len() >= line.len()).then(|| {
+            let text = std::mem::take(&mut l.text);
+            (text.trim_end().to_owned(), l.level)
+        })
+    }) else {
+        return;
+    };
     if text.is_empty() {
         return;
     }
