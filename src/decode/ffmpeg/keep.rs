@@ -104,4 +104,71 @@ mod idle_tests {
         assert_eq!(backend.open_count(), 1, "the deleted file let go");
         assert!(kept.path.exists());
     }
+
+    /// A video too large to keep open after its run (a 4096x4096 decoder, about 500 MB by
+    /// [`super::open_bytes`]) stays open while its run is sliced: each slice goes on where the last
+    /// stopped. It was closed at every slice's end and decoded again from the keyframe, so five frames
+    /// of one GOP cost 15 decodes, and a 30-frame 8K clip ran past the decode deadline (probe D).
+    #[test]
+    fn a_video_too_large_to_keep_stays_open_while_its_run_is_sliced() {
+        const { assert!(4160 * 4160 * 3 / 2 * 20 > super::OPEN_BYTES) };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.mp4");
+        let args = "-v error -f lavfi -i testsrc=s=4096x4096:r=10 -frames:v 5 -c:v libx264 -preset ultrafast -g 100";
+        let encoded = std::process::Command::new("ffmpeg")
+            .args(args.split(' '))
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(encoded.success());
+        let index = Arc::new(crate::decode::ffmpeg::build_index(&path, None, false).unwrap());
+        let src = VideoSource {
+            path,
+            file: None,
+            index,
+            gulp: None,
+        };
+        let run = GopRun {
+            keyframe: 0,
+            wanted: (0..5).collect(),
+        };
+        let geometry = crate::decode::Geometry {
+            scaled_width: 64,
+            scaled_height: 64,
+            rotation: 0,
+            mirror: false,
+            resized: true,
+        };
+        let whole = FfmpegBackend::new(1)
+            .decode_run(&src, &run, geometry, None)
+            .unwrap();
+        assert_eq!((whole.decoded, whole.frames.len()), (5, 5));
+
+        let mut backend = FfmpegBackend::new(1);
+        let mut rest = run.clone();
+        let (mut frames, mut decoded, mut slices) = (Vec::new(), 0, 0);
+        while !rest.wanted.is_empty() {
+            let out = {
+                let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let _slice = crate::decode::cancel::Scope::slice(
+                    flag,
+                    Some(std::time::Instant::now()),
+                    slices == 0,
+                );
+                backend.decode_run(&src, &rest, geometry, None).unwrap()
+            };
+            slices += 1;
+            decoded += out.decoded;
+            rest.wanted
+                .retain(|k| !out.frames.iter().any(|(g, _)| g == k));
+            frames.extend(out.frames);
+        }
+        assert!(slices >= 3, "{slices} slices");
+        assert_eq!(decoded, 5, "each frame decoded once over {slices} slices");
+        assert_eq!(frames.len(), 5);
+        for ((k, f), (wk, w)) in frames.iter().zip(&whole.frames) {
+            assert!(k == wk && f.data == w.data, "frame {k} differs");
+        }
+        assert_eq!(backend.open_count(), 0, "closed once its run ended");
+    }
 }

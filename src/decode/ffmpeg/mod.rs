@@ -254,17 +254,23 @@ impl FfmpegBackend {
     }
 
     /// Keeps `video` open as the most recent; the least recent beyond [`OPEN_VIDEOS`] closes, its decoder
-    /// kept as a spare when it may be reused.
-    fn keep(&mut self, mut video: OpenVideo) {
-        if video
-            .converter
-            .as_ref()
-            .is_some_and(|c| c.bytes() > CONVERTER_BYTES)
+    /// kept as a spare when it may be reused. A run that `yielded` at a slice's end continues from where
+    /// its decoder stopped, so its video stays open whatever its size: closed, each slice of an 8K run
+    /// decoded again from the keyframe (n frames of a GOP cost n(n+1)/2 decodes: probe D).
+    fn keep(&mut self, mut video: OpenVideo, yielded: bool) {
+        if !yielded
+            && video
+                .converter
+                .as_ref()
+                .is_some_and(|c| c.bytes() > CONVERTER_BYTES)
         {
             video.converter = None;
         }
         self.open.push_front(video);
-        let estimates: Vec<usize> = self.open.iter().map(open_bytes).collect();
+        let mut estimates: Vec<usize> = self.open.iter().map(open_bytes).collect();
+        if yielded {
+            estimates[0] = 0;
+        }
         for _ in 0..to_close(&estimates) {
             let Some(old) = self.open.pop_back() else {
                 break;
@@ -309,7 +315,7 @@ impl Backend for FfmpegBackend {
         }
         match &result {
             // A video that failed mid-run is reopened next time rather than trusted.
-            Ok(_) => self.keep(video),
+            Ok(out) => self.keep(video, out.yielded),
             Err(_) => drop(video),
         }
         result
