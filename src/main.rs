@@ -59,8 +59,22 @@ fn end_quietly_on_a_closed_stdout() {
     }));
 }
 
+/// An empty `VSERVE_*` variable counts as unset, as systemd's `Environment=VSERVE_X=` and a shell's
+/// `VSERVE_X= vserve` mean it (each was refused as an invalid value of its flag, exit 64).
+fn forget_empty_variables() {
+    let empty: Vec<std::ffi::OsString> = std::env::vars_os()
+        .filter(|(k, v)| v.is_empty() && k.to_str().is_some_and(|k| k.starts_with("VSERVE_")))
+        .map(|(k, _)| k)
+        .collect();
+    for k in empty {
+        // Before any other thread starts: nothing reads the environment concurrently.
+        std::env::remove_var(k);
+    }
+}
+
 fn main() -> std::process::ExitCode {
     end_quietly_on_a_closed_stdout();
+    forget_empty_variables();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -350,3 +350,59 @@ fn boolean_variables_take_the_usual_spellings_and_config_prints_them() {
         "allow-insecure-tcp = false"
     );
 }
+
+/// Flag > env > file holds for a boolean turned off: `VSERVE_ALLOW_INSECURE_TCP=false` over a file's
+/// `allow-insecure-tcp = true` still served an open, unauthenticated port (probe F); and
+/// `--allow-insecure-tcp=false` over the variable. An empty variable counts as unset (it was refused,
+/// naming the flag: exit 64).
+#[test]
+fn a_boolean_turned_off_overrides_the_file_and_an_empty_variable_is_unset() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("v.toml");
+    std::fs::write(&file, "allow-insecure-tcp = true\n").unwrap();
+    let file = file.to_str().unwrap();
+    for (args, env, want) in [
+        (vec!["--config", file], vec![], true),
+        (
+            vec!["--config", file],
+            vec![("VSERVE_ALLOW_INSECURE_TCP", "false")],
+            false,
+        ),
+        (
+            vec!["--config", file],
+            vec![("VSERVE_ALLOW_INSECURE_TCP", "off")],
+            false,
+        ),
+        (
+            vec!["--config", file, "--allow-insecure-tcp=false"],
+            vec![],
+            false,
+        ),
+        (
+            vec!["--config", file],
+            vec![("VSERVE_ALLOW_INSECURE_TCP", "")],
+            true,
+        ),
+        (
+            vec!["--allow-insecure-tcp"],
+            vec![("VSERVE_ALLOW_INSECURE_TCP", "0")],
+            true,
+        ),
+        (
+            vec!["--allow-insecure-tcp=false"],
+            vec![("VSERVE_ALLOW_INSECURE_TCP", "1")],
+            false,
+        ),
+        (vec![], vec![("VSERVE_ALLOW_INSECURE_TCP", "")], false),
+    ] {
+        let (code, out, err) = config(&args, &env);
+        assert_eq!(code, 0, "{args:?} {env:?}: {err}");
+        assert_eq!(
+            line(&out, "allow-insecure-tcp"),
+            format!("allow-insecure-tcp = {want}"),
+            "{args:?} {env:?}"
+        );
+    }
+    let (code, _, err) = config(&[], &[("VSERVE_MAX_STREAMS", "")]);
+    assert_eq!(code, 0, "an empty number variable is unset: {err}");
+}

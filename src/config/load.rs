@@ -134,9 +134,17 @@ pub struct ServeArgs {
     #[arg(long, env = "VSERVE_STREAM_IDLE_TIMEOUT", value_name = "SECONDS")]
     pub stream_idle_timeout: Option<f64>,
     /// Serve a TCP listener on a non-loopback address without --auth-token-file (otherwise refused).
-    /// The variable takes true/false, 1/0, yes/no, on/off.
-    #[arg(long, env = "VSERVE_ALLOW_INSECURE_TCP", value_parser = clap::builder::BoolishValueParser::new())]
-    pub allow_insecure_tcp: bool,
+    /// `--allow-insecure-tcp=false` and the variable (true/false, 1/0, yes/no, on/off) override the file.
+    #[arg(
+        long,
+        env = "VSERVE_ALLOW_INSECURE_TCP",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub allow_insecure_tcp: Option<bool>,
     /// Concurrent streaming calls (GetClips, StreamBatches); beyond it calls get RESOURCE_EXHAUSTED.
     #[arg(long, env = "VSERVE_MAX_STREAMS", value_name = "N")]
     pub max_streams: Option<usize>,
@@ -534,7 +542,10 @@ impl ServeArgs {
             socket_group,
             auth_token_file,
             tls,
-            allow_insecure_tcp: self.allow_insecure_tcp || file.allow_insecure_tcp == Some(true),
+            allow_insecure_tcp: self
+                .allow_insecure_tcp
+                .or(file.allow_insecure_tcp)
+                .unwrap_or(false),
         })
     }
 }
