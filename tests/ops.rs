@@ -416,6 +416,23 @@ async fn a_token_guards_tcp_calls() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"media\""));
+    // A token is not sent in clear text to another host (the Python client refused it; the CLI and
+    // the Rust client sent it: probe F). Refused before dialling: 192.0.2.1 is TEST-NET.
+    let far = format!("192.0.2.1:{}", tcp.rsplit_once(':').unwrap().1);
+    match Client::connect_with(&far, &with(Some("correct-horse-battery"))).await {
+        Err(e) => assert!(
+            e.to_string()
+                .starts_with("INVALID_ARGUMENT: refusing to send the token over an unencrypted"),
+            "{e}"
+        ),
+        Ok(_) => panic!("a token sent in clear text to {far}"),
+    }
+    let out = run(&["datasets", "--addr", &far], Some("correct-horse-battery"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("refusing to send the token"),
+        "{err}"
+    );
     let out = run(&["stats", "--addr", &tcp], Some("correct-horse-battery"));
     assert!(
         out.status.success(),
@@ -463,6 +480,21 @@ async fn tls_on_tcp_with_a_ca_the_client_trusts() {
     assert_eq!(c.list_datasets().await.unwrap().datasets.len(), 2);
     let b = get(&mut c, bikes(&[1])).await;
     assert_eq!(b.data.len() as u64, b.header.nbytes);
+    // Without the CA the client verifies against the system's roots, which do not hold this
+    // self-signed certificate (it failed "Connecting to HTTPS without TLS enabled": probe F).
+    match Client::connect(&url).await {
+        Ok(mut c) => {
+            let e = c
+                .list_datasets()
+                .await
+                .expect_err("an unknown issuer trusted");
+            assert!(e.to_string().contains("certificate"), "{e}");
+        }
+        Err(e) => assert!(
+            e.to_string().contains("certificate") && !e.to_string().contains("without TLS"),
+            "{e}"
+        ),
+    }
     // Plain text to the TLS port fails.
     let plain = match Client::connect(&format!("127.0.0.1:{port}")).await {
         Ok(mut c) => c.list_datasets().await.map(|_| ()),

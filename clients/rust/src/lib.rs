@@ -16,8 +16,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Addresses are `unix:/path/to.sock`, `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT` (with
-//! [`ConnectOptions::tls_ca_pem`]); [`Client::connect_with`] also sends a bearer token. `GetClips`
+//! Addresses are `unix:/path/to.sock`, `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT` (verified
+//! with [`ConnectOptions::tls_ca_pem`], else the system's roots); [`Client::connect_with`] also sends a
+//! bearer token, refused over an unencrypted connection to another host. `GetClips`
 //! replies arrive as chunks; [`Client::get_clips`] reassembles them into one [`Batch`].
 //!
 //! `GetClipsRequest::cache_policy` and `StreamBatchesRequest::cache_policy` ([`proto::CachePolicy`])
@@ -192,8 +193,22 @@ impl Batch {
 pub struct ConnectOptions {
     /// Sent as `authorization: Bearer <token>` with every call.
     pub token: Option<String>,
-    /// PEM CA certificate to verify the daemon with (`https://` addresses).
+    /// PEM CA certificate to verify the daemon with (`https://` addresses; without it, the system's
+    /// roots). A token goes only to `https://`, a Unix socket or a loopback address.
     pub tls_ca_pem: Option<Vec<u8>>,
+}
+
+/// Whether `uri`'s host is this host's loopback (`localhost`, 127.0.0.0/8, ::1).
+fn is_loopback(uri: &Uri) -> bool {
+    let host = uri
+        .host()
+        .unwrap_or("")
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Adds the bearer token, if any, to every call.
@@ -274,12 +289,28 @@ impl Client {
             } else {
                 format!("http://{addr}")
             };
+            let secure = uri.starts_with("https://");
             let mut endpoint = tune(
                 Endpoint::from_shared(uri).map_err(|_| ClientError::BadAddress(addr.to_owned()))?,
             );
-            if let Some(ca) = &options.tls_ca_pem {
-                let tls = tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+            if token.is_some() && !secure && !is_loopback(endpoint.uri()) {
+                // A bearer token in clear text over the network is a token given away (the Python
+                // client refused it; the CLI and this client sent it: probe F).
+                return Err(ClientError::Status(tonic::Status::invalid_argument(
+                    format!(
+                    "refusing to send the token over an unencrypted connection to {addr:?}; use \
+                     https://HOST:PORT (the daemon's --tls-cert) or a Unix socket"
+                ),
+                )));
+            }
+            if secure {
+                // The CA given, else the system's roots (as the Python client does): without either, an
+                // https:// address failed "Connecting to HTTPS without TLS enabled".
+                let tls = match &options.tls_ca_pem {
+                    Some(ca) => tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+                    None => tonic::transport::ClientTlsConfig::new().with_native_roots(),
+                };
                 endpoint = endpoint.tls_config(tls).map_err(connect_err)?;
             }
             endpoint.connect().await.map_err(connect_err)?
