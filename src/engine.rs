@@ -303,6 +303,7 @@ impl Engine {
     /// fleet's CPU threads and NVDEC sessions).
     pub fn scrape(&self, decode_threads: usize, gpu_threads: usize) -> Vec<Scraped> {
         let s = self.stats();
+        let (index_tables, index_bytes) = self.catalog.index_cache();
         vec![
             Scraped::counter(
                 "cache_hits",
@@ -386,6 +387,16 @@ impl Engine {
                 "budget_capacity_bytes",
                 "The in-flight memory budget (max-inflight-bytes).",
                 self.budget.capacity(),
+            ),
+            Scraped::gauge(
+                "index_cache_tables",
+                "Frame tables held in the index cache.",
+                index_tables,
+            ),
+            Scraped::gauge(
+                "index_cache_bytes",
+                "Weight of the index cache's frame tables, bounded by --index-cache-bytes.",
+                index_bytes,
             ),
             Scraped::gauge(
                 "shm_arenas",

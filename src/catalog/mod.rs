@@ -111,6 +111,19 @@ pub struct Catalog {
     quoted_roots: Vec<String>,
 }
 
+/// What one cached frame table costs beyond its own columns ([`VideoIndex::approx_bytes`]): its key's
+/// path, the table's and key's structs, the cache's bookkeeping per entry and the allocator's rounding.
+/// Weighed by its columns alone, an 8x10 VP9 clip's table counted about 690 bytes while the daemon's RSS
+/// grew 1.6 KB per table, so the 256 MiB index cache held over 600 MB (probe E: 784 MiB of RSS at 400k
+/// videos with a 1 MiB frame cache). Now it weighs 1.64 KB; with a 16 MiB index cache the daemon's RSS
+/// stayed within 10 MiB over 50,000 more tables built and evicted (docs/BENCHMARKS.md, run s49).
+pub const INDEX_ENTRY_BYTES: usize = 900;
+
+/// A cached frame table's weight against `--index-cache-bytes`.
+fn index_weight(key: &VideoId, index: &VideoIndex) -> usize {
+    index.approx_bytes() + key.path.as_os_str().len() + INDEX_ENTRY_BYTES
+}
+
 impl Catalog {
     /// Opens every configured dataset (gulp chunks and manifests are read now).
     pub fn open(config: &Config, metrics: EngineMetrics) -> Result<Catalog, String> {
@@ -171,8 +184,8 @@ impl Catalog {
             gulps,
             indexes: moka::sync::Cache::builder()
                 .max_capacity(config.cache.index_bytes)
-                .weigher(|_k: &Arc<VideoId>, v: &Arc<VideoIndex>| {
-                    u32::try_from(v.approx_bytes()).unwrap_or(u32::MAX)
+                .weigher(|k: &Arc<VideoId>, v: &Arc<VideoIndex>| {
+                    u32::try_from(index_weight(k, v)).unwrap_or(u32::MAX)
                 })
                 .build(),
             failed: moka::sync::Cache::builder()
@@ -278,6 +291,13 @@ impl Catalog {
     /// How long one video's index build may take (`--index-deadline`).
     pub fn index_deadline(&self) -> Duration {
         self.index_deadline
+    }
+
+    /// Frame tables in the index cache, and their weight ([`index_weight`]) against
+    /// `--index-cache-bytes`.
+    pub fn index_cache(&self) -> (u64, u64) {
+        self.indexes.run_pending_tasks();
+        (self.indexes.entry_count(), self.indexes.weighted_size())
     }
 
     /// Video indexes built since start-up.

@@ -43,6 +43,9 @@ pub struct ServeArgs {
     /// Decoded-frame cache size (e.g. 8GiB).
     #[arg(long, env = "VSERVE_CACHE_BYTES", value_name = "SIZE")]
     pub cache_bytes: Option<String>,
+    /// Memory the in-memory cache of frame tables may hold (default 256MiB; about 1.7 KB a short clip).
+    #[arg(long, env = "VSERVE_INDEX_CACHE_BYTES", value_name = "SIZE")]
+    pub index_cache_bytes: Option<String>,
     /// Share of the cache one request's frames of one video may need and still enter it (0..=1,
     /// default 1/64); more is a scan, served without entering the cache.
     #[arg(long, env = "VSERVE_CACHE_ADMIT_FRACTION", value_name = "FRACTION")]
@@ -179,6 +182,7 @@ struct FileConfig {
     dataset: Option<Vec<String>>,
     cache_bytes: Option<toml::Value>,
     cache_admit_fraction: Option<f64>,
+    index_cache_bytes: Option<toml::Value>,
     decode_threads: Option<usize>,
     decode_queue: Option<usize>,
     decode_deadline: Option<f64>,
@@ -342,7 +346,15 @@ impl ServeArgs {
                 (None, None) => defaults.max_output_bytes,
             },
         )?;
-        let index_bytes = 256 << 20;
+        // Zero: no table would stay, every call would build its video's again.
+        let index_bytes = at_least_one_byte(
+            "index-cache-bytes",
+            match (&self.index_cache_bytes, &file.index_cache_bytes) {
+                (Some(s), _) => parse_bytes("index-cache-bytes", s)?,
+                (None, Some(v)) => size_value("index-cache-bytes", v)?,
+                (None, None) => 256 << 20,
+            },
+        )?;
         let max_inflight_bytes = at_least_one_byte(
             "max-inflight-bytes",
             match (&self.max_inflight_bytes, &file.max_inflight_bytes) {
@@ -557,7 +569,7 @@ pub fn config_to_toml(c: &Config) -> String {
         format!("[{}]", quoted.join(", "))
     };
     format!(
-        "listen = {}\ndataset = {}\ncache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ndecode-deadline = {}\nindex-deadline = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-inflight-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\nstore-bytes = {}\n",
+        "listen = {}\ndataset = {}\ncache-bytes = {}\nindex-cache-bytes = {}\ndecode-threads = {}\ndecode-queue = {}\ndecode-deadline = {}\nindex-deadline = {}\ngpus = {:?}\nnvdec-sessions = {}\nmax-frames = {}\nmax-side = {}\nmax-output-bytes = {}\nmax-inflight-bytes = {}\nmax-prefetch = {}\nshutdown-grace = {}\nshm-dir = {:?}\nstate-dir = {:?}\nstore-bytes = {}\n",
         list(c.listen.iter().map(|l| l.to_string()).collect()),
         list(
             c.datasets
@@ -569,6 +581,7 @@ pub fn config_to_toml(c: &Config) -> String {
                 .collect()
         ),
         c.cache.bytes,
+        c.cache.index_bytes,
         c.decode.threads,
         c.decode.queue,
         c.decode.deadline.as_secs_f64(),
