@@ -77,10 +77,16 @@ impl Task {
         }
     }
 
-    /// What is left to decode ([`cost`]): from its first frame still wanted to its last.
+    /// What is left to decode ([`cost`]): from where the decoder stands (the run's keyframe, and the
+    /// frames its slices went through) to its last wanted frame. Weighed from its first frame still
+    /// wanted, a run for the last frame of a long GOP looked one frame long and was never paused: other
+    /// tenants waited behind whole GOPs (probe D: 1-37 s behind runs for frame 11,999 of one GOP).
     fn left(&self) -> u64 {
         let span = match (self.run.wanted.first(), self.run.wanted.last()) {
-            (Some(first), Some(last)) => last + 1 - first,
+            (Some(&first), Some(&last)) => {
+                let through = self.out.decoded + self.out.skipped;
+                last + 1 - (self.run.keyframe + through as usize).min(first)
+            }
             _ => 0,
         };
         cost(&self.source, span)

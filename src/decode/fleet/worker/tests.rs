@@ -156,6 +156,30 @@ fn a_run_pauses_for_another_clients_run_and_continues_where_it_stopped() {
     assert!(fleet.counters.paused.load(Ordering::Relaxed) >= 1);
 }
 
+/// A run that wants only the last frame of a long GOP has the whole GOP to decode: it pauses for another
+/// client's short run queued after it started (what was left of it was weighed from its first wanted
+/// frame, one frame, so it never paused: probe D, another tenant waited 1-37 s behind such runs).
+#[test]
+fn a_run_for_the_end_of_a_long_gop_pauses_for_a_shorter_run() {
+    let (fleet, log, _gate) = paced_fleet(Duration::from_secs(30));
+    let (tx, rx) = mpsc::channel();
+    fleet
+        .submit(test_job(1, "long.mp4", 300, vec![299], &tx))
+        .unwrap();
+    wait_for("the long run to pass its first pause", || {
+        decoded(&log, "long.mp4").len() >= 60
+    });
+    fleet.submit(job(2, "other.mp4", 3, &tx)).unwrap();
+    let order: Vec<Outcome> = (0..2)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
+    let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["other.mp4", "long.mp4"]);
+    assert_eq!(*order[1].1.as_ref().unwrap(), [299]);
+    assert_eq!(decoded(&log, "long.mp4"), (0..300).collect::<Vec<_>>());
+    assert!(fleet.counters.paused.load(Ordering::Relaxed) >= 1);
+}
+
 /// A run paused again and again keeps about half its thread: back from a pause, it decodes for as long
 /// as it waited before it pauses again, however many shorter runs another client queues.
 #[test]
