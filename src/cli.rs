@@ -35,8 +35,9 @@ pub enum Command {
     Get(GetArgs),
     /// Read one rank's batches of an epoch: --list prints a JSON line per clip, --out-dir writes .npy files.
     Stream(StreamArgs),
-    /// List the datasets a daemon serves, as JSON.
-    Datasets(AddrArgs),
+    /// List the datasets a daemon serves, as JSON: counts, the sample list's fingerprint, the number of
+    /// labels (each with its index with --labels).
+    Datasets(DatasetsArgs),
     /// Print a daemon's counters as JSON.
     Stats(AddrArgs),
     /// Make a daemon walk its dataset roots again and re-read its manifests now (as SIGHUP does);
@@ -217,6 +218,18 @@ pub struct AddrArgs {
     /// CA certificate (PEM) to verify an https:// daemon with.
     #[arg(long, env = "VSERVE_TLS_CA", value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DatasetsArgs {
+    #[command(flatten)]
+    pub addr: AddrArgs,
+    /// Only this dataset.
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// Each label with its index (`class_to_idx`).
+    #[arg(long)]
+    pub labels: bool,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -233,8 +233,8 @@ impl Engine {
         self.frames.threads()
     }
 
-    pub fn datasets(&self) -> Vec<DatasetSummary> {
-        self.catalog.datasets()
+    pub fn datasets(&self, only: Option<&str>, labels: bool) -> Vec<DatasetSummary> {
+        self.catalog.datasets(only, labels)
     }
 
     /// Counts a Probe or GetClips request; the guard counts it in progress until dropped (a GetClips

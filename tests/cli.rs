@@ -414,6 +414,25 @@ async fn datasets_lists_the_served_datasets() {
         "scratch root"
     );
     assert_eq!(list.len(), 2, "exactly the two datasets given: {v}");
+    // The sample list's fingerprint that ranks pass to StreamBatches (it was left out: probe F); the
+    // labels only with --labels (a million of them make an 18 MB reply: probe E); one dataset alone.
+    assert!(media["samples_fingerprint"].is_u64(), "{media}");
+    assert!(media.get("class_to_idx").is_none(), "{media}");
+    let one = json(&cli_stdout(&[
+        "datasets",
+        "--addr",
+        &d.addr,
+        "--dataset",
+        SCRATCH,
+        "--labels",
+    ]));
+    let one = array(&one["datasets"], "datasets");
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert_eq!(one[0]["name"], SCRATCH);
+    assert_eq!(one[0]["class_to_idx"], serde_json::json!({}));
+    let out = vserve_cli(&["datasets", "--addr", &d.addr, "--dataset", "nope"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("NOT_FOUND: dataset \"nope\""), "{err}");
 }
 
 /// ffprobe's frame list of one stream: (pts, key_frame, pkt_duration) per frame.

@@ -411,11 +411,24 @@ impl pb::v_serve_server::VServe for Api {
 
     async fn list_datasets(
         &self,
-        _request: Request<pb::ListDatasetsRequest>,
+        request: Request<pb::ListDatasetsRequest>,
     ) -> Result<Response<pb::ListDatasetsResponse>, Status> {
-        Ok(Response::new(pb::ListDatasetsResponse {
-            datasets: dataset_infos(self.engine.datasets()),
-        }))
+        let req = request.into_inner();
+        if !req.dataset.is_empty() {
+            self.engine
+                .catalog()
+                .dataset(&req.dataset)
+                .map_err(|e| fail(&self.engine, "ListDatasets", e))?;
+        }
+        // A manifest's labels are a string each: on a blocking thread, not a runtime worker's.
+        let engine = self.engine.clone();
+        let datasets = tokio::task::spawn_blocking(move || {
+            let only = Some(req.dataset.as_str()).filter(|d| !d.is_empty());
+            dataset_infos(engine.datasets(only, !req.omit_labels))
+        })
+        .await
+        .map_err(|e| fail(&self.engine, "ListDatasets", Error::Internal(e.to_string())))?;
+        Ok(Response::new(pb::ListDatasetsResponse { datasets }))
     }
 
     async fn reload(
@@ -434,7 +447,7 @@ impl pb::v_serve_server::VServe for Api {
             tracing::info!(changed = ?r.changed, errors = r.errors.len(), "Reload: datasets listed again");
         }
         Ok(Response::new(pb::ReloadResponse {
-            datasets: dataset_infos(self.engine.datasets()),
+            datasets: dataset_infos(self.engine.datasets(None, false)),
             changed: r.changed,
             errors: r.errors,
         }))

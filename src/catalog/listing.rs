@@ -166,12 +166,14 @@ fn keep_under(new: &Samples, old: &Samples, dirs: &[String]) -> (Samples, usize)
 const PUBLISH_EVERY: u64 = 1024;
 
 impl Catalog {
-    /// The datasets served, from the catalogue; never walks (see the module comment).
-    pub fn datasets(&self) -> Vec<DatasetSummary> {
+    /// The datasets served (`only` this one when given), from the catalogue; never walks (see the module
+    /// comment). `labels`: with each manifest's labels (a string each: a million cost seconds).
+    pub fn datasets(&self, only: Option<&str>, labels: bool) -> Vec<DatasetSummary> {
         let manifests = self.listings.manifests.read().clone();
         let walked = self.listings.walked.read().clone();
         self.datasets
             .values()
+            .filter(|d| only.is_none_or(|name| d.name == name))
             .map(|d| {
                 let manifest = manifests.get(&d.name);
                 let listing = walked.get(&d.name);
@@ -190,7 +192,10 @@ impl Catalog {
                     root: d.root.display().to_string(),
                     video_count,
                     samples,
-                    classes: manifest.map(|m| m.classes()).unwrap_or_default(),
+                    classes: manifest
+                        .filter(|_| labels)
+                        .map(|m| m.classes())
+                        .unwrap_or_default(),
                     building: progress
                         .is_some_and(|p| p.walking.load(Ordering::Relaxed) || listing.is_none()),
                     samples_fingerprint,

@@ -46,17 +46,17 @@ async fn lists_are_built_aside_and_swapped_on_reload() {
     }
     let cat = catalog(dir.path(), None);
     // Before any walk: building, nothing counted; ListDatasets did not walk.
-    let d = &cat.datasets()[0];
+    let d = &cat.datasets(None, true)[0];
     assert_eq!((d.building, d.video_count, d.samples), (true, 0, 0));
     // A stream's planning waits for the (first) walk.
     let s = cat.samples("d").await.unwrap();
     let got: Vec<&str> = s.iter().map(|s| s.video).collect();
     assert_eq!(got, vec!["a/1.mkv", "b/1.webm", "b/2.mp4"]);
-    let d = &cat.datasets()[0];
+    let d = &cat.datasets(None, true)[0];
     assert_eq!((d.building, d.video_count, d.samples), (false, 3, 3));
     // A new file is not seen until a reload; readers holding the old list keep it.
     touch(dir.path(), "a/0.mp4");
-    assert_eq!(cat.datasets()[0].video_count, 3);
+    assert_eq!(cat.datasets(None, true)[0].video_count, 3);
     let r = cat.reload();
     assert_eq!(
         r,
@@ -68,7 +68,7 @@ async fn lists_are_built_aside_and_swapped_on_reload() {
     assert_eq!(s.len(), 3);
     let now = cat.samples("d").await.unwrap();
     assert_eq!(now.video(0), "a/0.mp4");
-    assert_eq!(cat.datasets()[0].video_count, 4);
+    assert_eq!(cat.datasets(None, true)[0].video_count, 4);
     assert_eq!(cat.reload(), Reloaded::default());
 }
 
@@ -82,14 +82,14 @@ async fn a_manifest_is_read_again_on_reload_and_a_broken_one_is_kept() {
     let before = cat.samples("d").await.unwrap();
     assert_eq!(before.len(), 2);
     assert_eq!(
-        cat.datasets()[0].classes,
+        cat.datasets(None, true)[0].classes,
         vec![("cat".to_owned(), 0), ("dog".to_owned(), 1)]
     );
     std::fs::write(&m, "path,label\nv.mp4,dog\nv.mp4,cat\nv.mp4,ant\n").unwrap();
     let r = cat.reload();
     assert_eq!(r.changed, vec!["d".to_owned()]);
     assert_eq!(cat.samples("d").await.unwrap().len(), 3);
-    let d = &cat.datasets()[0];
+    let d = &cat.datasets(None, true)[0];
     assert_eq!((d.video_count, d.samples, d.building), (1, 3, false));
     assert_eq!(d.classes[0], ("ant".to_owned(), 0));
     std::fs::write(&m, "path,start\nv.mp4,never\n").unwrap();

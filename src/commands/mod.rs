@@ -20,8 +20,8 @@ use serde_json::json;
 use vserve_client::{proto, Client, ClientError};
 
 use crate::cli::{
-    AddrArgs, DTypeArg, GetArgs, OnErrorArg, ProbeArgs, RemainderArg, SamplerArg, ShortVideoArg,
-    StreamArgs,
+    AddrArgs, DTypeArg, DatasetsArgs, GetArgs, OnErrorArg, ProbeArgs, RemainderArg, SamplerArg,
+    ShortVideoArg, StreamArgs,
 };
 use crate::engine::for_each_stat;
 
@@ -407,15 +407,27 @@ pub async fn stream(args: &StreamArgs) -> Result<(), CommandError> {
     Ok(())
 }
 
-pub async fn datasets(args: &AddrArgs) -> Result<(), CommandError> {
-    let mut client = connect(args).await?;
-    let r = client.list_datasets().await?;
+pub async fn datasets(args: &DatasetsArgs) -> Result<(), CommandError> {
+    let mut client = connect(&args.addr).await?;
+    // The labels are asked for only when printed: a million of them make an 18 MB reply.
+    let r = client
+        .list_datasets_with(proto::ListDatasetsRequest {
+            dataset: args.dataset.clone().unwrap_or_default(),
+            omit_labels: !args.labels,
+        })
+        .await?;
     let list: Vec<_> = r
         .datasets
         .iter()
         .map(|d| {
-            json!({"name": d.name, "root": d.root, "video_count": d.video_count,
-                   "samples": d.samples, "building": d.building})
+            let mut entry = json!({"name": d.name, "root": d.root, "video_count": d.video_count,
+                   "samples": d.samples, "building": d.building,
+                   "samples_fingerprint": d.samples_fingerprint});
+            if args.labels {
+                let labels: std::collections::BTreeMap<_, _> = d.class_to_idx.iter().collect();
+                entry["class_to_idx"] = json!(labels);
+            }
+            entry
         })
         .collect();
     println!("{}", json!({ "datasets": list }));

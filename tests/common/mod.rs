@@ -281,7 +281,6 @@ pub fn vserve_cli(args: &[&str]) -> std::process::Output {
         .expect("run vserve")
 }
 
-/// The stdout of a `vserve` command that must succeed.
 /// Runs the ffmpeg CLI quietly (making fixtures); it must succeed, or the test fails with its stderr.
 pub fn ffmpeg(args: &[&str]) {
     ffmpeg_in(Path::new("."), args)
@@ -328,6 +327,7 @@ pub fn stream_list_started(
     (child, out)
 }
 
+/// The stdout of a `vserve` command that must succeed.
 pub fn cli_stdout(args: &[&str]) -> String {
     let out = vserve_cli(args);
     assert!(

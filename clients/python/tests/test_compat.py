@@ -461,6 +461,14 @@ def test_list_datasets_classes(daemon, client):
         assert [info["class_to_idx"][lab] for lab in b.labels] == b.label_indices.tolist()
     plain = client.dataset_info("clips")
     assert (plain["classes"], plain["class_to_idx"], plain["samples"]) == ([], {}, len(CLIP_VIDEOS))
+    # Without labels the daemon sends none (a million distinct labels are an 18 MB reply: probe E); the
+    # counts and the fingerprint are the same.
+    bare = client.dataset_info("labeled", labels=False)
+    assert "classes" not in bare and "class_to_idx" not in bare
+    assert (bare["samples"], bare["samples_fingerprint"]) == (info["samples"], info["samples_fingerprint"])
+    listed = client.list_datasets(labels=False)
+    assert {d["name"] for d in listed} == {d["name"] for d in client.list_datasets()}
+    assert all("class_to_idx" not in d for d in listed)
     with pytest.raises(vserve_client.NotFound):
         client.dataset_info("nope")
 

@@ -610,30 +610,33 @@ class Client:
 
         return VideoDecoder(self, dataset, video, **kwargs)
 
-    def list_datasets(self) -> List[Dict[str, Any]]:
+    def list_datasets(self, *, labels: bool = True) -> List[Dict[str, Any]]:
         """The datasets served: dicts with name, root, video_count, samples (what StreamBatches draws
         from: manifest rows, else the videos found), building (the daemon's walk of the root is under
-        way: until the first completes, the counts are of the videos found so far), and, as
-        torchvision's ``ImageFolder`` names them, classes (the distinct labels, ordered by index) and
-        class_to_idx (label -> label index)."""
-        reply = self._unary(self._stub.ListDatasets, pb.ListDatasetsRequest())
+        way: until the first completes, the counts are of the videos found so far),
+        samples_fingerprint, and, as torchvision's ``ImageFolder`` names them, classes (the distinct
+        labels, ordered by index) and class_to_idx (label -> label index). ``labels=False`` leaves the
+        last two out and the daemon does not send them (a million distinct labels are an 18 MB reply)."""
+        return self._datasets(pb.ListDatasetsRequest(omit_labels=not labels), labels)
+
+    def dataset_info(self, dataset: str, *, labels: bool = True) -> Dict[str, Any]:
+        """:meth:`list_datasets`' entry for one dataset, asked alone (NotFound when the daemon does not
+        serve it)."""
+        rq.text("dataset", dataset)
+        return self._datasets(pb.ListDatasetsRequest(dataset=dataset, omit_labels=not labels), labels)[0]
+
+    def _datasets(self, request: Any, labels: bool) -> List[Dict[str, Any]]:
+        reply = self._unary(self._stub.ListDatasets, request)
         out = []
         for d in reply.datasets:
             info = message_to_dict(d)
-            info["class_to_idx"] = dict(sorted(info["class_to_idx"].items(), key=lambda kv: (kv[1], kv[0])))
-            info["classes"] = list(info["class_to_idx"])
+            if labels:
+                info["class_to_idx"] = dict(sorted(info["class_to_idx"].items(), key=lambda kv: (kv[1], kv[0])))
+                info["classes"] = list(info["class_to_idx"])
+            else:
+                del info["class_to_idx"]
             out.append(info)
         return out
-
-    def dataset_info(self, dataset: str) -> Dict[str, Any]:
-        """:meth:`list_datasets`' entry for one dataset (NotFound when the daemon does not serve it)."""
-        rq.text("dataset", dataset)
-        for d in self.list_datasets():
-            if d["name"] == dataset:
-                return d
-        from .errors import NotFound
-
-        raise NotFound(f"dataset {dataset!r} is not served by the daemon at {self.addr}")
 
     def _release_slots(self, arena: str, slots: List[int]) -> None:
         self._unary(self._stub.ReleaseSlots, pb.ReleaseSlotsRequest(arena=arena, slots=slots))

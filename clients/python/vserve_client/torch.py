@@ -62,7 +62,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -70,7 +70,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import errors
 from .batch import Batch
-from .client import Client
+from .client import Client, _pem
 from .request import rename_deprecated, stream_kwargs_names, stream_request
 from .workers import batches_in_epoch, global_offset, resolve_rank
 
@@ -90,21 +90,32 @@ import json, sys
 from vserve_client import Client, VServeError
 a = json.load(sys.stdin)
 try:
-    with Client(a["addr"], transport="inline", token=a["token"]) as c:
-        print(json.dumps({"info": c.dataset_info(a["dataset"])}))
+    ca = a["tls_ca"].encode("ascii") if a["tls_ca"] is not None else None
+    with Client(a["addr"], transport="inline", token=a["token"], tls_ca=ca) as c:
+        print(json.dumps({"info": c.dataset_info(a["dataset"], labels=a["labels"])}))
 except VServeError as e:
     print(json.dumps({"error": type(e).__name__, "code": e.code, "message": e.message}))
 """
 
 
-def _dataset_info_elsewhere(addr: str, token: Optional[str], dataset: str) -> Dict[str, Any]:
+def _dataset_info_elsewhere(
+    addr: str, token: Optional[str], tls_ca: Optional[bytes], dataset: str, labels: bool
+) -> Dict[str, Any]:
     """The dataset's ListDatasets entry, asked by a short-lived child interpreter, so that this process
     (a trainer's main process) opens no gRPC channel of ours before DataLoader forks its workers: gRPC's
     threads and locks do not survive fork(), and a worker forked while they are busy can hang."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     run = subprocess.run(
         [sys.executable, "-c", _INFO_SCRIPT],
-        input=json.dumps({"addr": addr, "token": token, "dataset": dataset}),
+        input=json.dumps(
+            {
+                "addr": addr,
+                "token": token,
+                "tls_ca": tls_ca.decode("ascii") if tls_ca is not None else None,
+                "dataset": dataset,
+                "labels": labels,
+            }
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -136,7 +147,7 @@ class VideoClipDataset(IterableDataset):
         dataset: the dataset name the daemon serves.
         output: ``"dict"`` (default) yields ``{"video", "label", "frames", "pts_seconds", "duration_seconds",
             "videos", "labels", "batch", "batches_total", "skipped"}``; ``"tuple"`` yields ``(video, label)``.
-        transport, token: as for :class:`~vserve_client.Client`.
+        transport, token, tls_ca: as for :class:`~vserve_client.Client` (the CA read once, here).
         rank, world_size: override the detected ones (give both).
         epoch, start_batch, start_sample: where to start (see :meth:`set_epoch`).
         zero_copy: with ``num_workers=0`` and shared memory, yield views of the daemon's slots instead of
@@ -154,6 +165,7 @@ class VideoClipDataset(IterableDataset):
         output: str = "dict",
         transport: str = "auto",
         token: Optional[str] = None,
+        tls_ca: Union[None, str, bytes, "os.PathLike[str]"] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         epoch: int = 0,
@@ -180,6 +192,8 @@ class VideoClipDataset(IterableDataset):
         self.output = output
         self.transport = transport
         self.token = token
+        # Read now, in the main process: the PEM travels to the workers with the dataset.
+        self.tls_ca = _pem(tls_ca)
         self.zero_copy = bool(zero_copy)
         self.stream_kwargs = dict(stream_kwargs)
         self._explicit = (rank, world_size)
@@ -235,24 +249,26 @@ class VideoClipDataset(IterableDataset):
 
     # -- the dataset's facts ---------------------------------------------------------------------------
 
-    def _dataset_info(self) -> Dict[str, Any]:
-        if self._info is None:
+    def _dataset_info(self, labels: bool = False) -> Dict[str, Any]:
+        """The dataset's ListDatasets entry, asked once; with its labels when ``labels`` (a dataset of a
+        million distinct labels makes them an 18 MB reply, which its length does not need)."""
+        if self._info is None or (labels and "classes" not in self._info):
             if get_worker_info() is not None:
-                with Client(self.addr, transport="inline", token=self.token) as c:
-                    self._info = c.dataset_info(self.dataset)
+                with Client(self.addr, transport="inline", token=self.token, tls_ca=self.tls_ca) as c:
+                    self._info = c.dataset_info(self.dataset, labels=labels)
             else:
-                self._info = _dataset_info_elsewhere(self.addr, self.token, self.dataset)
+                self._info = _dataset_info_elsewhere(self.addr, self.token, self.tls_ca, self.dataset, labels)
         return self._info
 
     @property
     def classes(self) -> List[str]:
         """The dataset's labels ordered by label index (torchvision's ``ImageFolder.classes``)."""
-        return list(self._dataset_info()["classes"])
+        return list(self._dataset_info(labels=True)["classes"])
 
     @property
     def class_to_idx(self) -> Dict[str, int]:
         """Label -> the label index items carry (torchvision's ``ImageFolder.class_to_idx``)."""
-        return dict(self._dataset_info()["class_to_idx"])
+        return dict(self._dataset_info(labels=True)["class_to_idx"])
 
     def _fixed_clips(self) -> bool:
         sampler = str(self.stream_kwargs.get("sampler", "random-indices")).replace("_", "-")
@@ -313,7 +329,7 @@ class VideoClipDataset(IterableDataset):
             epoch, start_batch, start_sample = (int(v) for v in self._shared[:3].tolist())
             first, share = start_batch + w, (w, n)
         self._position = {"epoch": epoch, "start_sample": start_sample, "next_batch": first, "last_batch": None}
-        client = Client(self.addr, transport=self.transport, token=self.token)
+        client = Client(self.addr, transport=self.transport, token=self.token, tls_ca=self.tls_ca)
         pinned_epoch, pinned = (int(v) for v in self._shared[3:].tolist())
         stream = client.stream(
             self.dataset,

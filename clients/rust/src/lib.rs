@@ -336,12 +336,18 @@ impl Client {
         Ok(self.inner.check_dataset(req).await?.into_inner())
     }
 
+    /// Every dataset served, with its labels.
     pub async fn list_datasets(&mut self) -> Result<proto::ListDatasetsResponse, ClientError> {
-        Ok(self
-            .inner
-            .list_datasets(proto::ListDatasetsRequest {})
-            .await?
-            .into_inner())
+        self.list_datasets_with(proto::ListDatasetsRequest::default())
+            .await
+    }
+
+    /// ListDatasets for one dataset and/or without labels (`omit_labels`).
+    pub async fn list_datasets_with(
+        &mut self,
+        req: proto::ListDatasetsRequest,
+    ) -> Result<proto::ListDatasetsResponse, ClientError> {
+        Ok(self.inner.list_datasets(req).await?.into_inner())
     }
 
     /// Makes the daemon walk its dataset roots again and re-read its manifests (Reload); replies

@@ -368,8 +368,12 @@ class GetClipsResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[BatchHeader, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ListDatasetsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("dataset", "omit_labels")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    OMIT_LABELS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    omit_labels: bool
+    def __init__(self, dataset: _Optional[str] = ..., omit_labels: _Optional[bool] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
     __slots__ = ("name", "root", "video_count", "samples", "class_to_idx", "building", "samples_fingerprint")
