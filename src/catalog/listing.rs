@@ -459,9 +459,13 @@ impl Catalog {
                 continue;
             }
             let (fresh, trouble) = self.walk(name);
-            let before = self.listings.walked.read().get(name).map(|l| l.videos);
+            // The list itself, not its length: a video renamed, or one gone and another come, keeps the
+            // count (such reloads said nothing changed: probe E).
+            let list = |l: &Listing| (l.videos, l.samples.as_ref().map(|s| s.fingerprint()));
+            let before = self.listings.walked.read().get(name).map(list);
             let (listed, problem) = self.install_walk(name, fresh, &trouble);
-            if let Some(videos) = listed.filter(|&v| before != Some(v)) {
+            let after = self.listings.walked.read().get(name).map(list);
+            if let Some(videos) = listed.filter(|_| before != after) {
                 if !out.changed.contains(name) {
                     tracing::info!(dataset = %name, videos, "dataset listed");
                     out.changed.push(name.clone());

@@ -70,6 +70,15 @@ async fn lists_are_built_aside_and_swapped_on_reload() {
     assert_eq!(now.video(0), "a/0.mp4");
     assert_eq!(cat.datasets(None, true)[0].video_count, 4);
     assert_eq!(cat.reload(), Reloaded::default());
+    // A rename keeps the count, and so does one video gone and another come: still a change (such
+    // reloads said nothing changed: probe E).
+    std::fs::rename(dir.path().join("a/0.mp4"), dir.path().join("a/9.mp4")).unwrap();
+    assert_eq!(cat.reload().changed, ["d"]);
+    std::fs::remove_file(dir.path().join("b/1.webm")).unwrap();
+    touch(dir.path(), "c/1.mp4");
+    assert_eq!(cat.reload().changed, ["d"]);
+    assert_eq!(cat.datasets(None, true)[0].video_count, 4);
+    assert_eq!(cat.reload(), Reloaded::default());
 }
 
 #[tokio::test]
