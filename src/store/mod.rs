@@ -187,6 +187,8 @@ pub struct Store {
     /// request reads its video's record twice (a lookup, then the build), and each bad record was warned
     /// twice.
     warned: Mutex<std::collections::HashSet<String>>,
+    /// Records deleted to keep within `max_bytes` since it was opened.
+    evicted: std::sync::atomic::AtomicU64,
 }
 
 /// Records at least this long are memory-mapped, smaller ones read onto the heap: a map costs a page
@@ -254,7 +256,20 @@ impl Store {
             max_bytes,
             used: Mutex::new(None),
             warned: Mutex::new(std::collections::HashSet::new()),
+            evicted: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Records deleted to keep the store within its bound since it was opened: tables a daemon will
+    /// build again (`vserve index` that evicts has not done its job).
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The records held now and what they take on disk ([`on_disk`]).
+    pub fn held(&self) -> (u64, u64) {
+        let files = self.walk();
+        (files.len() as u64, files.iter().map(|f| f.1).sum())
     }
 
     /// Whether to warn about record file `name` now: once until it is written again.
@@ -425,12 +440,24 @@ impl Store {
             }
         }
         *self.used.lock() = Some(total);
-        tracing::debug!(
-            removed,
-            bytes = total,
-            max = self.max_bytes,
-            "store evicted its least recently used records"
-        );
+        let before = self
+            .evicted
+            .fetch_add(removed as u64, std::sync::atomic::Ordering::Relaxed);
+        if before == 0 && removed > 0 {
+            // Once a process: from here on tables are built again when their videos come back.
+            tracing::warn!(
+                removed,
+                max = self.max_bytes,
+                "the store is full (--store-bytes): its least recently used records are deleted and their tables built again when next used"
+            );
+        } else {
+            tracing::debug!(
+                removed,
+                bytes = total,
+                max = self.max_bytes,
+                "store evicted its least recently used records"
+            );
+        }
     }
 }
 
