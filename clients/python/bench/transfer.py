@@ -35,7 +35,7 @@ def main() -> None:
         batch_size=args.batch_size,
         num_clips=args.clips_per_video,
         num_frames_per_clip=8,
-        frame_stride=4,
+        num_indices_between_frames=4,
         size=(224, 224),
         drop_last=True,
         seed=0,
