@@ -270,7 +270,7 @@ where
             if let Some(status) = tonic::Status::from_header_map(response.headers()) {
                 // tonic's statuses for a request the client framed wrongly (too large, cut short, no
                 // message at all), restated with what they are and logged where the client is known.
-                if let Some(status) = codec::restate(&status, MAX_REQUEST_BYTES) {
+                if let Some(status) = codec::restate(&status, MAX_REQUEST_BYTES, method) {
                     call.code = Some(status.code());
                     crate::refusal::RefusalLog::global().log(
                         method,

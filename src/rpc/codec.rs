@@ -72,7 +72,8 @@ impl<U: Message + Default> Decoder for RequestDecoder<U> {
 
 /// tonic's status for a request the client framed wrongly, restated (`None` for any other status):
 /// - a message over `limit` (tonic: OUT_OF_RANGE "decoded message length too large", which names no
-///   limit and reads as a frame past the end) → INVALID_ARGUMENT naming the size and the limit;
+///   limit and reads as a frame past the end) → INVALID_ARGUMENT naming the size, the limit and what
+///   `method`'s caller can send less of;
 /// - a body that ends inside a message (tonic: INTERNAL "Unexpected EOF decoding stream.") or a
 ///   message whose flag byte is neither 0 nor 1 → INVALID_ARGUMENT, [`MALFORMED`];
 /// - a call with no request message (tonic: INTERNAL "Missing request message.") → UNIMPLEMENTED,
@@ -81,7 +82,7 @@ impl<U: Message + Default> Decoder for RequestDecoder<U> {
 /// INTERNAL is this project's code for its own bugs, so a client's framing must not answer it. The one
 /// framing status kept INTERNAL is gRPC's own rule: a message flagged compressed on a call that names
 /// no `grpc-encoding` MUST fail INTERNAL (gRPC's compression spec).
-pub fn restate(status: &Status, limit: usize) -> Option<Status> {
+pub fn restate(status: &Status, limit: usize, method: &str) -> Option<Status> {
     let msg = status.message();
     match status.code() {
         tonic::Code::OutOfRange if msg.contains("message length too large") => {
@@ -90,9 +91,14 @@ pub fn restate(status: &Status, limit: usize) -> Option<Status> {
                 .nth(1)
                 .and_then(|s| s.split(' ').next())
                 .map_or(String::new(), |n| format!(" of {n} bytes"));
+            let less = match method {
+                "GetClips" => "fewer clips per GetClips".to_owned(),
+                "ReleaseSlots" => "fewer slots per ReleaseSlots".to_owned(),
+                _ => format!("a smaller {method} request"),
+            };
             Some(Status::invalid_argument(format!(
                 "request message{found} is over the {limit} bytes ({} MiB) a request may have; send \
-                 fewer clips per GetClips",
+                 {less}",
                 limit >> 20
             )))
         }
@@ -123,13 +129,10 @@ mod tests {
 
     #[test]
     fn tonic_framing_statuses_are_restated_and_others_kept() {
-        let big = restate(
-            &Status::out_of_range(
-                "Error, decoded message length too large: found 5242880 bytes, the limit is: 4194304 bytes",
-            ),
-            4 << 20,
-        )
-        .unwrap();
+        let too_large = Status::out_of_range(
+            "Error, decoded message length too large: found 5242880 bytes, the limit is: 4194304 bytes",
+        );
+        let big = restate(&too_large, 4 << 20, "GetClips").unwrap();
         assert_eq!(big.code(), tonic::Code::InvalidArgument);
         assert!(
             big.message()
@@ -137,12 +140,27 @@ mod tests {
             "{}",
             big.message()
         );
-        let cut = restate(&Status::internal("Unexpected EOF decoding stream."), 1).unwrap();
+        assert!(big.message().ends_with("send fewer clips per GetClips"));
+        // Named for the method called (a ReleaseSlots over 4 MiB was told about GetClips: probe D).
+        let release = restate(&too_large, 4 << 20, "ReleaseSlots").unwrap();
+        assert!(
+            release
+                .message()
+                .ends_with("send fewer slots per ReleaseSlots"),
+            "{}",
+            release.message()
+        );
+        let cut = restate(
+            &Status::internal("Unexpected EOF decoding stream."),
+            1,
+            "GetClips",
+        )
+        .unwrap();
         assert_eq!(cut.code(), tonic::Code::InvalidArgument);
         assert!(cut.message().starts_with(MALFORMED));
-        let flag = restate(&Status::internal("protocol error: received message with invalid compression flag: 7 (valid flags are 0 and 1), while sending request"), 1).unwrap();
+        let flag = restate(&Status::internal("protocol error: received message with invalid compression flag: 7 (valid flags are 0 and 1), while sending request"), 1, "GetClips").unwrap();
         assert_eq!(flag.code(), tonic::Code::InvalidArgument);
-        let none = restate(&Status::internal("Missing request message."), 1).unwrap();
+        let none = restate(&Status::internal("Missing request message."), 1, "GetClips").unwrap();
         assert_eq!(none.code(), tonic::Code::Unimplemented);
         assert!(none.message().contains("cardinality"));
         // gRPC's rule for a compressed flag without grpc-encoding, and every other status: unchanged.
@@ -151,7 +169,7 @@ mod tests {
             Status::internal("a bug"),
             Status::out_of_range("frame 300 is past the end"),
         ] {
-            assert!(restate(&kept, 1).is_none(), "{kept:?}");
+            assert!(restate(&kept, 1, "GetClips").is_none(), "{kept:?}");
         }
     }
 }
