@@ -196,21 +196,42 @@ pub fn quoted_root(root: &Path) -> String {
     quoted[..quoted.len() - 1].to_owned()
 }
 
+/// The most characters of a client's video path a message shows: the reason after it stays in the
+/// status (a 5,000-character path filled the message, and its reason was cut off: probe D).
+const SHOWN_CHARS: usize = 200;
+
+/// `video` cut to [`SHOWN_CHARS`], marked with its whole length when cut.
+fn cut(video: &str) -> String {
+    match video.char_indices().nth(SHOWN_CHARS) {
+        None => video.to_owned(),
+        Some((i, _)) => format!("{}... ({} bytes)", &video[..i], video.len()),
+    }
+}
+
+/// `video` quoted as messages show a client's path, cut to [`SHOWN_CHARS`].
+fn shown(video: &str) -> String {
+    match video.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{video:?}"),
+        Some((i, _)) => format!("{:?}... ({} bytes)", &video[..i], video.len()),
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DatasetError {
-    #[error("video path {0:?} is empty or not valid")]
-    BadPath(String),
-    #[error("video path {video:?} leaves dataset {dataset:?} (a path is relative to its root, has no '..', and does not resolve outside it)")]
+    #[error("video path {} {why}", shown(.video))]
+    BadPath { video: String, why: &'static str },
+    #[error("video path {} leaves dataset {dataset:?} (a path is relative to its root, has no '..', and does not resolve outside it)", shown(.video))]
     Outside { dataset: String, video: String },
     /// Quoted without quotation marks: messages to clients drop a dataset's root from quoted paths,
     /// which would turn an absolute path under the root into a relative one the daemon would serve.
     #[error(
-        "video path {video} is absolute: a path in dataset {dataset:?} is relative to its root"
+        "video path {} is absolute: a path in dataset {dataset:?} is relative to its root",
+        cut(.video)
     )]
     Absolute { dataset: String, video: String },
-    #[error("video {video:?} not in dataset {dataset:?}")]
+    #[error("video {} not in dataset {dataset:?}", shown(.video))]
     NotFound { dataset: String, video: String },
-    #[error("video {video:?} in dataset {dataset:?} is {kind}, not a regular file")]
+    #[error("video {} in dataset {dataset:?} is {kind}, not a regular file", shown(.video))]
     NotAFile {
         dataset: String,
         video: String,
@@ -218,13 +239,13 @@ pub enum DatasetError {
     },
     /// The file, or a directory on its way, is not readable by the daemon's user (EACCES, EPERM): an
     /// operator's file modes, not a fault of the daemon's.
-    #[error("cannot read {video:?} in dataset {dataset:?}: {reason} (the daemon's user may not read it, or a directory on its way)")]
+    #[error("cannot read {} in dataset {dataset:?}: {reason} (the daemon's user may not read it, or a directory on its way)", shown(.video))]
     Unreadable {
         dataset: String,
         video: String,
         reason: String,
     },
-    #[error("cannot read {video:?} in dataset {dataset:?}: {reason}")]
+    #[error("cannot read {} in dataset {dataset:?}: {reason}", shown(.video))]
     Io {
         dataset: String,
         video: String,
@@ -388,8 +409,15 @@ impl Dataset {
             dataset: self.name.clone(),
             video: video.to_owned(),
         };
-        if video.is_empty() || video.contains('\0') {
-            return Err(DatasetError::BadPath(video.to_owned()));
+        let bad = |why| DatasetError::BadPath {
+            video: video.to_owned(),
+            why,
+        };
+        if video.is_empty() {
+            return Err(bad("is empty"));
+        }
+        if video.contains('\0') {
+            return Err(bad("holds a NUL byte"));
         }
         let rel = Path::new(video);
         for comp in rel.components() {
@@ -417,7 +445,9 @@ impl Dataset {
                 video: video.to_owned(),
                 kind: "a symbolic-link loop".into(),
             },
-            Some(libc::ENAMETOOLONG) => DatasetError::BadPath(video.to_owned()),
+            Some(libc::ENAMETOOLONG) => {
+                bad("is too long for the file system (over 4096 bytes, or a name over 255)")
+            }
             _ => self.io_error(video, &e),
         })?;
         if !canonical.starts_with(&self.root) {
@@ -511,7 +541,19 @@ mod tests {
             ds.resolve("sub"),
             Err(DatasetError::NotAFile { .. })
         ));
-        assert!(matches!(ds.resolve(""), Err(DatasetError::BadPath(_))));
+        assert!(matches!(ds.resolve(""), Err(DatasetError::BadPath { .. })));
+        // Why a path is bad, said after at most 200 of its characters (a 5,000-character path filled
+        // the message and its reason was cut off: probe D).
+        let msg = |video: &str| ds.resolve(video).unwrap_err().to_string();
+        assert_eq!(msg("a\0b"), r#"video path "a\0b" holds a NUL byte"#);
+        let long = msg(&"x".repeat(5000));
+        assert!(
+            long.ends_with("... (5000 bytes) is too long for the file system (over 4096 bytes, or a name over 255)")
+                && long.len() < 400,
+            "{long}"
+        );
+        let far = msg(&format!("{}/../../x.mp4", "d".repeat(300)));
+        assert!(far.contains("... (312 bytes) leaves dataset"), "{far}");
         assert_eq!(ds.count_videos(), 1);
     }
 

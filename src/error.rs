@@ -103,7 +103,9 @@ impl From<DatasetError> for Error {
     fn from(e: DatasetError) -> Self {
         let msg = e.to_string();
         match e {
-            DatasetError::BadPath(_) | DatasetError::NotAFile { .. } => Error::InvalidArgument(msg),
+            DatasetError::BadPath { .. } | DatasetError::NotAFile { .. } => {
+                Error::InvalidArgument(msg)
+            }
             DatasetError::Outside { .. }
             | DatasetError::Absolute { .. }
             | DatasetError::Unreadable { .. } => Error::PermissionDenied(msg),
