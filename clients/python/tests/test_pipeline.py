@@ -327,3 +327,20 @@ def test_a_client_left_open_at_exit_releases_its_replies_and_exits(daemon, tmp_p
     lines = out.stdout.split("\n")
     assert "replies 6" in lines, out.stdout
     assert "released 6 answered 6" in lines, out.stdout
+
+
+def test_a_requests_own_resize_replaces_the_common_one(daemon):
+    # A request's own short_side with a common size was refused as giving both (probe F): its own wins,
+    # alternatives included, and the others keep the common size.
+    clips = [(VIDEO, [0, 2])]
+    with daemon.client(transport="inline") as c:
+        got = list(
+            c.get_clips_many(
+                [("media", clips, {"short_side": 24}), {"dataset": "media", "clips": clips, "height": 16, "width": 20},
+                 ("media", clips)],
+                size=SIZE,
+            )
+        )
+        assert_array_equal(got[0].array, c.get_clips("media", clips, short_side=24).array, "own short_side")
+        assert got[1].array.shape[2:4] == (16, 20)
+        assert_array_equal(got[2].array, c.get_clips("media", clips, size=SIZE).array, "common size")

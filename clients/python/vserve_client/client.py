@@ -129,6 +129,23 @@ _GET_CLIPS_KEYWORDS = frozenset(
 )
 
 
+#: :meth:`Client.get_clips` keywords that say one thing in different ways: a request giving one of a
+#: group replaces the common keywords' others (a request's own ``short_side`` with a common ``size`` was
+#: refused as giving both: probe F).
+_ALTERNATIVES = ({"size", "height", "width", "short_side"},)
+
+
+def _with_common(common: Dict[str, Any], own: Dict[str, Any]) -> Dict[str, Any]:
+    """A request's keywords over the common ones: its own win, alternatives to them included."""
+    merged = dict(common)
+    for group in _ALTERNATIVES:
+        if group & own.keys():
+            for k in group:
+                merged.pop(k, None)
+    merged.update(own)
+    return merged
+
+
 def _clips_item(item: Any, common: Dict[str, Any]) -> Tuple[str, Sequence[Any], Dict[str, Any]]:
     """One request of :meth:`Client.get_clips_many`: (dataset, clips, keywords)."""
     if isinstance(item, dict):
@@ -137,12 +154,12 @@ def _clips_item(item: Any, common: Dict[str, Any]) -> Tuple[str, Sequence[Any], 
             dataset, clips = rest.pop("dataset"), rest.pop("clips")
         except KeyError as e:
             raise InvalidArgument(f"request {item!r}: missing {e.args[0]!r}") from None
-        return dataset, clips, {**common, **rest}
+        return dataset, clips, _with_common(common, rest)
     if isinstance(item, tuple) and len(item) in (2, 3):
         extra = item[2] if len(item) == 3 else {}
         if not isinstance(extra, dict):
             raise InvalidArgument(f"request {item!r}: the third item must be a dict of keywords")
-        return item[0], item[1], {**common, **extra}
+        return item[0], item[1], _with_common(common, extra)
     raise InvalidArgument(
         f"request {item!r}: expected (dataset, clips), (dataset, clips, {{keywords}}) or a dict with dataset and clips"
     )
@@ -774,7 +791,8 @@ class Client:
 
         Each request is ``(dataset, clips)``, ``(dataset, clips, {keyword: value})`` or a dict with
         ``dataset``, ``clips`` and any of :meth:`get_clips`' keywords; ``common`` keywords apply to every
-        request (a request's own keywords win). ``requests`` is read lazily (it may be a generator).
+        request (a request's own keywords win, over their alternatives too: its ``short_side`` replaces a
+        common ``size``). ``requests`` is read lazily (it may be a generator).
 
         A failed request raises its error when its turn comes, after the replies before it were yielded.
         Leaving early (``break``, an error, closing the generator) collects the replies still in flight
