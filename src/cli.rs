@@ -35,8 +35,8 @@ pub enum Command {
     Get(GetArgs),
     /// Read one rank's batches of an epoch: --list prints a JSON line per clip, --out-dir writes .npy files.
     Stream(StreamArgs),
-    /// List the datasets a daemon serves, as JSON: counts, the sample list's fingerprint, the number of
-    /// labels (each with its index with --labels).
+    /// List the datasets a daemon serves, as JSON: counts and the sample list's fingerprint (with
+    /// --labels, each label and its index).
     Datasets(DatasetsArgs),
     /// Print a daemon's counters as JSON.
     Stats(AddrArgs),

@@ -79,7 +79,8 @@ async fn missing_and_unknown_give_not_found() {
     match &res {
         Err(ClientError::Status(s)) => assert!(
             s.message().len() < 1024
-                && s.message().contains("... (20000 bytes) is too long for the file system"),
+                && s.message()
+                    .contains("... (20000 bytes) is too long for the file system"),
             "{} bytes: {:?}",
             s.message().len(),
             &s.message()[..s.message().len().min(200)]

@@ -61,6 +61,28 @@ mod idle_tests {
     use crate::decode::{Backend, GopRun, VideoSource};
     use std::sync::Arc;
 
+    /// `path` with its frame table, as the fleet hands a video to a backend.
+    fn indexed(path: std::path::PathBuf) -> VideoSource {
+        let index = Arc::new(crate::decode::ffmpeg::build_index(&path, None, false).unwrap());
+        VideoSource {
+            path,
+            file: None,
+            index,
+            gulp: None,
+        }
+    }
+
+    /// Output frames of `width`x`height`, unrotated; `resized` when that size was asked for.
+    fn sized(width: u32, height: u32, resized: bool) -> crate::decode::Geometry {
+        crate::decode::Geometry {
+            scaled_width: width,
+            scaled_height: height,
+            rotation: 0,
+            mirror: false,
+            resized,
+        }
+    }
+
     /// An idle backend lets go of the videos it keeps open whose files were deleted (their space stays
     /// allocated while open), and keeps the others.
     #[test]
@@ -74,24 +96,12 @@ mod idle_tests {
         let mut source = |name: &str| {
             let path = dir.path().join(name);
             std::fs::copy(demo, &path).unwrap();
-            let index = Arc::new(crate::decode::ffmpeg::build_index(&path, None, false).unwrap());
-            let src = VideoSource {
-                path,
-                file: None,
-                index,
-                gulp: None,
-            };
+            let src = indexed(path);
             let run = GopRun {
                 keyframe: 0,
                 wanted: vec![0],
             };
-            let geometry = crate::decode::Geometry {
-                scaled_width: src.index.width,
-                scaled_height: src.index.height,
-                rotation: 0,
-                mirror: false,
-                resized: false,
-            };
+            let geometry = sized(src.index.width, src.index.height, false);
             backend.decode_run(&src, &run, geometry, None).unwrap();
             src
         };
@@ -121,24 +131,12 @@ mod idle_tests {
             .status()
             .unwrap();
         assert!(encoded.success());
-        let index = Arc::new(crate::decode::ffmpeg::build_index(&path, None, false).unwrap());
-        let src = VideoSource {
-            path,
-            file: None,
-            index,
-            gulp: None,
-        };
+        let src = indexed(path);
         let run = GopRun {
             keyframe: 0,
             wanted: (0..5).collect(),
         };
-        let geometry = crate::decode::Geometry {
-            scaled_width: 64,
-            scaled_height: 64,
-            rotation: 0,
-            mirror: false,
-            resized: true,
-        };
+        let geometry = sized(64, 64, true);
         let whole = FfmpegBackend::new(1)
             .decode_run(&src, &run, geometry, None)
             .unwrap();
