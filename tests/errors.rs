@@ -519,6 +519,31 @@ async fn streams_a_video_does_not_have_are_refused_and_leave_no_record() {
         before,
         "refused streams wrote records (each would evict a real table from a full store)"
     );
+    // The message says what the file has (it said "has no video stream: stream 1 is not a video
+    // stream" of nasa_13013.mp4, whose video streams are 0 and 3: probe F).
+    for (stream, says) in [
+        (
+            1,
+            "has no video stream numbered 1: stream 1 is audio (its video streams: 0, 3)",
+        ),
+        (
+            9,
+            "has no video stream numbered 9: it has 6 streams (its video streams: 0, 3)",
+        ),
+    ] {
+        match c
+            .probe(probe_req(
+                MEDIA,
+                "torchcodec/nasa_13013.mp4",
+                Some(stream),
+                false,
+            ))
+            .await
+        {
+            Err(ClientError::Status(s)) => assert!(s.message().contains(says), "{}", s.message()),
+            other => panic!("stream {stream}: {other:?}"),
+        }
+    }
     // The real table is still served.
     let p = probe(&mut c, probe_req(SCRATCH, "ok.mov", None, false)).await;
     assert!(p.frame_count > 0);

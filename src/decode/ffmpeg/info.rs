@@ -147,11 +147,27 @@ pub fn pick_stream(
 ) -> Result<usize, String> {
     match wanted {
         Some(i) => {
-            let st = input
-                .stream(i)
-                .ok_or_else(|| format!(": stream {i} does not exist"))?;
-            if st.parameters().medium() != ff::media::Type::Video {
-                return Err(format!(": stream {i} is not a video stream"));
+            // What the file does have, so that the message reads true (it said "has no video stream:
+            // stream 1 is not a video stream" of a file with two: probe F).
+            let videos: Vec<String> = input
+                .streams()
+                .filter(|s| s.parameters().medium() == ff::media::Type::Video)
+                .map(|s| s.index().to_string())
+                .collect();
+            let has = match videos.len() {
+                0 => "it has none".to_owned(),
+                _ => format!("its video streams: {}", videos.join(", ")),
+            };
+            let Some(st) = input.stream(i) else {
+                return Err(format!(
+                    " numbered {i}: it has {} streams ({has})",
+                    input.nb_streams()
+                ));
+            };
+            let medium = st.parameters().medium();
+            if medium != ff::media::Type::Video {
+                let kind = format!("{medium:?}").to_lowercase();
+                return Err(format!(" numbered {i}: stream {i} is {kind} ({has})"));
             }
             Ok(i)
         }
