@@ -200,14 +200,6 @@ pub fn quoted_root(root: &Path) -> String {
 /// status (a 5,000-character path filled the message, and its reason was cut off: probe D).
 const SHOWN_CHARS: usize = 200;
 
-/// `video` cut to [`SHOWN_CHARS`], marked with its whole length when cut.
-fn cut(video: &str) -> String {
-    match video.char_indices().nth(SHOWN_CHARS) {
-        None => video.to_owned(),
-        Some((i, _)) => format!("{}... ({} bytes)", &video[..i], video.len()),
-    }
-}
-
 /// `video` quoted as messages show a client's path, cut to [`SHOWN_CHARS`].
 fn shown(video: &str) -> String {
     match video.char_indices().nth(SHOWN_CHARS) {
@@ -226,7 +218,7 @@ pub enum DatasetError {
     /// which would turn an absolute path under the root into a relative one the daemon would serve.
     #[error(
         "video path {} is absolute: a path in dataset {dataset:?} is relative to its root",
-        cut(.video)
+        crate::refusal::quoted(.video, SHOWN_CHARS)
     )]
     Absolute { dataset: String, video: String },
     #[error("video {} not in dataset {dataset:?}", shown(.video))]
