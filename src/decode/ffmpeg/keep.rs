@@ -146,15 +146,9 @@ mod idle_tests {
         let mut rest = run.clone();
         let (mut frames, mut decoded, mut slices) = (Vec::new(), 0, 0);
         while !rest.wanted.is_empty() {
-            let out = {
-                let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let _slice = crate::decode::cancel::Scope::slice(
-                    flag,
-                    Some(std::time::Instant::now()),
-                    slices == 0,
-                );
-                backend.decode_run(&src, &rest, geometry, None).unwrap()
-            };
+            let out = backend
+                .decode_one_slice(&src, &rest, geometry, slices == 0)
+                .unwrap();
             slices += 1;
             decoded += out.decoded;
             rest.wanted

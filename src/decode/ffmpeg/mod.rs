@@ -288,6 +288,22 @@ impl FfmpegBackend {
     fn open_count(&self) -> usize {
         self.open.len()
     }
+
+    /// `run` decoded in a time slice that is already over: the backend stops at its first frame
+    /// boundary where it may (`first`: the run's first slice, which must give a frame).
+    #[cfg(test)]
+    fn decode_one_slice(
+        &mut self,
+        source: &VideoSource,
+        run: &GopRun,
+        geometry: Geometry,
+        first: bool,
+    ) -> Result<RunOutput, DecodeError> {
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let _slice =
+            crate::decode::cancel::Scope::slice(flag, Some(std::time::Instant::now()), first);
+        self.decode_run(source, run, geometry, None)
+    }
 }
 
 impl Backend for FfmpegBackend {
