@@ -24,8 +24,9 @@
 //! round).
 //!
 //! Deadlines: a run past the fleet's deadline fails its leader and every joiner with DEADLINE_EXCEEDED
-//! (a joiner does not decode the stuck file again), and the file is reported to the [`FailureHook`] so
-//! the catalogue stops offering it for a while.
+//! (a joiner does not decode the file again); a run that decoded no frame in the deadline's last
+//! quarter is stuck, and its file is reported to the [`FailureHook`] so the catalogue stops offering it
+//! for a while (a slow run's file stays served).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,7 +46,7 @@ use crate::request::RequestStats;
 
 type RunResult = Result<Arc<RunOutput>, DecodeError>;
 
-/// Told of a video whose decode run went past its deadline (the catalogue remembers it as stalled).
+/// Told of a video whose decode run went past its deadline stuck (the catalogue remembers it as stalled).
 pub type FailureHook = Arc<dyn Fn(&VideoId, &DecodeError) + Send + Sync>;
 type RunSender = Arc<watch::Sender<Option<RunResult>>>;
 
@@ -380,7 +381,7 @@ impl Frames {
                         }
                     }
                     Some(Err(e)) if leader => return Err(e.into()),
-                    // A pass stuck past its deadline: decoding the file again would only get stuck too.
+                    // A pass past its deadline: decoding the file again would only take as long.
                     Some(Err(e @ (DecodeError::Deadline { .. } | DecodeError::Stalled(_)))) => {
                         return Err(e.into())
                     }
@@ -548,7 +549,12 @@ impl Frames {
             on_done: Arc::new(Mutex::new(Some(Box::new(
                 move |result: Result<RunOutput, DecodeError>| {
                     let result = result.map(Arc::new);
-                    if let Err(e @ DecodeError::Deadline { .. }) = &result {
+                    if let Err(
+                        e @ DecodeError::Deadline {
+                            decoding: false, ..
+                        },
+                    ) = &result
+                    {
                         on_failure(&video, e);
                     }
                     if let Ok(out) = &result {

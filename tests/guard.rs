@@ -190,6 +190,71 @@ async fn a_stuck_decode_fails_at_its_deadline_and_the_daemon_keeps_serving() {
     );
 }
 
+/// A run past its deadline that is still decoding frames (the end of a GOP of thousands, not a stuck
+/// read) fails its request, but the file stays served: it was refused to everyone for 5 minutes, frame 0
+/// included.
+#[tokio::test]
+async fn a_slow_run_fails_at_its_deadline_but_its_file_stays_served() {
+    let d = Daemon::start_with(&["--decode-threads", "1", "--decode-deadline", "0.5"]).await;
+    // One GOP of 3000 frames: its last frame takes about 1.5 s to reach on these cores.
+    ffmpeg_in(
+        &d.scratch,
+        &[
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=640x360:rate=25",
+            "-frames:v",
+            "3000",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-g",
+            "100000",
+            "-sc_threshold",
+            "0",
+            "-pix_fmt",
+            "yuv420p",
+            "long.mp4",
+        ],
+    );
+    let mut c = d.client().await;
+    let (took, res) = timed(c.get_clips(clips_req(
+        SCRATCH,
+        vec![frames_clip("long.mp4", &[2999], None)],
+        None,
+    )))
+    .await;
+    let msg = status_message(&res);
+    expect_code(
+        res,
+        &["DEADLINE_EXCEEDED"],
+        "the last frame of a 3000-frame GOP",
+    );
+    assert!(
+        msg.contains("while still decoding") && msg.contains("the file is still served"),
+        "{msg}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // Frames near the keyframe decode at once, byte for byte.
+    let wanted = [0u64, 10];
+    let b = c
+        .get_clips(clips_req(
+            SCRATCH,
+            vec![frames_clip("long.mp4", &wanted, None)],
+            None,
+        ))
+        .await
+        .expect("early frames of the slow file");
+    let ff = Ffmpeg::default().frames(&d.scratch.join("long.mp4"), 640, 360, Some(&wanted));
+    assert_frames_eq(&b, &wanted, &ff, (640, 360), "long.mp4 after a slow run");
+    // The thread stopped when asked: nothing abandoned.
+    assert_eq!(metric(&d, "decode_stuck_threads"), 0.0);
+    assert_eq!(metric(&d, "decode_deadline_exceeded_runs_total"), 1.0);
+    assert!(d.log_text().contains("decoding=true"), "{}", d.log_text());
+}
+
 #[tokio::test]
 async fn a_stuck_index_build_fails_at_its_deadline_and_releases_its_permit() {
     // One decode thread = one index permit: the control below needs the permit the stuck build held.

@@ -178,10 +178,16 @@ pub enum DecodeError {
     Damaged { path: PathBuf, frame: usize },
     #[error("decode queue full ({0} runs waiting)")]
     Overloaded(usize),
-    /// A run went past its deadline (`--decode-deadline`): its thread is stuck (a hung read, or a
-    /// decoder that does not return) and was abandoned.
-    #[error("decoding {path:?} took longer than the {seconds} s deadline (--decode-deadline); its read or decoder is stuck (a hung network file system, a FIFO, a pathological file) or the frames are too far from a keyframe to decode in time (a GOP of tens of thousands of frames); the file is not tried again for a while unless it changes")]
-    Deadline { path: PathBuf, seconds: f64 },
+    /// A run went past its deadline (`--decode-deadline`). `decoding`: it was still decoding frames
+    /// then, `decoded` of them (a slow run: frames far from their keyframe, a loaded host); otherwise its
+    /// read or decoder is stuck, and the file is refused for a while.
+    #[error("{}", deadline_message(path, *seconds, *decoding, *decoded))]
+    Deadline {
+        path: PathBuf,
+        seconds: f64,
+        decoding: bool,
+        decoded: u64,
+    },
     /// No decode thread can make progress: every one is stuck past its deadline.
     #[error("no decode thread can make progress: {0}")]
     Stalled(String),
@@ -191,6 +197,16 @@ pub enum DecodeError {
     /// [`DecodeError::Deadline`] then) or nobody waits for it any more.
     #[error("decoding {path:?} was stopped: its deadline passed or nobody waits for it")]
     Cancelled { path: PathBuf },
+}
+
+/// What a run past its deadline tells its requests: a stuck file is refused for a while, a slow run
+/// only fails.
+fn deadline_message(path: &std::path::Path, seconds: f64, decoding: bool, decoded: u64) -> String {
+    if decoding {
+        format!("decoding {path:?} took longer than the {seconds} s deadline (--decode-deadline) while still decoding ({decoded} frames decoded): the frames asked are too far from a keyframe to decode in time (a GOP of thousands of frames, or a host too loaded); the file is still served")
+    } else {
+        format!("decoding {path:?} took longer than the {seconds} s deadline (--decode-deadline) and decoded no frame in the last quarter of it: its read or decoder is stuck (a hung network file system, a FIFO, a pathological file); the file is not tried again for a while unless it changes")
+    }
 }
 
 /// A decoder backend: decodes runs of one video at a time. Implementations keep whatever per-video state

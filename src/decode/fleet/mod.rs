@@ -175,6 +175,11 @@ struct Running {
     cancel: Arc<AtomicBool>,
     /// When the watchdog raised `cancel` (None: not yet).
     cancelled_at: Option<Instant>,
+    /// When the run last decoded a frame (at the end of a slice; its start or resumption before), and
+    /// how many it has decoded: a run past its deadline that decoded a frame in the deadline's last
+    /// quarter is slow, not stuck ([`watchdog`]).
+    progressed: Instant,
+    decoded: u64,
     still_wanted: Arc<dyn Fn() -> bool + Send + Sync>,
     /// A long run's count against its client ([`LongCount`]): released by the thread when the run
     /// returns, or by the watchdog when it abandons the thread, whichever comes first.

@@ -95,6 +95,8 @@ pub(super) fn watchdog(shared: Arc<Shared>) {
                 f(Err(DecodeError::Deadline {
                     path: running.path,
                     seconds: deadline.as_secs_f64(),
+                    decoding: false,
+                    decoded: running.decoded,
                 }));
             }
         }
@@ -140,6 +142,10 @@ fn ask_to_stop(shared: &Shared, slot: usize, now: Instant) -> bool {
     running.cancelled_at = Some(now);
     let path = running.path.clone();
     let seconds = now.duration_since(running.started).as_secs_f64();
+    // A frame decoded in the deadline's last quarter: slow (frames far from their keyframe, a loaded
+    // host), not stuck; the file stays served.
+    let decoding = now.duration_since(running.progressed) < deadline / 4;
+    let decoded = running.decoded;
     let on_done = overdue.then(|| running.on_done.clone());
     drop(st);
     if let Some(on_done) = on_done {
@@ -150,6 +156,8 @@ fn ask_to_stop(shared: &Shared, slot: usize, now: Instant) -> bool {
         tracing::error!(
             path = %path.display(),
             deadline_s = deadline.as_secs_f64(),
+            decoding,
+            decoded,
             "decode run past its deadline: waiters failed, run asked to stop"
         );
         let f = on_done.lock().take();
@@ -157,6 +165,8 @@ fn ask_to_stop(shared: &Shared, slot: usize, now: Instant) -> bool {
             f(Err(DecodeError::Deadline {
                 path,
                 seconds: deadline.as_secs_f64(),
+                decoding,
+                decoded,
             }));
         }
     } else {
@@ -199,6 +209,20 @@ mod tests {
                 }
                 return Err(DecodeError::Cancelled {
                     path: source.path.clone(),
+                });
+            }
+            if source.path == std::path::Path::new("slow.mp4") {
+                // A run that decodes a frame every slice and never reaches the frames wanted.
+                if crate::decode::cancel::requested() {
+                    return Err(DecodeError::Cancelled {
+                        path: source.path.clone(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                return Ok(RunOutput {
+                    decoded: 1,
+                    yielded: true,
+                    ..Default::default()
                 });
             }
             self.fake.decode_run(source, run, geometry, sink)
@@ -257,7 +281,7 @@ mod tests {
         let waited = t0.elapsed();
         assert_eq!(name, "stuck.mp4");
         assert!(
-            matches!(&result, Err(DecodeError::Deadline { path, seconds }) if path == std::path::Path::new("stuck.mp4") && *seconds == 0.2),
+            matches!(&result, Err(DecodeError::Deadline { path, seconds, .. }) if path == std::path::Path::new("stuck.mp4") && *seconds == 0.2),
             "{result:?}"
         );
         assert!(
@@ -324,8 +348,9 @@ mod tests {
             fleet.submit(job("long.mp4", &tx)).unwrap();
             let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
             assert_eq!(name, "long.mp4");
+            // It decoded no frame: stuck, its file refused for a while.
             assert!(
-                matches!(&result, Err(DecodeError::Deadline { seconds, .. }) if *seconds == 0.2),
+                matches!(&result, Err(DecodeError::Deadline { seconds, decoding: false, decoded: 0, .. }) if *seconds == 0.2),
                 "round {round}: {result:?}"
             );
             assert!(t0.elapsed() >= Duration::from_millis(200));
@@ -370,6 +395,34 @@ mod tests {
         let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(result.unwrap(), vec![2, 3]);
         assert_eq!(fleet.counters.deadline_exceeded.load(Ordering::Relaxed), 0);
+    }
+
+    /// A run still decoding frames at its deadline is slow, not stuck: its waiters are told how many
+    /// it decoded (and the engine keeps serving its file); its thread stops and serves the next run.
+    #[test]
+    fn a_run_decoding_frames_at_its_deadline_is_slow_not_stuck() {
+        let (fleet, _gate) = stalling_fleet(200, 1);
+        let (tx, rx) = mpsc::channel();
+        fleet.submit(job("slow.mp4", &tx)).unwrap();
+        let (name, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(name, "slow.mp4");
+        match &result {
+            Err(
+                e @ DecodeError::Deadline {
+                    decoding: true,
+                    decoded,
+                    ..
+                },
+            ) => {
+                assert!(*decoded >= 10, "{result:?}");
+                assert!(e.to_string().contains("the file is still served"), "{e}");
+            }
+            _ => panic!("{result:?}"),
+        }
+        fleet.submit(job("good.mp4", &tx)).unwrap();
+        let (_, result) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(result.unwrap(), vec![2, 3]);
+        assert_eq!(fleet.counters.stuck.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -290,6 +290,8 @@ fn run(
         journal: journal.cloned(),
         cancel: task.cancel.clone(),
         cancelled_at: None,
+        progressed: resumed,
+        decoded: task.out.decoded,
         still_wanted: task.still_wanted.clone(),
         long: task.long.clone(),
     });
@@ -314,10 +316,20 @@ fn run(
                 })
             }
         };
-        if shared.slots[slot].lock().generation != generation {
-            // The watchdog abandoned this thread and failed the run's waiters; the result is dropped.
-            leave();
-            return Ran::Abandoned;
+        {
+            let mut st = shared.slots[slot].lock();
+            if st.generation != generation {
+                // The watchdog abandoned this thread and failed the run's waiters; the result is dropped.
+                drop(st);
+                leave();
+                return Ran::Abandoned;
+            }
+            if let (Ok(slice), Some(running)) = (&outcome, st.running.as_mut()) {
+                if slice.decoded > 0 {
+                    running.progressed = Instant::now();
+                    running.decoded += slice.decoded;
+                }
+            }
         }
         let slice = match outcome {
             Ok(slice) => slice,
