@@ -654,7 +654,8 @@ async fn damage_only_the_decoder_sees_gives_ffmpegs_frames_whichever_way_they_ar
     );
 }
 
-/// A 14 KB stream whose headers claim 16000x15992 frames is refused (INVALID_ARGUMENT, "frames too large")
+/// A 14 KB stream whose headers claim 16000x15992 frames, or a Y4M header claiming 60000x60000 (which
+/// FFmpeg cannot open), is refused (INVALID_ARGUMENT, "frames too large")
 /// before anything is decoded: every decoder gets `--max-side`² as its pixel bound and the index refuses a
 /// stream over it. (It took minutes and gigabytes to index, stalling other tenants.) The refusal is not
 /// remembered: a video over a small `--max-side` is served by a daemon with a larger one.
@@ -664,6 +665,10 @@ async fn a_header_claiming_enormous_frames_is_refused_before_decoding() {
     let dir = tempfile::tempdir().unwrap();
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/damaged/sps_16000.h264");
     fs::copy(&data, dir.path().join("huge.h264")).unwrap();
+    // A YUV4MPEG2 header claiming 60000x60000, which FFmpeg refuses as "Device or resource busy".
+    let mut y4m = b"YUV4MPEG2 W60000 H60000 F25:1 Ip A1:1 C420jpeg\nFRAME\n".to_vec();
+    y4m.resize(y4m.len() + 4096, 0x80);
+    fs::write(dir.path().join("huge.y4m"), &y4m).unwrap();
     // A real 160x120 video: over 100² pixels.
     let small = dir.path().join("small.mp4");
     let status = Command::new("ffmpeg")
@@ -705,6 +710,7 @@ async fn a_header_claiming_enormous_frames_is_refused_before_decoding() {
         let mut d = Daemon::start_with(&["--dataset", &dataset, "--state-dir", &state_arg]).await;
         let mut c = d.client().await;
         refused(&mut c, "huge.h264", "16000x15992").await;
+        refused(&mut c, "huge.y4m", "60000x60000").await;
         Control::new()
             .check(&mut d, &c, "a video over the pixel bound")
             .await;

@@ -72,6 +72,8 @@ pub enum OpenError {
     TooManyStreams { streams: usize, video: usize },
     /// An MP4/MOV FFmpeg could not open whose boxes end early or lack the index ([`iso_truncation`]).
     Truncated(String),
+    /// A header FFmpeg could not open whose frame size is over [`max_pixels`] ([`y4m_too_large`]).
+    TooLarge(String),
 }
 
 impl std::fmt::Display for OpenError {
@@ -99,6 +101,7 @@ impl std::fmt::Display for OpenError {
             }
             OpenError::Ffmpeg(e) => e.fmt(f),
             OpenError::Truncated(how) => write!(f, "truncated: {how}"),
+            OpenError::TooLarge(what) => write!(f, "frames too large: {what}"),
             OpenError::TooManyStreams { streams, video } => write!(
                 f,
                 "too many streams: {streams} streams, {video} of them video (vserve opens files of at \
@@ -161,6 +164,9 @@ pub fn open_input(
     };
     if ret < 0 || ctx.is_null() {
         let e = ff::Error::from(ret.min(-1));
+        if let Some(what) = y4m_too_large(file) {
+            return Err(OpenError::TooLarge(what));
+        }
         if matches!(e, ff::Error::InvalidData | ff::Error::Eof) {
             if let Some(how) = iso_truncation(file) {
                 return Err(OpenError::Truncated(how));
@@ -224,6 +230,28 @@ pub fn open_input(
     }
     // SAFETY: `ctx` is a valid, opened AVFormatContext that `Input` now owns and closes on drop.
     Ok(unsafe { ff::format::context::Input::wrap(ctx) })
+}
+
+/// For a file FFmpeg could not open: the frame size its YUV4MPEG2 header declares, when that is over
+/// [`max_pixels`]. FFmpeg refuses such a header with an error that says nothing of size ("Device or
+/// resource busy" for 60000x60000: its packet size overflows into an errno).
+fn y4m_too_large(file: &CheckedFile) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let mut head = [0u8; 256];
+    let got = file.file.read_at(&mut head, 0).ok()?;
+    let line = head[..got].strip_prefix(b"YUV4MPEG2 ")?;
+    let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];
+    let field = |tag: u8| -> Option<u64> {
+        let word = line
+            .split(|&b| b == b' ')
+            .find(|w| w.first() == Some(&tag))?;
+        std::str::from_utf8(&word[1..]).ok()?.parse().ok()
+    };
+    let (w, h) = (field(b'W')?, field(b'H')?);
+    let limit = max_pixels();
+    (w.saturating_mul(h) > limit).then(|| {
+        format!("its YUV4MPEG2 header says {w}x{h}, over the {limit} pixels this daemon decodes (--max-side squared)")
+    })
 }
 
 /// The top-level boxes [`iso_truncation`] reads before it gives up (100,000 reads of 16 bytes).

@@ -283,6 +283,10 @@ pub(super) fn open_stream(
             path: path(),
             reason: e.to_string(),
         },
+        super::open::OpenError::TooLarge(_) => IndexError::TooLarge {
+            path: path(),
+            reason: e.to_string(),
+        },
         e => IndexError::Open {
             path: path(),
             reason: e.to_string(),
