@@ -54,7 +54,8 @@ impl SamplerSpec {
                     if let Some(v) = v {
                         if !v.is_finite() || v.fract() != 0.0 {
                             return invalid(format!(
-                                "{name} {v} must be a whole frame index for an index sampler"
+                                "{name} {} must be a whole frame index for an index sampler",
+                                Num(v)
                             ));
                         }
                     }
@@ -63,7 +64,9 @@ impl SamplerSpec {
                 if let (Some(a), Some(b)) = (self.range_start, self.range_end) {
                     if (a < 0.0) == (b < 0.0) && a >= b {
                         return invalid(format!(
-                            "range_start {a} must be before range_end {b} (an empty range)"
+                            "range_start {} must be before range_end {} (an empty range)",
+                            Num(a),
+                            Num(b)
                         ));
                     }
                 }
@@ -71,7 +74,7 @@ impl SamplerSpec {
             SamplerKind::RandomTimestamps | SamplerKind::RegularTimestamps => {
                 if let Some(s) = self.seconds_between_frames {
                     if !(s.is_finite() && s > 0.0) {
-                        return invalid(format!("seconds_between_frames {s} must be > 0"));
+                        return invalid(format!("seconds_between_frames {} must be > 0", Num(s)));
                     }
                 }
                 for (name, v) in [
@@ -80,14 +83,16 @@ impl SamplerSpec {
                 ] {
                     if let Some(v) = v {
                         if !v.is_finite() {
-                            return invalid(format!("{name} {v} must be finite"));
+                            return invalid(format!("{name} {} must be finite", Num(v)));
                         }
                     }
                 }
                 if let (Some(a), Some(b)) = (self.range_start, self.range_end) {
                     if a >= b {
                         return invalid(format!(
-                            "range_start {a} s must be before range_end {b} s (an empty range)"
+                            "range_start {} s must be before range_end {} s (an empty range)",
+                            Num(a),
+                            Num(b)
                         ));
                     }
                 }
@@ -96,7 +101,7 @@ impl SamplerSpec {
         if self.kind == SamplerKind::RegularTimestamps {
             match self.seconds_between_clip_starts {
                 Some(s) if s.is_finite() && s > 0.0 => {}
-                Some(s) => return invalid(format!("seconds_between_clip_starts {s} must be > 0")),
+                Some(s) => return invalid(format!("seconds_between_clip_starts {} must be > 0", Num(s))),
                 None => {
                     return invalid(
                         "the regular-timestamps sampler needs seconds_between_clip_starts > 0 (it is 0 or unset)"
@@ -244,6 +249,21 @@ fn too_many(clips: u64, f: u64, step: f64) -> String {
     )
 }
 
+/// A client's number in a message: as written for everyday values, in exponent form beyond (1e308 was
+/// shown as 309 digits).
+struct Num(f64);
+
+impl std::fmt::Display for Num {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = self.0.abs();
+        if a != 0.0 && a.is_finite() && !(1e-6..1e15).contains(&a) {
+            write!(f, "{:e}", self.0)
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
 /// How many clips [`clips_for`] gives a video (when it gives any), computed without making them.
 pub fn clip_count(spec: &SamplerSpec, facts: &VideoFacts) -> Result<u64, SampleError> {
     match spec.kind {
@@ -357,7 +377,8 @@ fn time_range(spec: &SamplerSpec, facts: &VideoFacts) -> Result<(f64, f64, f64),
         None => begin,
         Some(s) if s < begin || s >= end => {
             return Err(too_short(format!(
-                "range_start {s} s is outside the video's [{begin}, {end}) s"
+                "range_start {} s is outside the video's [{begin}, {end}) s",
+                Num(s)
             )))
         }
         Some(s) => s,
@@ -366,14 +387,17 @@ fn time_range(spec: &SamplerSpec, facts: &VideoFacts) -> Result<(f64, f64, f64),
         None => end - (f as f64 - 1.0) * between,
         Some(e) if e <= begin => {
             return Err(too_short(format!(
-                "range_end {e} s is not after the video's start {begin} s"
+                "range_end {} s is not after the video's start {begin} s",
+                Num(e)
             )))
         }
         Some(e) => e,
     };
     if start >= range_end {
         return Err(too_short(format!(
-            "no clip start in [{start}, {range_end}) s for a video of [{begin}, {end}) s"
+            "no clip start in [{}, {}) s for a video of [{begin}, {end}) s",
+            Num(start),
+            Num(range_end)
         )));
     }
     Ok((start, range_end.min(end), between))
@@ -392,8 +416,10 @@ fn time_clips(
         if n.saturating_mul(f as u64) > MAX_SAMPLE_POSITIONS {
             let step = spec.seconds_between_clip_starts.unwrap_or(f64::INFINITY);
             return Err(SampleError::TooMany(format!(
-                "{} (from {start} s to {range_end} s)",
-                too_many(n, f as u64, step)
+                "{} (from {} s to {} s)",
+                too_many(n, f as u64, step),
+                Num(start),
+                Num(range_end)
             )));
         }
     }
@@ -415,7 +441,7 @@ fn time_clips(
                 .filter(|&t| t < end)
                 .collect();
             let times = apply_policy(times, f, spec.short_video, || {
-                format!("a clip of {f} frames {between} s apart from {s} s runs past the video's end at {end} s")
+                format!("a clip of {f} frames {} s apart from {} s runs past the video's end at {end} s", Num(between), Num(s))
             })?;
             Ok(ClipPositions::Times(times))
         })

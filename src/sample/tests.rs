@@ -152,6 +152,23 @@ fn short_video_policies() {
             if m == "no clip start in [0, 0) for a video of 50 frames (range_end -1e300)"),
         "{r:?}"
     );
+    // Seconds between frames so large that no clip fits: the numbers in exponent form, not 309 digits
+    // (probe D6); everyday numbers as written.
+    let mut s = spec(SamplerKind::RandomTimestamps, 1, 2, 1);
+    s.seconds_between_frames = Some(1e308);
+    let r = clips_for(&s, &facts(50, 25.0), &mut rng);
+    assert!(
+        matches!(&r, Err(SampleError::TooShort(m))
+            if m == "no clip start in [0, -1e308) s for a video of [0, 2) s"),
+        "{r:?}"
+    );
+    s.seconds_between_frames = Some(3.0);
+    let r = clips_for(&s, &facts(50, 25.0), &mut rng);
+    assert!(
+        matches!(&r, Err(SampleError::TooShort(m))
+            if m == "no clip start in [0, -1) s for a video of [0, 2) s"),
+        "{r:?}"
+    );
 }
 
 #[test]
