@@ -4,10 +4,10 @@
 //!
 //! Output: one line per file (`path  size=.. mtime_ns=.. quarantined=<epoch s>  why`), or with `--json`
 //! one object `{"location", "files": [...], "cleared": [...]}`. Failures return the client error (gRPC
-//! status name first) for `main` to print and exit 1.
+//! status name first) for `main` to print and exit 1; a state directory that cannot be read exits 66.
 
 use serde_json::json;
-use vserve_client::{proto, ClientError};
+use vserve_client::proto;
 
 use crate::cli::QuarantineCommand;
 use crate::journal::Quarantine;
@@ -40,20 +40,18 @@ fn print(r: &proto::QuarantineResponse, json: bool, clearing: bool) {
     }
 }
 
-/// The quarantine persisted in a state directory, as the RPC would list it.
-fn offline(dir: &std::path::Path) -> Result<proto::QuarantineResponse, ClientError> {
+/// The quarantine persisted in a state directory, as the RPC would list it. A directory that does not
+/// exist, or whose quarantine cannot be read, is this side's input failing (66), not a daemon's status.
+fn offline(dir: &std::path::Path) -> Result<proto::QuarantineResponse, super::CommandError> {
     let q = Quarantine::read_persisted(dir)
         .map_err(|e| {
-            ClientError::Status(tonic::Status::unavailable(format!(
+            super::CommandError::NoInput(format!(
                 "cannot read the state directory {}: {e}",
                 dir.display()
-            )))
+            ))
         })?
         .ok_or_else(|| {
-            ClientError::Status(tonic::Status::not_found(format!(
-                "no state directory {}",
-                dir.display()
-            )))
+            super::CommandError::NoInput(format!("no state directory {}", dir.display()))
         })?;
     Ok(proto::QuarantineResponse {
         files: q
