@@ -63,10 +63,17 @@ async fn serving(dir: &Path) -> Daemon {
 /// MPEG-2 program streams from bikes.mp4: B-frames off and on. Frames large against a 512-byte pack
 /// size give every frame its own PES header, so every packet has its pts and dts: the table comes from
 /// the packet scan and frames are found by seeking, which the demuxer does by dts (a P frame's dts is
-/// the keyframe's pts).
+/// the keyframe's pts). A third, of small frames in the default 2048-byte packs, has frames that share a
+/// PES header and so packets without pts (as most real .mpg files): its table comes from decoding, and
+/// after a seek the demuxer's parser puts a keyframe's pts on the P picture after it (seeks to any
+/// keyframe but the first were refused as DATA_LOSS: probe H).
 fn make_mpeg2(dir: &Path) -> Vec<String> {
     let mut names = Vec::new();
-    for (name, bf, size) in [("bf0.mpg", "0", "384:164"), ("bf2.mpg", "2", "352:150")] {
+    for (name, bf, size, pack) in [
+        ("bf0.mpg", "0", "384:164", "512"),
+        ("bf2.mpg", "2", "352:150", "512"),
+        ("shared-pes.mpg", "2", "176:74", "2048"),
+    ] {
         ffmpeg_in(
             dir,
             &[
@@ -84,13 +91,14 @@ fn make_mpeg2(dir: &Path) -> Vec<String> {
                 "-bf",
                 bf,
                 "-packetsize",
-                "512",
+                pack,
                 "-f",
                 "mpeg",
                 name,
             ],
         );
-        // What makes the file the case: no packet relies on the demuxer to guess its pts.
+        // What makes the file the case: no packet relies on the demuxer to guess its pts, or (shared
+        // PES headers) some do.
         let raw = ffprobe(
             &dir.join(name),
             &[
@@ -104,9 +112,11 @@ fn make_mpeg2(dir: &Path) -> Vec<String> {
                 "csv=p=0",
             ],
         );
-        assert!(
-            raw.lines().all(|l| l.trim() != "N/A"),
-            "{name}: a packet without pts; the recipe no longer makes a seekable program stream"
+        let without_pts = raw.lines().filter(|l| l.trim() == "N/A").count();
+        assert_eq!(
+            without_pts > 0,
+            pack == "2048",
+            "{name}: {without_pts} packets without pts; the recipe no longer makes its case"
         );
         names.push(name.to_owned());
     }

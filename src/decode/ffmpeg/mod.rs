@@ -386,6 +386,20 @@ fn decode_in(
                 let k = match index.seek {
                     SeekMode::ByPts => {
                         let pts = frame.pts().or(frame.timestamp());
+                        if let Some(sync) = video.sync {
+                            // Synced by decoded frames: the first keyframe the decoder gives must be the
+                            // run's or an earlier one; what comes before it lacks its references.
+                            match pts {
+                                Some(p) if frame.is_key() && p <= sync.target => video.sync = None,
+                                Some(p) if frame.is_key() => {
+                                    tracing::trace!(path = %video.path.display(), pts = p, target = sync.target, "seek overshot the keyframe");
+                                    reposition(video, index, from, sync.attempt + 1)
+                                        .map_err(backend_err)?;
+                                    break;
+                                }
+                                _ => continue,
+                            }
+                        }
                         match pts.and_then(|p| index.frame_of_pts(p)) {
                             Some(k) => k,
                             None => {
@@ -509,7 +523,7 @@ fn decode_in(
                     if packet.stream() != video.stream {
                         continue;
                     }
-                    if let Some(sync) = video.sync {
+                    if let Some(sync) = video.sync.filter(|s| !s.by_frame) {
                         match packet.pts() {
                             Some(p) if p == sync.target => video.sync = None,
                             Some(p) if p > sync.target => {

@@ -6,11 +6,20 @@ use ffmpeg_next as ff;
 use super::{open_decoder, open_for_decoding, read_only_stream, OpenVideo};
 use crate::index::{IndexMethod, SeekMode, VideoIndex};
 
-/// Where a seek for a run's keyframe stands: the keyframe's pts, and which of [`SEEK_MARGINS`] aimed it.
+/// Where a seek for a run's keyframe stands: the keyframe's pts, which of [`SEEK_MARGINS`] aimed it, and
+/// whether the keyframe is found among decoded frames (`by_frame`) rather than among packets.
+///
+/// By packet: packets are dropped until the keyframe's (its pts), so nothing before it is decoded. By
+/// frame, for tables built by decoding (whose packets lack pts, as MPEG-PS packets that share a PES
+/// header do): every packet goes to the decoder, which starts at the first keyframe it gives, the run's
+/// or an earlier one. After a seek such a demuxer's parser can put a keyframe's pts on another packet
+/// (MPEG-2 in MPEG-PS: on the P picture after it), so a packet sync fed the decoder from a P picture
+/// and the frames wanted never came.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Sync {
     pub(super) target: i64,
     pub(super) attempt: usize,
+    pub(super) by_frame: bool,
 }
 
 /// How many frame durations before the keyframe's pts each seek aims, before reading from the start.
@@ -62,7 +71,11 @@ pub(super) fn reposition(
         tracing::debug!(path = %video.path.display(), aim, ret, "seek failed; reopening");
         reopen(video, index)?;
     } else {
-        video.sync = Some(Sync { target, attempt });
+        video.sync = Some(Sync {
+            target,
+            attempt,
+            by_frame: index.method == IndexMethod::DecodeScan,
+        });
     }
     Ok(())
 }
