@@ -98,7 +98,17 @@ class Daemon:
             self.labels = dict(zip(CLIP_VIDEOS, ["cat", "dog", "cat", "bird", "dog"]))
             manifest = root / "labeled.csv"
             manifest.write_text("path,label\n" + "".join(f"{v},{lab}\n" for v, lab in self.labels.items()))
-            manifest_args = ["--dataset", f"labeled={self.clips}:manifest={manifest}"]
+            # Integer labels, sparse: each is its own label index.
+            numbered = root / "numbered.csv"
+            numbered.write_text(
+                "path,label\n" + "".join(f"{v},{n}\n" for v, n in zip(CLIP_VIDEOS, [0, 5, 10, 5, 2]))
+            )
+            manifest_args = [
+                "--dataset",
+                f"labeled={self.clips}:manifest={manifest}",
+                "--dataset",
+                f"numbered={self.clips}:manifest={numbered}",
+            ]
 
         sock = root / "vserve.sock"
         self.addr = f"unix:{sock}"

@@ -15,7 +15,7 @@ from conftest import CLIP_VIDEOS, CONTROL_VIDEO, MEDIA, assert_array_equal, ffmp
 
 def test_list_datasets(daemon, client):
     got = {d["name"]: d for d in client.list_datasets()}
-    assert set(got) == {"media", "scratch", "clips"} | ({"labeled"} if daemon.labels else set())
+    assert set(got) == {"media", "scratch", "clips"} | ({"labeled", "numbered"} if daemon.labels else set())
     assert got["media"]["root"] == str(MEDIA)
     assert got["clips"]["root"] == str(daemon.clips)
     assert got["clips"]["video_count"] == len(CLIP_VIDEOS)

@@ -461,6 +461,17 @@ def test_list_datasets_classes(daemon, client):
         assert [info["class_to_idx"][lab] for lab in b.labels] == b.label_indices.tolist()
     plain = client.dataset_info("clips")
     assert (plain["classes"], plain["class_to_idx"], plain["samples"]) == ([], {}, len(CLIP_VIDEOS))
+    # Integer labels are their own indices, sparse or not: classes is indexed by label index as
+    # torchvision's (classes[label_index] was another label, or an IndexError, with labels 0, 2, 5, 10:
+    # probe H), its gaps named as the integer label they would be.
+    numbered = client.dataset_info("numbered")
+    assert numbered["class_to_idx"] == {"0": 0, "2": 2, "5": 5, "10": 10}
+    assert numbered["classes"] == [str(i) for i in range(11)]
+    seen = set()
+    for b in detached(client, "numbered", batch_size=2, size=(16, 16)):
+        assert [numbered["classes"][i] for i in b.label_indices.tolist()] == list(b.labels)
+        seen.update(b.labels)
+    assert seen == {"0", "2", "5", "10"}
     # Without labels the daemon sends none (a million distinct labels are an 18 MB reply: probe E); the
     # counts and the fingerprint are the same.
     bare = client.dataset_info("labeled", labels=False)

@@ -557,3 +557,17 @@ def test_rotation_is_torchcodecs_for_every_display_matrix():
              (0, True, -180.0), (180, True, 0.0), (90, True, -90.0), (270, True, 90.0)]
     for clockwise, mirrored, torchcodec in cases:
         assert _counter_clockwise(clockwise, mirrored) == torchcodec, (clockwise, mirrored)
+
+
+def test_classes_are_indexed_by_label_index():
+    from vserve_client.client import _classes
+
+    # Names: ranked by the daemon, dense.
+    assert _classes("d", {"bird": 0, "cat": 1, "dog": 2}) == ["bird", "cat", "dog"]
+    # Integer labels with gaps: each at its own index, a gap named as its integer.
+    assert _classes("d", {"0": 0, "2": 2, "5": 5}) == ["0", "1", "2", "3", "4", "5"]
+    assert _classes("d", {}) == []
+    # Integers spread far wider than the labels: listed in index order, with a warning (a list of a
+    # billion names is no answer).
+    with pytest.warns(UserWarning, match="run up to 1000000000"):
+        assert _classes("d", {"0": 0, "1000000000": 1000000000}) == ["0", "1000000000"]

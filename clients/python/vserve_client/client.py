@@ -452,6 +452,25 @@ def _close_open_clients() -> None:
 atexit.register(_close_open_clients)
 
 
+
+def _classes(dataset: str, class_to_idx: Dict[str, int]) -> List[str]:
+    """torchvision's ``classes`` for ``class_to_idx`` (sorted by index): the label of each label index,
+    a gap (integer labels 0, 2, 5) named as the integer label it would be, so that
+    ``classes[label_index]`` is the label."""
+    size = max(class_to_idx.values(), default=-1) + 1
+    if size > 16 * len(class_to_idx) + 65536:
+        warnings.warn(
+            f"dataset {dataset!r}: its {len(class_to_idx)} integer labels run up to {size - 1}; classes lists "
+            "them in index order, not indexed by label_index (look labels up in class_to_idx)",
+            stacklevel=3,
+        )
+        return list(class_to_idx)
+    classes = [str(i) for i in range(size)]
+    for name, i in class_to_idx.items():
+        if i >= 0:
+            classes[i] = name
+    return classes
+
 class Client:
     """A connection to a vserve daemon.
 
@@ -631,9 +650,13 @@ class Client:
         """The datasets served: dicts with name, root, video_count, samples (what StreamBatches draws
         from: manifest rows, else the videos found), building (the daemon's walk of the root is under
         way: until the first completes, the counts are of the videos found so far),
-        samples_fingerprint, and, as torchvision's ``ImageFolder`` names them, classes (the distinct
-        labels, ordered by index) and class_to_idx (label -> label index). ``labels=False`` leaves the
-        last two out and the daemon does not send them (a million distinct labels are an 18 MB reply)."""
+        samples_fingerprint, and, as torchvision's ``ImageFolder`` names them, classes (the labels,
+        indexed by label index) and class_to_idx (label -> label index). Integer labels are their own
+        indices, so with gaps (labels 0, 2, 5) ``classes`` has one entry per index up to the largest, a gap
+        named as the integer label it would be: ``classes[label_index]`` is always the label.
+        (Integer labels spread far wider than there are labels, as ids up to a billion, are listed in
+        index order instead, with a warning.) ``labels=False`` leaves the last two out and the daemon does
+        not send them (a million distinct labels are an 18 MB reply)."""
         return self._datasets(pb.ListDatasetsRequest(omit_labels=not labels), labels)
 
     def dataset_info(self, dataset: str, *, labels: bool = True) -> Dict[str, Any]:
@@ -649,7 +672,7 @@ class Client:
             info = message_to_dict(d)
             if labels:
                 info["class_to_idx"] = dict(sorted(info["class_to_idx"].items(), key=lambda kv: (kv[1], kv[0])))
-                info["classes"] = list(info["class_to_idx"])
+                info["classes"] = _classes(info["name"], info["class_to_idx"])
             else:
                 del info["class_to_idx"]
             out.append(info)
