@@ -244,6 +244,9 @@ pub fn run(
 pub const INDEXED: &str = "indexed";
 /// Status of a video whose record the store already held for this version of the file.
 pub const STORED: &str = "stored";
+/// Status of a video `vserve index` built a table for that could not be written to the store (a full
+/// or read-only state directory): the daemon would build it again.
+pub const UNWRITTEN: &str = "unwritten";
 
 /// Builds `video`'s frame table as the daemon's catalogue builds it (a packet scan, or a decode scan
 /// for irregular files; a table that meets decoder errors also gets the whole-video health) and records
@@ -310,6 +313,11 @@ pub fn index_one(
         if let Err(e) = store.put(&record) {
             tracing::warn!(video, error = %e, "cannot record the table in the store");
             UNSTORED.note(video, &e);
+            let mut r = report(&record, UNWRITTEN);
+            if r.status == UNWRITTEN {
+                r.reason = Some(format!("the table could not be written to the store: {e}"));
+            }
+            return (r, Some(record));
         }
     }
     (report(&record, INDEXED), Some(record))

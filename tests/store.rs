@@ -549,6 +549,16 @@ fn vserve_index_fails_when_its_tables_cannot_be_kept() {
     ]);
     assert_eq!(code, Some(74), "{stderr}");
     assert_eq!(videos.len(), 2);
+    // Each line says its table was not kept (each said "indexed": probe F).
+    for (video, line) in &videos {
+        assert_eq!(line["status"], "unwritten", "{video}: {line}");
+        assert!(
+            line["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("the table could not be written to the store: ")),
+            "{video}: {line}"
+        );
+    }
     assert!(
         stderr.contains("2 result(s) could not be written to the store"),
         "{stderr}"

@@ -5,7 +5,7 @@
 //! store merged from other shards, only indexes what is new or changed.
 //!
 //! Output: one line per video on stdout as it finishes (a table, or JSON objects with `--json`:
-//! `video`, `status` indexed|stored|unreadable|quarantined, `frames`, `decodable_frames`,
+//! `video`, `status` indexed|stored|unwritten|unreadable|quarantined, `frames`, `decodable_frames`,
 //! `first_bad_frame` (a table that met decoder errors), `reason`, `seconds`), then a summary; a progress
 //! bar on stderr when it is a terminal. Exit: 0 every video has a table, 1 some cannot be indexed, 64
 //! bad flags, 74 an unusable state directory or a table that could not be written to it.
@@ -13,7 +13,7 @@
 use std::process::ExitCode;
 
 use super::check::{Local, Output, USAGE};
-use crate::check::{Shard, Summary, VideoReport, INDEXED, STORED};
+use crate::check::{Shard, Summary, VideoReport, INDEXED, STORED, UNWRITTEN};
 use crate::cli::IndexArgs;
 
 fn has_table(r: &VideoReport) -> bool {
@@ -48,7 +48,7 @@ pub fn run(args: &IndexArgs) -> ExitCode {
     }
     let mut out = Output::new(args.json, "index", has_table);
     let mut summary = Summary {
-        by_status: [INDEXED, STORED, "unreadable", "quarantined"]
+        by_status: [INDEXED, STORED, UNWRITTEN, "unreadable", "quarantined"]
             .iter()
             .map(|s| (s.to_string(), 0, 0.0))
             .collect(),
