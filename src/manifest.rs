@@ -9,7 +9,7 @@
 //!   `filename`, `file`, `video_path`), `label` (or `class`), `start`, `end` in any order (other columns
 //!   ignored); without a header the columns are
 //!   `path[,label[,start,end]]`. Fields may be double-quoted (`""` is a quote inside one; a quoted field
-//!   may hold commas and line breaks, though a path may not hold a line break); every field is trimmed
+//!   may hold commas and line breaks, though a path may not: name such a file in JSON Lines); every field is trimmed
 //!   of surrounding whitespace; blank lines are skipped. Errors name the line the row starts on.
 //! - JSON Lines (`.jsonl`, `.ndjson`): one object per line with `path` (or `video`) and optional
 //!   `label` (string or number), `start`, `end`. Blank lines are skipped.
@@ -499,12 +499,6 @@ fn check_row(video: &str, start: Option<f64>, end: Option<f64>) -> Result<(), St
             video.len()
         ));
     }
-    if video.contains(['\n', '\r']) {
-        return Err(format!(
-            "path {} holds a line break (an unterminated quote?)",
-            crate::refusal::quoted(video, 200)
-        ));
-    }
     if let (Some(s), Some(e)) = (start, end) {
         if e <= s {
             return Err(format!("end {e} is not after start {s}"));
@@ -593,8 +587,16 @@ fn parse_csv(
         };
         let raw = |c: Option<usize>| c.and_then(|c| record.get(c)).unwrap_or("");
         let get = |c: Option<usize>| raw(c).trim();
+        // A file name may hold one, but in CSV it is far likelier a quote left open that swallowed the
+        // rows after it (JSON Lines says a line break as \n: a path there may hold one).
         if raw(p).contains(['\n', '\r']) {
-            check_row(raw(p), None, None).map_err(|r| err(line, r))?;
+            return Err(err(
+                line,
+                format!(
+                    "path {} holds a line break: a quote left open? (a path that holds one can be named in a JSON Lines manifest)",
+                    crate::refusal::quoted(raw(p), 200)
+                ),
+            ));
         }
         let video = get(p);
         let label = Some(get(l)).filter(|l| !l.is_empty());

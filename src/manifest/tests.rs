@@ -127,11 +127,14 @@ fn jsonl_rows_and_errors_name_the_line() {
     let p = write(
         dir.path(),
         "m.jsonl",
-        "{\"path\": \"a.mp4\", \"label\": \"cat\", \"start\": 0.5}\n\n{\"video\": \"b.mp4\", \"label\": 2}\n",
+        "{\"path\": \"a.mp4\", \"label\": \"cat\", \"start\": 0.5}\n\n{\"video\": \"b.mp4\", \"label\": 2}\n{\"path\": \"line\\nbreak.mp4\"}\n",
     );
     let s = Samples::from_manifest(&p).unwrap();
     assert_eq!(s.get(0).start, Some(0.5));
     assert_eq!(s.get(1).label, Some("2"));
+    // A file name may hold a line break, which JSON says unambiguously (it was refused, and the daemon
+    // did not start: probe E).
+    assert_eq!(s.get(2).video, "line\nbreak.mp4");
     let bad = write(
         dir.path(),
         "bad.jsonl",
