@@ -107,9 +107,12 @@ pub const MAX_SAMPLE_POSITIONS: u64 = 1 << 20;
 /// streams of 1M-position plans peaked at 540 MB resident above idle, with 115 MiB charged at 24.
 pub const POSITION_BYTES: u64 = 48;
 
-/// The epoch's order of samples 0..n: a Fisher-Yates shuffle keyed by (seed, epoch), or 0..n.
-pub fn epoch_order(n: usize, seed: u64, epoch: u64, shuffle: bool) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
+/// The epoch's order of samples 0..n: a Fisher-Yates shuffle keyed by (seed, epoch), or 0..n. Sample
+/// numbers are u32 (4 bytes a sample held by every open stream; a manifest holds at most about ten
+/// million rows).
+pub fn epoch_order(n: u32, seed: u64, epoch: u64, shuffle: bool) -> Vec<u32> {
+    let n = n as usize;
+    let mut order: Vec<u32> = (0..n as u32).collect();
     if shuffle {
         let mut rng = Rng::keyed(Purpose::Shuffle, &[seed, epoch]);
         for i in (1..n).rev() {
@@ -135,7 +138,7 @@ pub enum Remainder {
 }
 
 /// Rank `rank`'s samples, in the order it reads them.
-pub fn shard(order: &[usize], rank: usize, world: usize, remainder: Remainder) -> Vec<usize> {
+pub fn shard(order: &[u32], rank: usize, world: usize, remainder: Remainder) -> Vec<u32> {
     let n = order.len();
     let world = world.max(1);
     let total = match remainder {

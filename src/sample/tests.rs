@@ -70,7 +70,7 @@ fn shuffles_per_epoch_and_shards_cover_the_order() {
     assert_eq!(sorted, (0..10).collect::<Vec<_>>());
     assert_eq!(epoch_order(4, 7, 0, false), vec![0, 1, 2, 3]);
 
-    let order: Vec<usize> = (0..10).map(|i| 100 + i).collect();
+    let order: Vec<u32> = (0..10).map(|i| 100 + i).collect();
     assert_eq!(
         shard(&order, 0, 3, Remainder::Uneven),
         vec![100, 103, 106, 109]

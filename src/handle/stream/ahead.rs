@@ -156,7 +156,7 @@ impl Ahead {
         let end = pos.saturating_add(1 + AHEAD_SAMPLES).min(ctx.shard.len());
         self.next = self.next.max(pos + 1);
         while self.next < end {
-            let video = ctx.samples.video(ctx.shard[self.next]).to_owned();
+            let video = ctx.samples.video(ctx.sample_at(self.next)).to_owned();
             match pool.tx.try_send(Job {
                 ctx: self.ctx.clone(),
                 video,

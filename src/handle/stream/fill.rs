@@ -50,7 +50,7 @@ pub(super) async fn assemble(
                     .ok_or_else(|| Error::Internal(format!("frame {k} missing after decode")))?,
             );
         }
-        let slot_sample = ctx.shard[p];
+        let slot_sample = ctx.sample_at(p);
         let (w, h) = display_dims(r.geometry);
         let mut rng = Rng::keyed(
             Purpose::Augment,

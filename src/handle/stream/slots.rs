@@ -163,7 +163,7 @@ pub(super) fn skip_record(ctx: &Context, sample: usize, f: &Failure) -> Skipped 
 /// Clips of the sample at a shard position, for plans whose count depends on the video (0 when it
 /// cannot be read, with why).
 pub(super) async fn count_clips(ctx: &Arc<Context>, pos: usize) -> (u32, Option<Failure>) {
-    let sample = ctx.shard[pos];
+    let sample = ctx.sample_at(pos);
     match ready(ctx, sample, clip_key(ctx, sample, None)).await {
         Ok(r) => (r.clips.len() as u32, None),
         Err(f) => (0, Some(f)),
@@ -441,8 +441,8 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
                 if off >= shard_len {
                     return Err(none_readable(ctx, last.as_ref(), all_too_short));
                 }
-                let slot_sample = ctx.shard[p];
-                let candidate = ctx.shard[(p + off) % shard_len];
+                let slot_sample = ctx.sample_at(p);
+                let candidate = ctx.sample_at((p + off) % shard_len);
                 let key = clip_key(ctx, slot_sample, (off > 0).then_some(candidate));
                 match ready(ctx, candidate, key).await {
                     Ok(r) => {
@@ -529,9 +529,9 @@ pub(super) async fn fill_slots(ctx: &Arc<Context>, slots: &Slots) -> Result<Fill
                     let off = offset[&p];
                     if off == 0 {
                         if ctx.req.on_error == OnError::Fail {
-                            return Err(fail_error(ctx, ctx.shard[p], &f));
+                            return Err(fail_error(ctx, ctx.sample_at(p), &f));
                         }
-                        skipped.push(skip_record(ctx, ctx.shard[p], &f));
+                        skipped.push(skip_record(ctx, ctx.sample_at(p), &f));
                     }
                     *offset.get_mut(&p).unwrap_or(&mut 0) += 1;
                 }

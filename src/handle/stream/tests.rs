@@ -553,7 +553,8 @@ async fn a_native_size_window_is_admitted_at_the_first_batch() {
     let e = engine_with(
         dir.path(),
         Limits {
-            max_inflight_bytes: 4 * frame,
+            // And the stream's sample order: 3 samples, 4 bytes each.
+            max_inflight_bytes: 4 * frame + 12,
             ..Limits::default()
         },
     );
@@ -569,8 +570,8 @@ async fn a_native_size_window_is_admitted_at_the_first_batch() {
             "StreamBatches of \"demo\" (5 batches of {batch} bytes: prefetch 2 + 3, and 2 batches' decoded frames of {batch} bytes) needs {} bytes ({}), more than the whole budget, {} of {} in use (max-inflight-bytes)",
             5 * batch,
             crate::budget::human_bytes(5 * batch),
-            4 * frame,
-            4 * frame
+            4 * frame + 12,
+            4 * frame + 12
         )
     );
 }

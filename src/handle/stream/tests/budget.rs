@@ -27,8 +27,10 @@ async fn streams_hold_their_window_and_are_refused_past_the_budget() {
     let e = engine_with(dir.path(), limits);
     let mut one = start(&e, request("demo", 1), Peer::local()).await.unwrap();
     assert_eq!(one.recv().await.unwrap().unwrap().data.len(), 192);
-    assert_eq!(e.budget().in_use(), 1344);
-    // A second such stream fits (2688 of 3000); a third does not: refused at its start, by name, after
+    // Its window, and its sample order: 4 bytes for each of the 3 samples (outside any budget, a
+    // million-sample shard held 10.6 MB a stream: probe E).
+    assert_eq!(e.budget().in_use(), 1344 + 12);
+    // A second such stream fits (2712 of 3000); a third does not: refused at its start, by name, after
     // the budget's wait (windows do not shrink while their streams run).
     let mut two = start(&e, request("demo", 1), Peer::local()).await.unwrap();
     assert_eq!(two.recv().await.unwrap().unwrap().data.len(), 192);
@@ -36,7 +38,7 @@ async fn streams_hold_their_window_and_are_refused_past_the_budget() {
     match start(&e, request("demo", 1), Peer::local()).await {
         Err(Error::Overloaded(m)) => assert_eq!(
             m,
-            "StreamBatches of \"demo\" (5 batches of 192 bytes: prefetch 2 + 3) needs 960 bytes (960 B), 2688 of 3000 in use (max-inflight-bytes)"
+            "StreamBatches of \"demo\" (5 batches of 192 bytes: prefetch 2 + 3) needs 960 bytes (960 B), 2712 of 3000 in use (max-inflight-bytes)"
         ),
         other => panic!("expected RESOURCE_EXHAUSTED, got {:?}", other.map(|_| ())),
     }
