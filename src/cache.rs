@@ -35,6 +35,16 @@ pub struct VideoId {
 }
 
 impl VideoId {
+    /// An opaque hash of this version of the file (path, size, mtime and node; not the stream, nor how
+    /// it was indexed), stable while the daemon runs: Probe's `version`, which GetClips'
+    /// `expect_version` checks.
+    pub fn version(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&self.path, self.size, self.mtime_ns, self.node).hash(&mut h);
+        h.finish()
+    }
+
     /// The identity the store's facts (health, damage) are kept by: path, size, mtime and stream, with
     /// no node and the packet-scan table.
     pub fn plain(&self) -> VideoId {

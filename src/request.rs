@@ -36,6 +36,8 @@ pub struct ClipRequest {
     pub video: String,
     pub stream: Option<u32>,
     pub positions: Positions,
+    /// The file's version the client read its table from (Probe's `version`): refused when it changed.
+    pub expect_version: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -342,6 +342,7 @@ async fn corrupt_files_and_bad_requests_are_rejected() {
                     video: BIKES.into(),
                     positions: None,
                     stream: None,
+                    expect_version: None,
                 }],
                 None,
             ),
@@ -744,4 +745,33 @@ async fn requests_framed_wrongly_or_with_a_malformed_timeout_get_named_client_st
     Control::new()
         .check(&mut d, &c, "requests framed wrongly")
         .await;
+}
+
+/// A clip that names the version of the file its client probed is served while the file is that
+/// version, and refused FAILED_PRECONDITION once another file is renamed over the path (a decoder's
+/// table would otherwise name frames of a file it never read: probe H).
+#[tokio::test]
+async fn a_clip_of_a_version_no_longer_there_is_failed_precondition() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let path = d.scratch.join("v.mov");
+    std::fs::copy(media_path("decord/video_0.mov"), &path).unwrap();
+    let p = probe(&mut c, probe_req(SCRATCH, "v.mov", None, false)).await;
+    assert_ne!(p.version, 0);
+    let clip = |version: u64| {
+        let mut clip = frames_clip("v.mov", &[0], None);
+        clip.expect_version = Some(version);
+        clips_req(SCRATCH, vec![clip], None)
+    };
+    get(&mut c, clip(p.version)).await;
+    let tmp = d.scratch.join("v.tmp");
+    std::fs::copy(media_path("decord/video_180.mov"), &tmp).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    let res = c.get_clips(clip(p.version)).await;
+    let msg = status_message(&res);
+    expect_code(res, &["FAILED_PRECONDITION"], "a clip of the old version");
+    assert!(msg.contains("is not the version"), "{msg}");
+    let now = probe(&mut c, probe_req(SCRATCH, "v.mov", None, false)).await;
+    assert_ne!(now.version, p.version);
+    get(&mut c, clip(now.version)).await;
 }

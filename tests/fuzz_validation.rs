@@ -202,6 +202,7 @@ fn clips_request() -> impl Strategy<Value = ClipsRequest> {
                     video: "v.mp4".into(),
                     stream: None,
                     positions,
+                    expect_version: None,
                 })
                 .collect(),
             transform,

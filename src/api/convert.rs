@@ -83,6 +83,7 @@ pub(super) fn clips_from_proto(req: pb::GetClipsRequest) -> Result<ClipsRequest,
                 video: c.video,
                 stream: c.stream,
                 positions,
+                expect_version: c.expect_version,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -302,6 +302,7 @@ impl pb::v_serve_server::VServe for Api {
             } else {
                 Vec::new()
             },
+            version: probed.version,
         }))
     }
 

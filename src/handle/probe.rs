@@ -26,6 +26,8 @@ pub const FREE_BYTES: u64 = 64 << 10;
 /// A probed video, and the budget its reply holds.
 pub struct Probed {
     pub index: Arc<VideoIndex>,
+    /// The file's version ([`crate::cache::VideoId::version`]).
+    pub version: u64,
     /// Held until the reply is written (None for a reply of at most [`FREE_BYTES`]).
     pub reservation: Option<Reservation>,
 }
@@ -41,7 +43,7 @@ pub async fn probe(
     peer: &Peer,
 ) -> Result<Probed, Error> {
     let _inflight = engine.request_started();
-    let (_, index, _) = engine
+    let (id, index, _) = engine
         .catalog()
         .resolve(dataset, video, stream, &peer.key)
         .await?;
@@ -65,7 +67,11 @@ pub async fn probe(
     } else {
         None
     };
-    Ok(Probed { index, reservation })
+    Ok(Probed {
+        index,
+        version: id.version(),
+        reservation,
+    })
 }
 
 #[cfg(test)]

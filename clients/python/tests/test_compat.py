@@ -367,6 +367,30 @@ def test_a_decoder_whose_file_is_replaced_says_so(daemon, client, reference):
         path.unlink()
 
 
+def test_a_file_replaced_by_one_of_the_same_frame_table_is_refused_not_read(daemon, client):
+    # Two files whose tables agree (frame count, pts, size): the display rotation differs. The replacement
+    # was read under the old table, its frames given as the old file's (probe H): the daemon now checks
+    # the version the decoder probed.
+    import shutil
+
+    path = daemon.scratch / "turned.mov"
+    shutil.copy(MEDIA / "decord/video_0.mov", path)
+    try:
+        dec = VideoDecoder(client, "scratch", "turned.mov", tensors=False)
+        first = dec[0]
+        tmp = daemon.scratch / "turned.tmp"
+        shutil.copy(MEDIA / "decord/video_180.mov", tmp)
+        tmp.rename(path)
+        fresh = VideoDecoder(client, "scratch", "turned.mov", tensors=False)
+        assert_array_equal(fresh.metadata.pts, dec.metadata.pts, "the same table")
+        assert fresh.metadata.version != dec.metadata.version
+        with pytest.raises(vserve_client.FailedPrecondition, match="changed since this VideoDecoder"):
+            dec[0]
+        assert not np.array_equal(fresh[0], first)
+    finally:
+        path.unlink()
+
+
 def test_long_reads_are_split_into_requests(client, reference, monkeypatch):
     from vserve_client import decoder as dmod
 

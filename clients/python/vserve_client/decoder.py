@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence,
 
 import numpy as np
 
+from . import request as rq
 from .errors import FailedPrecondition, InvalidArgument, OutOfRange
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,6 +91,9 @@ class VideoStreamMetadata:
     pts_seconds: np.ndarray = field(repr=False)
     duration_seconds_per_frame: np.ndarray = field(repr=False)
     pts: np.ndarray = field(repr=False)
+    # The file's version the table was read from (Probe's ``version``; 0 from a daemon without it):
+    # reads ask for it, and the daemon refuses them once another file is at the path.
+    version: int = field(default=0, repr=False)
 
     # TorchCodec's names for the same values (its exact mode reads them from the content).
     @property
@@ -147,6 +151,7 @@ class VideoStreamMetadata:
             pts_seconds=pts_s,
             duration_seconds_per_frame=dur_s,
             pts=pts,
+            version=int(p.get("version") or 0),
         )
 
 
@@ -496,8 +501,13 @@ class VideoDecoder:
             f"video {self.video!r} of dataset {self.dataset!r} changed since this VideoDecoder read its frame "
             "table (the file was replaced): open a new VideoDecoder"
         )
+        clip = rq.clip_msg((self.video, where))
+        if self.metadata.version:
+            clip.expect_version = self.metadata.version
         try:
-            batch = self._client.get_clips(self.dataset, [(self.video, where)], layout=layout, **self._transform)
+            batch = self._client.get_clips(self.dataset, [clip], layout=layout, **self._transform)
+        except FailedPrecondition:
+            raise changed from None  # the daemon's check of the file's version
         except OutOfRange:
             if "frames" in where:
                 raise changed from None  # every index was checked against the table

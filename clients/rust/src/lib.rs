@@ -156,6 +156,7 @@ pub fn clip_frames(video: &str, frames: &[u64]) -> proto::ClipSpec {
             indices: frames.to_vec(),
         })),
         stream: None,
+        expect_version: None,
     }
 }
 
@@ -167,6 +168,7 @@ pub fn clip_times(video: &str, seconds: &[f64]) -> proto::ClipSpec {
             seconds: seconds.to_vec(),
         })),
         stream: None,
+        expect_version: None,
     }
 }
 

@@ -74,10 +74,18 @@ async fn get_clips_once(
         .resolve_all(&req.dataset, &distinct, &peer.key)
         .await?;
 
-    // Positions → frame numbers.
+    // Positions → frame numbers, of the version of each file the client read its table from.
     let mut clip_frames: Vec<Vec<usize>> = Vec::with_capacity(req.clips.len());
     for (c, &vi) in req.clips.iter().zip(&clip_video) {
-        let (_, index, _) = &videos[vi];
+        let (id, index, _) = &videos[vi];
+        if let Some(expected) = c.expect_version.filter(|&v| v != id.version()) {
+            return Err(Error::FailedPrecondition(format!(
+                "video {:?} of dataset {:?} is not the version {expected:#x} the request read its table from (it is {:#x} now): the file was replaced or changed; probe it again",
+                c.video,
+                req.dataset,
+                id.version()
+            )));
+        }
         clip_frames.push(resolve_positions(&c.video, index, &c.positions)?);
     }
 

@@ -74,6 +74,7 @@ fn request(frames: &[u64]) -> ClipsRequest {
             video: "nasa_13013.mp4".into(),
             stream: None,
             positions: Positions::Frames(frames.to_vec()),
+            expect_version: None,
         }],
         transform: Transform {
             resize: Resize::Exact {

@@ -128,7 +128,7 @@ class ProbeRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., video: _Optional[str] = ..., include_pts: _Optional[bool] = ..., stream: _Optional[int] = ...) -> None: ...
 
 class ProbeResponse(_message.Message):
-    __slots__ = ("codec", "width", "height", "rotation", "avg_fps", "time_base", "duration_seconds", "frame_count", "keyframes", "pts", "stream", "pixel_format", "declared_frames", "display_width", "display_height", "durations", "mirrored")
+    __slots__ = ("codec", "width", "height", "rotation", "avg_fps", "time_base", "duration_seconds", "frame_count", "keyframes", "pts", "stream", "pixel_format", "declared_frames", "display_width", "display_height", "durations", "mirrored", "version")
     CODEC_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,7 @@ class ProbeResponse(_message.Message):
     DISPLAY_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     DURATIONS_FIELD_NUMBER: _ClassVar[int]
     MIRRORED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     codec: str
     width: int
     height: int
@@ -163,7 +164,8 @@ class ProbeResponse(_message.Message):
     display_height: int
     durations: _containers.RepeatedScalarFieldContainer[int]
     mirrored: bool
-    def __init__(self, codec: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., rotation: _Optional[int] = ..., avg_fps: _Optional[float] = ..., time_base: _Optional[_Union[Rational, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., frame_count: _Optional[int] = ..., keyframes: _Optional[_Iterable[int]] = ..., pts: _Optional[_Iterable[int]] = ..., stream: _Optional[int] = ..., pixel_format: _Optional[str] = ..., declared_frames: _Optional[int] = ..., display_width: _Optional[int] = ..., display_height: _Optional[int] = ..., durations: _Optional[_Iterable[int]] = ..., mirrored: _Optional[bool] = ...) -> None: ...
+    version: int
+    def __init__(self, codec: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., rotation: _Optional[int] = ..., avg_fps: _Optional[float] = ..., time_base: _Optional[_Union[Rational, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., frame_count: _Optional[int] = ..., keyframes: _Optional[_Iterable[int]] = ..., pts: _Optional[_Iterable[int]] = ..., stream: _Optional[int] = ..., pixel_format: _Optional[str] = ..., declared_frames: _Optional[int] = ..., display_width: _Optional[int] = ..., display_height: _Optional[int] = ..., durations: _Optional[_Iterable[int]] = ..., mirrored: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
 
 class FrameIndices(_message.Message):
     __slots__ = ("indices",)
@@ -178,16 +180,18 @@ class Timestamps(_message.Message):
     def __init__(self, seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ClipSpec(_message.Message):
-    __slots__ = ("video", "frames", "times", "stream")
+    __slots__ = ("video", "frames", "times", "stream", "expect_version")
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     TIMES_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    EXPECT_VERSION_FIELD_NUMBER: _ClassVar[int]
     video: str
     frames: FrameIndices
     times: Timestamps
     stream: int
-    def __init__(self, video: _Optional[str] = ..., frames: _Optional[_Union[FrameIndices, _Mapping]] = ..., times: _Optional[_Union[Timestamps, _Mapping]] = ..., stream: _Optional[int] = ...) -> None: ...
+    expect_version: int
+    def __init__(self, video: _Optional[str] = ..., frames: _Optional[_Union[FrameIndices, _Mapping]] = ..., times: _Optional[_Union[Timestamps, _Mapping]] = ..., stream: _Optional[int] = ..., expect_version: _Optional[int] = ...) -> None: ...
 
 class Size(_message.Message):
     __slots__ = ("width", "height")
