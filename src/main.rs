@@ -9,13 +9,39 @@
 use clap::Parser;
 use vserve::cli::{Cli, Command};
 
+/// Writes to stderr like `eprintln!`, but a stderr that cannot be written (its reader gone, a full disk)
+/// loses the line instead of panicking the thread that writes it.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// The log's stderr: a write that fails (the log's reader gone, its disk full) is dropped. tracing's own
+/// fallback for a failed write is `eprintln!`, which panics: every thread that logged then panicked, so
+/// requests were reset instead of answered, reloads failed, and the daemon exited 101 (probe G).
+struct LogSink;
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 /// Logs to stderr, filtered by `VSERVE_LOG` (default `info`), as text or one JSON object per line.
 fn init_logging(format: vserve::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("VSERVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| LogSink);
     match format {
         vserve::config::LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -49,7 +75,7 @@ fn end_quietly_on_a_closed_stdout() {
             if why.contains("Broken pipe") {
                 std::process::exit(141);
             }
-            eprintln!(
+            say!(
                 "vserve: cannot write stdout: {}",
                 why.trim_start_matches(':').trim()
             );
@@ -93,7 +119,7 @@ fn main() -> std::process::ExitCode {
             let config = match args.to_config() {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("vserve: {e}");
+                    say!("vserve: {e}");
                     return std::process::ExitCode::from(64);
                 }
             };
@@ -117,7 +143,7 @@ fn main() -> std::process::ExitCode {
             let rt = match runtime() {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("vserve: cannot start runtime: {e}");
+                    say!("vserve: cannot start runtime: {e}");
                     return std::process::ExitCode::from(70);
                 }
             };
@@ -128,11 +154,11 @@ fn main() -> std::process::ExitCode {
             match outcome {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e @ vserve::server::ServerError::Unavailable(_)) => {
-                    eprintln!("vserve: {e}");
+                    say!("vserve: {e}");
                     std::process::ExitCode::from(69)
                 }
                 Err(e) => {
-                    eprintln!("vserve: {e}");
+                    say!("vserve: {e}");
                     std::process::ExitCode::from(70)
                 }
             }
@@ -143,7 +169,7 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("vserve: {e}");
+                say!("vserve: {e}");
                 std::process::ExitCode::from(64)
             }
         },
@@ -162,7 +188,7 @@ fn main() -> std::process::ExitCode {
             let rt = match runtime() {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("UNAVAILABLE: cannot start runtime: {e}");
+                    say!("UNAVAILABLE: cannot start runtime: {e}");
                     return std::process::ExitCode::from(1);
                 }
             };
@@ -187,7 +213,7 @@ fn main() -> std::process::ExitCode {
             match result {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("{e}");
+                    say!("{e}");
                     std::process::ExitCode::from(e.exit_code())
                 }
             }

@@ -1171,3 +1171,78 @@ async fn the_index_cache_keeps_to_its_size() {
         "{bytes} bytes for {tables} tables: the bookkeeping is not weighed"
     );
 }
+
+/// A daemon whose stderr cannot be written (its log's reader gone, a full disk: here `/dev/full`) serves
+/// on: refusals keep their status, reloads work, frames are right, and SIGTERM exits 0. Every thread that
+/// logged panicked in tracing's fallback `eprintln!` (requests reset instead of NOT_FOUND, every reload
+/// failed, exit 101: probe G).
+#[tokio::test]
+async fn a_daemon_whose_log_cannot_be_written_serves_on_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s.sock");
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let mut child = Command::new(vserve_bin())
+        .args(["serve", "--listen", &format!("unix:{}", sock.display())])
+        .args(["--dataset", &format!("{MEDIA}={}", media_dir().display())])
+        .args(["--state-dir", "none", "--admin-listen", "none"])
+        .stdin(std::process::Stdio::null())
+        .stdout(full.try_clone().unwrap())
+        .stderr(full)
+        .spawn()
+        .expect("spawn vserve");
+    let addr = format!("unix:{}", sock.display());
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    let mut c = loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "vserve exited at start"
+        );
+        if sock.exists() {
+            if let Ok(c) = Client::connect(&addr).await {
+                break c;
+            }
+        }
+        assert!(std::time::Instant::now() < until, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for _ in 0..5 {
+        let res = c
+            .get_clips(clips_req(
+                MEDIA,
+                vec![frames_clip("nope.mp4", &[0], None)],
+                None,
+            ))
+            .await;
+        expect_code(res, &["NOT_FOUND"], "a missing video, logged");
+        c.reload().await.expect("reload");
+    }
+    let b = get(
+        &mut c,
+        clips_req(
+            MEDIA,
+            vec![frames_clip(CONTROL_VIDEO, &[0, 1, 2, 3], None)],
+            Some(no_rotate()),
+        ),
+    )
+    .await;
+    let want = Ffmpeg {
+        noautorotate: true,
+        ..Default::default()
+    }
+    .frames(&media_path(CONTROL_VIDEO), 50, 50, Some(&[0, 1, 2, 3]));
+    assert_frames_eq(&b, &[0, 1, 2, 3], &want, (50, 50), "control video");
+    // SAFETY: kill(2) on the child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < until, "no exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
