@@ -99,6 +99,9 @@ fn forget_empty_variables() {
 }
 
 fn main() -> std::process::ExitCode {
+    // Held until the daemon watches them (a SIGHUP at start-up killed it); released at once for the
+    // other commands.
+    vserve::shutdown::hold(true);
     end_quietly_on_a_closed_stdout();
     forget_empty_variables();
     let cli = match Cli::try_parse() {
@@ -114,6 +117,9 @@ fn main() -> std::process::ExitCode {
         }
     };
     let command = cli.command.unwrap_or(Command::Serve(cli.serve));
+    if !matches!(command, Command::Serve(_)) {
+        vserve::shutdown::hold(false);
+    }
     match command {
         Command::Serve(args) => {
             let config = match args.to_config() {
@@ -147,6 +153,11 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::from(70);
                 }
             };
+            {
+                let _in_runtime = rt.enter();
+                vserve::shutdown::install();
+            }
+            vserve::shutdown::hold(false);
             let outcome = rt.block_on(vserve::server::run(config, vserve::shutdown::signal()));
             // Blocking threads stuck in a read (abandoned index builds) must not hold the exit: the grace
             // period is over by now.

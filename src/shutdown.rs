@@ -1,39 +1,97 @@
 //! Signals: SIGINT or SIGTERM resolve [`signal`] (the server fans it out to every listener so each stops
 //! accepting and finishes the calls it has); SIGHUP runs a reload ([`on_hangup`]).
+//!
+//! [`install`] watches all three from the start of `vserve serve`, before the datasets are read: until a
+//! signal is watched its default action applies, and a SIGHUP during start-up (logrotate's reload) killed
+//! the daemon (exit 129), a SIGTERM ended it without its clean shutdown (143: probe G). What arrives before
+//! the server is up is then acted on once it is: a stop drains at once, a reload runs.
 
-/// Resolves on the first SIGINT or SIGTERM.
-pub async fn signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the server");
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+use parking_lot::Mutex;
+use tokio::signal::unix::{signal as watch, Signal, SignalKind};
+
+/// The streams [`install`] made, taken by the first [`signal`] and [`on_hangup`].
+struct Early {
+    stop: Option<(Signal, Signal)>,
+    hangup: Option<Signal>,
+}
+
+static EARLY: Mutex<Early> = Mutex::new(Early {
+    stop: None,
+    hangup: None,
+});
+
+const HANDLED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Blocks (`hold`) or unblocks the handled signals in the calling thread: `vserve serve` holds them
+/// from its first instruction until [`install`] watches them, so one that arrives meanwhile waits,
+/// pending, instead of taking its default action; threads started meanwhile keep them blocked, and the
+/// main thread takes them once it releases them.
+pub fn hold(hold: bool) {
+    // SAFETY: a sigset_t filled by sigemptyset/sigaddset and given to pthread_sigmask for this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in HANDLED {
+            libc::sigaddset(&mut set, s);
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+        let how = if hold {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
     }
 }
 
-/// Runs `reload` on a blocking thread at every SIGHUP, until the returned task is aborted. `None` when
-/// SIGHUP cannot be watched (logged).
+/// Watches SIGINT, SIGTERM and SIGHUP from now on (within a Tokio runtime). Logged when one cannot be.
+pub fn install() {
+    let mut early = EARLY.lock();
+    match (
+        watch(SignalKind::interrupt()),
+        watch(SignalKind::terminate()),
+    ) {
+        (Ok(int), Ok(term)) => early.stop = Some((int, term)),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!(error = %e, "cannot watch SIGINT and SIGTERM at start-up")
+        }
+    }
+    match watch(SignalKind::hangup()) {
+        Ok(hup) => early.hangup = Some(hup),
+        Err(e) => tracing::warn!(error = %e, "cannot watch SIGHUP at start-up"),
+    }
+}
+
+/// Resolves on the first SIGINT or SIGTERM (since [`install`], for the first caller).
+pub async fn signal() {
+    let taken = EARLY.lock().stop.take();
+    let (mut int, mut term) = match taken {
+        Some(s) => s,
+        None => match (
+            watch(SignalKind::interrupt()),
+            watch(SignalKind::terminate()),
+        ) {
+            (Ok(int), Ok(term)) => (int, term),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "cannot watch SIGINT and SIGTERM; only SIGINT stops the server");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        },
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Runs `reload` on a blocking thread at every SIGHUP (since [`install`]), until the returned task is
+/// aborted. `None` when SIGHUP cannot be watched (logged).
 pub fn on_hangup<F>(reload: F) -> Option<tokio::task::JoinHandle<()>>
 where
     F: Fn() + Send + Sync + 'static,
 {
-    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+    let taken = EARLY.lock().hangup.take();
+    let mut hup = match taken.map_or_else(|| watch(SignalKind::hangup()), Ok) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch SIGHUP; datasets are listed again only on the interval");

@@ -1246,3 +1246,75 @@ async fn a_daemon_whose_log_cannot_be_written_serves_on_and_stops_cleanly() {
     };
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
+
+/// SIGHUP and SIGTERM during start-up (here while a million-row manifest is read) are acted on once the
+/// daemon is up: a reload, a clean stop. Their default actions killed it (exit 129, 143: probe G6).
+#[tokio::test]
+async fn signals_during_start_up_wait_for_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::copy(media_path(CONTROL_VIDEO), root.join("v.mov")).unwrap();
+    let manifest = dir.path().join("m.csv");
+    let mut rows = String::from("path,label\n");
+    for i in 0..1_000_000 {
+        rows.push_str(&format!("v.mov,{}\n", i % 100));
+    }
+    std::fs::write(&manifest, rows).unwrap();
+    for (name, sig) in [("SIGHUP", libc::SIGHUP), ("SIGTERM", libc::SIGTERM)] {
+        let sock = dir.path().join("s.sock");
+        let _ = std::fs::remove_file(&sock);
+        let mut child = Command::new(vserve_bin())
+            .args(["serve", "--listen", &format!("unix:{}", sock.display())])
+            .args([
+                "--dataset",
+                &format!("d={}:manifest={}", root.display(), manifest.display()),
+            ])
+            .args(["--state-dir", "none", "--admin-listen", "none"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn vserve");
+        // Past the loader (a process not yet in main takes the default action whatever it asks for).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !sock.exists(),
+            "{name}: up before the signal; nothing tested"
+        );
+        // SAFETY: kill(2) on the child's pid.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        if sig == libc::SIGTERM {
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(std::time::Instant::now() < until, "no exit after SIGTERM");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            assert_eq!(status.code(), Some(0), "{name} at start-up: {status:?}");
+            continue;
+        }
+        let mut c = loop {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{name} at start-up killed the daemon"
+            );
+            if sock.exists() {
+                if let Ok(c) = Client::connect(&format!("unix:{}", sock.display())).await {
+                    break c;
+                }
+            }
+            assert!(std::time::Instant::now() < until, "never ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        get(
+            &mut c,
+            clips_req("d", vec![frames_clip("v.mov", &[0], None)], None),
+        )
+        .await;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
