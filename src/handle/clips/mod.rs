@@ -113,6 +113,10 @@ async fn get_clips_once(
     }
     let shape = batch::output_shape(req.clips.len(), t, w, h, &req.transform.batch)?;
     let nbytes = check_output_bytes("output", &shape, req.transform.batch.dtype, limits)?;
+    let shm = req.shm
+        && !engine
+            .shm()
+            .inline_instead(nbytes as usize, peer, "GetClips");
 
     // Frames, per video.
     let mut wanted: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); videos.len()];
@@ -137,7 +141,7 @@ async fn get_clips_once(
 
     // A plain array over shared memory is laid out frame after frame: its arena is taken now and each
     // video's runs that bypass the cache convert their frames straight into it.
-    let in_place = match req.shm && plain(&req.transform.batch) {
+    let in_place = match shm && plain(&req.transform.batch) {
         true => Some(InPlace::reserve(
             engine,
             req,
@@ -212,7 +216,7 @@ async fn get_clips_once(
     drop(per_video);
     let spec = req.transform.batch.clone();
     let assembly_timer = Timer::start();
-    let (to_shm, reuse, shared, owner) = (req.shm, req.shm_reuse, engine.clone(), peer.clone());
+    let (to_shm, reuse, shared, owner) = (shm, req.shm_reuse, engine.clone(), peer.clone());
     let (shape, data, shm) = blocking(move || {
         // The frames are dropped when this closure ends; only the output stays.
         let augs = batch::centre_augs(&frames_by_clip, &spec)?;

@@ -95,9 +95,12 @@ pub(super) async fn assemble(
     ctx.ensure_window(nbytes, 0).await?;
     let nbytes = usize::try_from(nbytes)
         .map_err(|_| Error::InvalidArgument(format!("a batch of {nbytes} bytes")))?;
-    let to = if ctx.req.transport == Transport::Shm {
+    let arena = match ctx.req.transport {
+        Transport::Shm => ctx.arena_for(nbytes, clip_frames.len())?,
+        Transport::Inline => None,
+    };
+    let to = if let Some(arena) = arena {
         // Assembled in place, in a slot of the stream's arena (waiting for the client to free one).
-        let arena = ctx.arena_for(nbytes, clip_frames.len())?;
         let idle = ctx.engine.stream_idle();
         let Some(slot) = super::within(idle, arena.acquire()).await else {
             tracing::info!(dataset = %ctx.req.dataset, client = %ctx.peer.describe(), "stream ended: its client released no slot");

@@ -122,22 +122,33 @@ pub(super) struct Ready {
 pub const PLAN_CHARGED_FROM: u64 = 4096;
 
 impl Context {
-    /// The current arena, or a new one when there is none or its slots are smaller than `nbytes`.
-    pub(super) fn arena_for(&self, nbytes: usize, clips: usize) -> Result<Arc<Arena>, Error> {
+    /// The current arena, or a new one when there is none or its slots are smaller than `nbytes`; None
+    /// when the arena a batch of `nbytes` needs is more than the shared-memory budgets could ever hold
+    /// (the batch goes inline: [`crate::transport::shm::ShmRegistry::inline_instead`]).
+    pub(super) fn arena_for(
+        &self,
+        nbytes: usize,
+        clips: usize,
+    ) -> Result<Option<Arc<Arena>>, Error> {
         let mut arenas = self.arenas.lock();
         if let Some(a) = arenas.last().filter(|a| a.slot_bytes() >= nbytes) {
-            return Ok(a.clone());
+            return Ok(Some(a.clone()));
         }
         let per_clip = nbytes.div_ceil(clips.max(1));
         // Slots: the batches in preparation (prefetch), one in the channel, one on the wire, one the
         // client reads and one it may keep.
-        let a = self.engine.shm().stream_arena(
-            per_clip * self.req.batch_size,
-            self.req.prefetch + 3,
+        let (slot_bytes, slots) = (per_clip * self.req.batch_size, self.req.prefetch + 3);
+        let shm = self.engine.shm();
+        if shm.inline_instead(
+            slot_bytes.saturating_mul(slots),
             &self.peer,
-        )?;
+            "StreamBatches",
+        ) {
+            return Ok(None);
+        }
+        let a = shm.stream_arena(slot_bytes, slots, &self.peer)?;
         arenas.push(a.clone());
-        Ok(a)
+        Ok(Some(a))
     }
 }
 

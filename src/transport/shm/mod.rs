@@ -270,6 +270,34 @@ impl ShmRegistry {
         streams + one_shot + pending + retired
     }
 
+    /// Whether `owner`'s `method` must be answered inline because `nbytes` of shared memory (one reply,
+    /// or one stream's arena) is more than its budgets could ever hold, whatever is released: logged a
+    /// minute per client. (With a 64 MiB /dev/shm, Docker's default, such a stream was refused with
+    /// "release slots or retry later", which nothing could make true: probe G.)
+    pub fn inline_instead(&self, nbytes: usize, owner: &Peer, method: &'static str) -> bool {
+        let limit = if nbytes > self.budget.per_client {
+            ("--client-shm-bytes", self.budget.per_client)
+        } else if nbytes > self.budget.total {
+            ("--shm-bytes", self.budget.total)
+        } else {
+            return false;
+        };
+        let client = owner.describe();
+        let log = crate::refusal::RefusalLog::minutely();
+        if let Some(suppressed) = log.note_at(&client, "shm-too-small", Instant::now()) {
+            tracing::warn!(
+                method,
+                client,
+                suppressed,
+                needed = nbytes,
+                limit = limit.1,
+                "shared memory asked for more than {} allows even with nothing else held: answering inline (raise it, or the shm filesystem's size it defaults from)",
+                limit.0
+            );
+        }
+        true
+    }
+
     /// Refuses `nbytes` more for `owner` beyond the budgets (spare arenas are given up first).
     fn admit(&self, nbytes: usize, owner: &Peer) -> Result<(), ShmError> {
         let mine = self.bytes_of(&owner.key);
