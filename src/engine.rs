@@ -299,6 +299,12 @@ impl Engine {
         *self.draining.borrow()
     }
 
+    /// Resolves once the drain has begun ([`Engine::begin_drain`]).
+    pub async fn drained(&self) {
+        let mut rx = self.draining.subscribe();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
     /// The engine's counters for `/metrics`, read at scrape time (`decode_threads` and `gpu_threads`: the
     /// fleet's CPU threads and NVDEC sessions).
     pub fn scrape(&self, decode_threads: usize, gpu_threads: usize) -> Vec<Scraped> {

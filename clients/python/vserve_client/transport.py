@@ -464,6 +464,11 @@ class ShmTransport(Transport):
         previous = None
         kept: List[Batch] = []
         release_failed: Optional[Unavailable] = None
+        # The stream's own hold on its arena's mapping: the cache's pruner drops mappings of files the
+        # daemon removed, and a daemon that exits removes the arena while batches it sent are still on
+        # their way (they were lost, "gone before this reply was read": probe G).
+        mapped: Optional[Mapping] = None
+        mapped_key: Any = None
         try:
             for msg in messages:
                 if not msg.HasField("header"):
@@ -473,7 +478,9 @@ class ShmTransport(Transport):
                 h = msg.header
                 if not h.HasField("shm"):
                     raise ProtocolError("batch without a shared-memory slot in a shared-memory stream")
-                mapped = self._mapping(h.shm)
+                key = (h.shm.path, int(h.shm.arena_bytes))
+                if mapped is None or key != mapped_key:
+                    mapped, mapped_key = self._mapping(h.shm), key
                 batch = Batch(h, mapped.view(h), releaser=self._releaser(h.shm.arena, h.shm.slot))
                 if previous is not None and not previous._kept and release_failed is None:
                     try:

@@ -153,6 +153,9 @@ struct Context {
     peer: Peer,
     req: StreamRequest,
     samples: Arc<Samples>,
+    /// Set when the stream's first shared-memory arena could never fit the budgets: every batch of the
+    /// stream then goes inline (a client reads a stream's batches one way: [`Context::arena_for`]).
+    inline: std::sync::atomic::AtomicBool,
     /// The rank's samples in reading order ([`Context::sample_at`]), charged to the budget (`_order`).
     shard: Vec<u32>,
     _order: crate::budget::Reservation,
@@ -294,6 +297,7 @@ pub async fn start_kept(
         tenant,
         req,
         samples,
+        inline: Default::default(),
         shard,
         _order: order_bytes,
         bad: Mutex::new(HashMap::new()),
@@ -547,7 +551,19 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
         })
         .buffered(prefetch);
     futures::pin_mut!(prepared);
-    while let Some(item) = prepared.next().await {
+    loop {
+        // A batch not ready when the drain begins is not waited for: over shared memory it may wait for
+        // a slot the client can no longer release (its ReleaseSlots are refused), which held the stream,
+        // and the daemon's exit, for the whole grace period (probe G).
+        let item = tokio::select! {
+            biased;
+            item = prepared.next() => item,
+            () = ctx.engine.drained() => {
+                let _ = tx.send(Err(Error::ShuttingDown)).await;
+                break;
+            }
+        };
+        let Some(item) = item else { break };
         let failed = item.is_err();
         if let Ok(b) = &item {
             let c = ctx.engine.streams();

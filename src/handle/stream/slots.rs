@@ -123,14 +123,18 @@ pub const PLAN_CHARGED_FROM: u64 = 4096;
 
 impl Context {
     /// The current arena, or a new one when there is none or its slots are smaller than `nbytes`; None
-    /// when the arena a batch of `nbytes` needs is more than the shared-memory budgets could ever hold
-    /// (the batch goes inline: [`crate::transport::shm::ShmRegistry::inline_instead`]).
+    /// when the stream's first arena is more than the shared-memory budgets could ever hold: that
+    /// batch and every later one go inline ([`crate::transport::shm::ShmRegistry::inline_instead`]; a
+    /// later arena that cannot fit is refused, as clients read a stream's batches all one way).
     pub(super) fn arena_for(
         &self,
         nbytes: usize,
         clips: usize,
     ) -> Result<Option<Arc<Arena>>, Error> {
         let mut arenas = self.arenas.lock();
+        if self.inline.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
         if let Some(a) = arenas.last().filter(|a| a.slot_bytes() >= nbytes) {
             return Ok(Some(a.clone()));
         }
@@ -139,11 +143,10 @@ impl Context {
         // client reads and one it may keep.
         let (slot_bytes, slots) = (per_clip * self.req.batch_size, self.req.prefetch + 3);
         let shm = self.engine.shm();
-        if shm.inline_instead(
-            slot_bytes.saturating_mul(slots),
-            &self.peer,
-            "StreamBatches",
-        ) {
+        let bytes = slot_bytes.saturating_mul(slots);
+        if arenas.is_empty() && shm.inline_instead(bytes, &self.peer, "StreamBatches") {
+            self.inline
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             return Ok(None);
         }
         let a = shm.stream_arena(slot_bytes, slots, &self.peer)?;

@@ -1,13 +1,49 @@
 //! The start-up sweep: what daemons no longer running left in the shm directory (instance directories
 //! whose lock nobody holds, or that lost their lock with their daemon gone; files of the older layout
-//! whose pid is not running).
+//! whose pid is not running); and at shutdown, the arenas sent to clients that have not mapped them yet
+//! ([`ShmRegistry::unmapped_sent`]), which the daemon waits for before it removes its directory.
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use super::ShmRegistry;
+use crate::peer::PeerKey;
 
 impl ShmRegistry {
+    /// Arenas holding replies or batches sent to a local client (GetClips replies not released, the
+    /// arenas of streams) that the client's process, still running, has not mapped yet. The daemon's
+    /// exit removes its arenas: one a client had not opened by then was lost with everything sent in it
+    /// (a reply read a second after SIGTERM, or a stream's last batches before its "server is shutting
+    /// down": probe G); a mapping outlives the file. Clients of no known process (TCP) are not waited for.
+    pub fn unmapped_sent(&self) -> usize {
+        let mut arenas: Vec<std::sync::Arc<super::Arena>> = self
+            .one_shot
+            .lock()
+            .values()
+            .map(|(a, _, _)| a.clone())
+            .collect();
+        arenas.extend(self.streams.lock().values().filter_map(|w| w.upgrade()));
+        arenas.extend(self.retired.lock().values().map(|(a, _)| a.clone()));
+        arenas
+            .iter()
+            .filter(|a| match a.owner_key() {
+                PeerKey::Process { pid, .. } => {
+                    match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+                        // Arena names are random: a line ending in one is that file mapped.
+                        Ok(maps) => !maps.lines().any(|l| {
+                            l.trim_end_matches(" (deleted)")
+                                .rsplit('/')
+                                .next()
+                                .is_some_and(|n| n == a.name)
+                        }),
+                        Err(_) => false, // the process is gone
+                    }
+                }
+                _ => false,
+            })
+            .count()
+    }
+
     /// Removes what daemons no longer running left in the shm directory: directories whose lock nobody
     /// holds, and files of the older layout whose pid is not running. Returns how many.
     pub fn remove_stale(&self) -> usize {
