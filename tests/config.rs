@@ -127,6 +127,19 @@ fn invalid_values_exit_64_naming_key_and_value() {
             "12parsecs",
         ),
         (vec!["--decode-threads", "0"], vec![], "decode-threads", "0"),
+        // Caches larger than the host's memory: a unit typo, taken as given (probe G).
+        (
+            vec!["--cache-bytes", "1000000TiB"],
+            vec![],
+            "cache-bytes",
+            "976.6 PiB",
+        ),
+        (
+            vec![],
+            vec![("VSERVE_INDEX_CACHE_BYTES", "100000TiB")],
+            "index-cache-bytes",
+            "97.7 PiB",
+        ),
         // Negative values are values to name, not unknown flags; a negative size says so (it was
         // "unexpected argument '-1'", and through env "unknown unit": probe C).
         (vec!["--cache-bytes", "-1"], vec![], "cache-bytes", "-1"),

@@ -287,9 +287,11 @@ impl ServeArgs {
                 return Err(ConfigError::new("dataset", &d.name, "name given twice"));
             }
         }
+        // Sizes given (not the defaults) are checked against the host's memory.
+        let fits = crate::config::check_fits_memory;
         let cache_bytes = match (&self.cache_bytes, &file.cache_bytes) {
-            (Some(s), _) => parse_bytes("cache-bytes", s)?,
-            (None, Some(v)) => size_value("cache-bytes", v)?,
+            (Some(s), _) => fits("cache-bytes", parse_bytes("cache-bytes", s)?)?,
+            (None, Some(v)) => fits("cache-bytes", size_value("cache-bytes", v)?)?,
             (None, None) => 2 << 30,
         };
         // Zero: no record would fit, every table and health result would fail to be stored.
@@ -350,8 +352,8 @@ impl ServeArgs {
         let index_bytes = at_least_one_byte(
             "index-cache-bytes",
             match (&self.index_cache_bytes, &file.index_cache_bytes) {
-                (Some(s), _) => parse_bytes("index-cache-bytes", s)?,
-                (None, Some(v)) => size_value("index-cache-bytes", v)?,
+                (Some(s), _) => fits("index-cache-bytes", parse_bytes("index-cache-bytes", s)?)?,
+                (None, Some(v)) => fits("index-cache-bytes", size_value("index-cache-bytes", v)?)?,
                 (None, None) => 256 << 20,
             },
         )?;

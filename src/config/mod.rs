@@ -312,6 +312,12 @@ impl Tenancy {
 /// does not move while the daemon runs, so the effective configuration is stable) and the cgroup's
 /// `memory.max` (v2) or `memory.limit_in_bytes` (v1).
 pub fn default_inflight_bytes(cache_bytes: u64, index_bytes: u64) -> u64 {
+    let (total, cgroup) = host_memory();
+    inflight_from_memory(total, cgroup, cache_bytes, index_bytes)
+}
+
+/// This host's MemTotal and its cgroup's memory limit, in bytes, where they can be read.
+fn host_memory() -> (Option<u64>, Option<u64>) {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let cgroup = [
         "/sys/fs/cgroup/memory.max",
@@ -319,12 +325,27 @@ pub fn default_inflight_bytes(cache_bytes: u64, index_bytes: u64) -> u64 {
     ]
     .iter()
     .find_map(|p| std::fs::read_to_string(p).ok());
-    inflight_from_memory(
+    (
         mem_total(&meminfo),
         cgroup.as_deref().and_then(cgroup_limit),
-        cache_bytes,
-        index_bytes,
     )
+}
+
+/// Refuses a cache size (`key`) larger than the memory this host, or its cgroup, has: a unit typo
+/// (`1000000TiB`) was taken as given, a cache that grows until the OOM killer stops it (probe G).
+pub fn check_fits_memory(key: &str, bytes: u64) -> Result<u64, ConfigError> {
+    let (total, cgroup) = host_memory();
+    match total.into_iter().chain(cgroup).min() {
+        Some(memory) if bytes > memory => Err(ConfigError::new(
+            key,
+            crate::budget::human_bytes(bytes),
+            format!(
+                "is more than the {} of memory this host (or its cgroup) has",
+                crate::budget::human_bytes(memory)
+            ),
+        )),
+        _ => Ok(bytes),
+    }
 }
 
 /// The rule of [`default_inflight_bytes`] on given numbers (no machine: 8 GiB assumed).
