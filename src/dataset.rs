@@ -36,6 +36,9 @@ pub struct Dataset {
     pub name: String,
     /// Canonical root directory.
     pub root: PathBuf,
+    /// The root as configured, made absolute: where it leads through symlinks is resolved once, at
+    /// start ([`Dataset::root_moved`] tells when it leads elsewhere since).
+    given: PathBuf,
     /// The root, held open (`O_PATH`): every video is opened beneath this descriptor, so a symlink put
     /// on the way cannot redirect opens elsewhere. Shared by clones; replaced when the root's path names
     /// another directory ([`Dataset::root_dir`]).
@@ -270,6 +273,7 @@ impl Dataset {
 
     /// Opens a dataset root; the directory must exist.
     pub fn new(name: &str, root: &Path) -> std::io::Result<Dataset> {
+        let given = std::path::absolute(root)?;
         let root = root.canonicalize()?;
         if !root.is_dir() {
             return Err(std::io::Error::new(
@@ -281,8 +285,23 @@ impl Dataset {
         Ok(Dataset {
             name: name.to_owned(),
             root,
+            given,
             dir: Arc::new(parking_lot::RwLock::new(HeldRoot::new(dir))),
         })
+    }
+
+    /// The root as configured, when it is reached through a symlink (it is not the canonical root).
+    pub fn given_through_symlink(&self) -> Option<&Path> {
+        (self.given != self.root).then_some(&self.given)
+    }
+
+    /// Where the configured root leads now, when that is not the directory served: a symlink on its
+    /// way flipped since the start (`current -> v2`). The daemon keeps serving the directory it
+    /// resolved at start, until it restarts.
+    pub fn root_moved(&self) -> Option<PathBuf> {
+        self.given_through_symlink()?;
+        let now = self.given.canonicalize().ok()?;
+        (now != self.root).then_some(now)
     }
 
     /// The root's descriptor, opened again when the root's path now names another directory: renamed

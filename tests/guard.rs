@@ -948,3 +948,52 @@ async fn a_dataset_root_made_again_is_the_one_served() {
         d.log_text()
     );
 }
+
+/// A root given through a symlink (`cur -> v1`, the usual way to flip dataset versions) is resolved
+/// once, at start, and served until a restart: the start says so, and a reload after the symlink was
+/// flipped reports it as an error naming both directories (it said nothing: `"errors": []`, and the
+/// old version went on being served silently: probe G4).
+#[tokio::test]
+async fn a_root_reached_through_a_symlink_that_flips_is_reported_by_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2) = (dir.path().join("v1"), dir.path().join("v2"));
+    std::fs::create_dir(&v1).unwrap();
+    std::fs::create_dir(&v2).unwrap();
+    std::fs::copy(media_path(CONTROL_VIDEO), v1.join("x.mov")).unwrap();
+    std::fs::copy(media_path("decord/video_180.mov"), v2.join("x.mov")).unwrap();
+    let cur = dir.path().join("cur");
+    std::os::unix::fs::symlink(&v1, &cur).unwrap();
+    let d = Daemon::start_with(&["--dataset", &format!("e={}", cur.display())]).await;
+    assert!(
+        d.log_text().contains("reached through a symlink"),
+        "{}",
+        d.log_text()
+    );
+    let mut c = d.client().await;
+    let r = c.reload().await.expect("reload");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    // Flip.
+    let tmp = dir.path().join("cur.tmp");
+    std::os::unix::fs::symlink(&v2, &tmp).unwrap();
+    std::fs::rename(&tmp, &cur).unwrap();
+    let r = c.reload().await.expect("reload");
+    let v1c = v1.canonicalize().unwrap();
+    let v2c = v2.canonicalize().unwrap();
+    assert!(
+        r.errors.iter().any(|e| e.contains("leads to")
+            && e.contains(&*v2c.to_string_lossy())
+            && e.contains(&*v1c.to_string_lossy())),
+        "{:?}",
+        r.errors
+    );
+    // Still v1's frames, as the error says.
+    let b = c
+        .get_clips(clips_req(
+            "e",
+            vec![frames_clip("x.mov", &[0, 1, 2, 3], None)],
+            Some(no_rotate()),
+        ))
+        .await
+        .expect("x.mov");
+    assert_control_frames(&b, "the directory resolved at start");
+}

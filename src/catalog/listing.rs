@@ -425,6 +425,18 @@ impl Catalog {
 
     fn reload_now(&self) -> Reloaded {
         let mut out = Reloaded::default();
+        for (name, ds) in &self.datasets {
+            if let Some(now) = ds.root_moved() {
+                let why = format!(
+                    "dataset {name:?}: its root {} leads to {} now, but {} is served (resolved at start): restart the daemon to serve the new one",
+                    ds.given_through_symlink().unwrap_or(&ds.root).display(),
+                    now.display(),
+                    ds.root.display()
+                );
+                tracing::warn!("{why}");
+                out.errors.push(why);
+            }
+        }
         for (name, file) in &self.listings.manifest_files {
             match Samples::from_manifest(file) {
                 Ok(fresh) => {

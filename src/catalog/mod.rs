@@ -133,6 +133,9 @@ impl Catalog {
         for d in &config.datasets {
             let ds = Dataset::new(&d.name, &d.root)
                 .map_err(|e| format!("dataset {:?}: root {:?}: {e}", d.name, d.root))?;
+            if let Some(given) = ds.given_through_symlink() {
+                tracing::warn!(dataset = %d.name, root = %given.display(), serving = %ds.root.display(), "the dataset root is reached through a symlink: the directory it leads to now is served until the daemon restarts (a reload reports it when the symlink leads elsewhere)");
+            }
             if crate::gulp::is_gulp_dir(&ds.root) {
                 let g = GulpDataset::open(&ds.root)
                     .map_err(|e| format!("dataset {:?}: {e}", d.name))?
