@@ -997,3 +997,28 @@ async fn a_root_reached_through_a_symlink_that_flips_is_reported_by_reload() {
         .expect("x.mov");
     assert_control_frames(&b, "the directory resolved at start");
 }
+
+/// A fatal signal another process sends (`kill -SEGV`, `kill -BUS`: an operator forcing a core dump)
+/// ends the daemon by that signal, as without the crash handler; the handler handed it to Rust's
+/// stack-overflow handler, which only reset itself, and the daemon ran on (probe G7).
+#[tokio::test]
+async fn a_fatal_signal_sent_from_outside_ends_the_daemon_by_it() {
+    for (name, sig) in [("SEGV", libc::SIGSEGV), ("BUS", libc::SIGBUS)] {
+        let mut d = Daemon::start_with(&[]).await;
+        // No core file from the test.
+        let pid = d.pid() as i32;
+        let none = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: prlimit on the daemon's pid with a valid rlimit.
+        unsafe { libc::prlimit(pid, libc::RLIMIT_CORE, &none, std::ptr::null_mut()) };
+        d.signal(name);
+        let until = Instant::now() + Duration::from_secs(10);
+        while d.is_running() {
+            assert!(Instant::now() < until, "kill -{name}: still running");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(d.exit_signal(), Some(sig), "kill -{name}");
+    }
+}

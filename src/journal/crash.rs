@@ -5,9 +5,9 @@
 //! a supervisor's SIGKILL) leave the same records, and only the first is the file's fault. So the
 //! process installs a handler for the signals a crash raises (SIGSEGV, SIGBUS, SIGILL, SIGFPE, and SIGABRT
 //! raised by the process itself): it turns the state byte of the crashing thread's record from busy to
-//! `C` with one `pwrite` (async-signal-safe), puts the previous handler back and lets the signal take its
-//! course (the fault repeats, or the signal is raised again), so core dumps, Rust's stack-overflow
-//! message and exit statuses are unchanged. [`super::recover`] then knows which file crashed the process,
+//! `C` with one `pwrite` (async-signal-safe), and lets the signal take its course: a fault repeats for
+//! the previous handler, put back; a sent signal is raised again with the default action. So core dumps,
+//! Rust's stack-overflow message and exit statuses are unchanged. [`super::recover`] then knows which file crashed the process,
 //! and that the files other threads were inside were bystanders.
 //!
 //! Each thread's record is named by [`INSIDE`]: the descriptor of the slot it is inside a file with,
@@ -90,14 +90,19 @@ extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut lib
         if crashed && fd >= 0 {
             libc::pwrite(fd, b"C".as_ptr().cast(), 1, 0);
         }
-        if let Some(i) = FATAL.iter().position(|&s| s == sig) {
+        // A fault repeats when the handler returns, for the previous handler (Rust's stack-overflow
+        // report, or the default action). A sent signal (abort's, or another process's `kill -SEGV`)
+        // does not repeat: it is raised again with the default action. Given to a previous handler
+        // that only resets itself and returns, as Rust's does for an address outside a guard page, it
+        // ended there, and the daemon ran on (probe G7).
+        if code <= 0 {
+            let mut default: libc::sigaction = std::mem::zeroed();
+            default.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &default, std::ptr::null_mut());
+            libc::raise(sig);
+        } else if let Some(i) = FATAL.iter().position(|&s| s == sig) {
             let previous = std::ptr::addr_of!(PREVIOUS[i]).cast::<libc::sigaction>();
             libc::sigaction(sig, previous, std::ptr::null_mut());
-        }
-        // A fault repeats when the handler returns; a sent signal (abort's, or another process's) does
-        // not, so it is raised again for the previous handler.
-        if code <= 0 {
-            libc::raise(sig);
         }
     }
 }

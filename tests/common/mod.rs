@@ -205,6 +205,11 @@ impl Daemon {
         self.inner.is_running()
     }
 
+    /// The signal that ended the daemon, once it has exited by one.
+    pub fn exit_signal(&mut self) -> Option<i32> {
+        std::os::unix::process::ExitStatusExt::signal(&self.inner.try_wait()?)
+    }
+
     pub fn log_text(&self) -> String {
         self.inner.log_text()
     }
