@@ -287,7 +287,10 @@ pub fn iso_truncation(file: &CheckedFile) -> Option<String> {
             let ext = file.path.extension().and_then(|e| e.to_str());
             ext.is_some_and(|e| ISO_NAMES.iter().any(|n| e.eq_ignore_ascii_case(n)))
         };
-        if got < 8 && at == 0 && !iso_name() {
+        // Or a short text (`hello` named clip.mp4): no box header starts with text, its size field
+        // being zero bytes before a real box's small size.
+        let text = || head[..got].iter().all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace());
+        if got < 8 && at == 0 && (!iso_name() || text()) {
             return None;
         }
         if got < 8 {
@@ -482,6 +485,10 @@ mod tests {
             .0
             .unwrap()
             .starts_with("it ends inside a box header (3 bytes at 0) and has no 'moov' box"));
+        // Six bytes of text named .mp4 are no MP4 cut short (they were DATA_LOSS "truncated": probe D).
+        let (how, err) = open("note.mp4", b"hello\n");
+        assert_eq!(how, None);
+        assert!(err.unwrap().starts_with("not a video container"));
         // Past MAX_TOP_LEVEL_BOXES boxes the walk gives up rather than read one box at a time for ever.
         let mut many = b"\0\0\0\x08ftyp".to_vec();
         many.extend(b"\0\0\0\x08free".repeat(MAX_TOP_LEVEL_BOXES));
