@@ -289,7 +289,11 @@ pub fn iso_truncation(file: &CheckedFile) -> Option<String> {
         };
         // Or a short text (`hello` named clip.mp4): no box header starts with text, its size field
         // being zero bytes before a real box's small size.
-        let text = || head[..got].iter().all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace());
+        let text = || {
+            head[..got]
+                .iter()
+                .all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace())
+        };
         if got < 8 && at == 0 && (!iso_name() || text()) {
             return None;
         }
