@@ -133,6 +133,15 @@ fn main() -> std::process::ExitCode {
             if config.datasets.is_empty() {
                 tracing::warn!("no --dataset given; serving nothing");
             }
+            let caches = config.cache.bytes.saturating_add(config.cache.index_bytes);
+            if let Some(memory) = vserve::config::host_memory_bytes().filter(|&m| caches > m) {
+                tracing::warn!(
+                    cache_bytes = config.cache.bytes,
+                    index_cache_bytes = config.cache.index_bytes,
+                    memory,
+                    "the caches may grow past this host's (or its cgroup's) memory: the daemon would be killed for it first"
+                );
+            }
             tracing::info!(
                 listen = ?config.listen.iter().map(|l| l.to_string()).collect::<Vec<_>>(),
                 datasets = ?config.datasets.iter().map(|d| format!("{}={}", d.name, d.root.display())).collect::<Vec<_>>(),

@@ -346,16 +346,27 @@ pub fn human_bytes(n: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
-/// Refuses a cache size (`key`) larger than the memory this host, or its cgroup, has: a unit typo
-/// (`1000000TiB`) was taken as given, a cache that grows until the OOM killer stops it (probe G).
-pub fn check_fits_memory(key: &str, bytes: u64) -> Result<u64, ConfigError> {
+/// The memory this host, or its cgroup if lower, has (None where neither can be read).
+pub fn host_memory_bytes() -> Option<u64> {
     let (total, cgroup) = host_memory();
-    match total.into_iter().chain(cgroup).min() {
-        Some(memory) if bytes > memory => Err(ConfigError::new(
+    total.into_iter().chain(cgroup).min()
+}
+
+/// How many times the host's memory a cache size may be before it is refused as a unit typo
+/// ([`check_fits_memory`]); between the memory and this, `vserve serve` warns.
+pub const OVER_MEMORY_REFUSED: u64 = 8;
+
+/// Refuses a cache size (`key`) more than [`OVER_MEMORY_REFUSED`] times the memory this host, or its
+/// cgroup, has: a unit typo (`1000000TiB`) was taken as given, a cache that grows until the OOM killer
+/// stops it (probe G). A size over the memory but within that (a configuration written for a larger
+/// host) is warned about when the daemon starts.
+pub fn check_fits_memory(key: &str, bytes: u64) -> Result<u64, ConfigError> {
+    match host_memory_bytes() {
+        Some(memory) if bytes / OVER_MEMORY_REFUSED > memory => Err(ConfigError::new(
             key,
             human_bytes(bytes),
             format!(
-                "is more than the {} of memory this host (or its cgroup) has",
+                "is more than {OVER_MEMORY_REFUSED} times the {} of memory this host (or its cgroup) has: a unit typo?",
                 human_bytes(memory)
             ),
         )),
