@@ -156,9 +156,10 @@ struct Context {
     /// Set when the stream's first shared-memory arena could never fit the budgets: every batch of the
     /// stream then goes inline (a client reads a stream's batches one way: [`Context::arena_for`]).
     inline: std::sync::atomic::AtomicBool,
-    /// The rank's samples in reading order ([`Context::sample_at`]), charged to the budget (`_order`).
+    /// The rank's samples in reading order ([`Context::sample_at`]), charged to the budget (`order`,
+    /// given back when the stream ends: builds ahead may hold the context longer).
     shard: Vec<u32>,
-    _order: crate::budget::Reservation,
+    order: Mutex<Option<crate::budget::Reservation>>,
     tenant: Tenant,
     /// Samples that fail whatever is asked of them (cannot be indexed, too short): not tried again.
     bad: Mutex<HashMap<usize, Failure>>,
@@ -299,7 +300,7 @@ pub async fn start_kept(
         samples,
         inline: Default::default(),
         shard,
-        _order: order_bytes,
+        order: Mutex::new(Some(order_bytes)),
         bad: Mutex::new(HashMap::new()),
         placed: slots::Placed::default(),
         arenas: Mutex::new(Vec::new()),
@@ -598,6 +599,7 @@ async fn produce(ctx: Arc<Context>, tx: mpsc::Sender<Result<StreamBatch, Error>>
     // The last batches may still be in the channel or the transport: the reply keeps their bytes
     // (the channel's two places and one on the wire) reserved until it has written them.
     // Taken out, so that a context that outlives the reply (builds ahead) does not hold it longer.
+    ctx.order.lock().take();
     let keep = ctx.keep.lock().take();
     if let Some(keep) = keep {
         let mut w = ctx.window.lock();
