@@ -47,6 +47,7 @@ const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("vserve_d
 
 /// Serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+    crate::journal::install_crash_handler();
     // No frame of more than --max-side² pixels is decoded, whatever a file's headers claim.
     crate::decode::ffmpeg::open::set_max_side(config.limits.max_side);
     let backends: Backends = select(&config.decode).map_err(ServerError::Unavailable)?;

@@ -1003,8 +1003,13 @@ async fn a_root_reached_through_a_symlink_that_flips_is_reported_by_reload() {
 /// stack-overflow handler, which only reset itself, and the daemon ran on (probe G7).
 #[tokio::test]
 async fn a_fatal_signal_sent_from_outside_ends_the_daemon_by_it() {
-    for (name, sig) in [("SEGV", libc::SIGSEGV), ("BUS", libc::SIGBUS)] {
-        let mut d = Daemon::start_with(&[]).await;
+    // With a state directory (its crash journal installs the handler) and without one.
+    for (name, sig, args) in [
+        ("SEGV", libc::SIGSEGV, &[][..]),
+        ("BUS", libc::SIGBUS, &[][..]),
+        ("SEGV", libc::SIGSEGV, &["--state-dir", "none"][..]),
+    ] {
+        let mut d = Daemon::start_with(args).await;
         // No core file from the test.
         let pid = d.pid() as i32;
         let none = libc::rlimit {
@@ -1016,9 +1021,12 @@ async fn a_fatal_signal_sent_from_outside_ends_the_daemon_by_it() {
         d.signal(name);
         let until = Instant::now() + Duration::from_secs(10);
         while d.is_running() {
-            assert!(Instant::now() < until, "kill -{name}: still running");
+            assert!(
+                Instant::now() < until,
+                "kill -{name} {args:?}: still running"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(d.exit_signal(), Some(sig), "kill -{name}");
+        assert_eq!(d.exit_signal(), Some(sig), "kill -{name} {args:?}");
     }
 }

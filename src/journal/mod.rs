@@ -53,6 +53,13 @@ use crate::refusal::RefusalLog;
 use crate::state::StateDir;
 
 mod crash;
+
+/// Installs the crash handler without a journal (`--state-dir none`): it records nothing, and a fatal
+/// signal sent from outside still ends the process by its default action (Rust's own handler swallowed
+/// one `kill -SEGV`). Idempotent; the journal's recovery installs it too.
+pub fn install_crash_handler() {
+    crash::install();
+}
 mod judge;
 mod slots;
 
