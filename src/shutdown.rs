@@ -46,14 +46,9 @@ pub fn hold(hold: bool) {
 /// Watches SIGINT, SIGTERM and SIGHUP from now on (within a Tokio runtime). Logged when one cannot be.
 pub fn install() {
     let mut early = EARLY.lock();
-    match (
-        watch(SignalKind::interrupt()),
-        watch(SignalKind::terminate()),
-    ) {
-        (Ok(int), Ok(term)) => early.stop = Some((int, term)),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::warn!(error = %e, "cannot watch SIGINT and SIGTERM at start-up")
-        }
+    match watch_stop() {
+        Ok(stop) => early.stop = Some(stop),
+        Err(e) => tracing::warn!(error = %e, "cannot watch SIGINT and SIGTERM at start-up"),
     }
     match watch(SignalKind::hangup()) {
         Ok(hup) => early.hangup = Some(hup),
@@ -61,17 +56,22 @@ pub fn install() {
     }
 }
 
+/// Watches SIGINT and SIGTERM.
+fn watch_stop() -> std::io::Result<(Signal, Signal)> {
+    Ok((
+        watch(SignalKind::interrupt())?,
+        watch(SignalKind::terminate())?,
+    ))
+}
+
 /// Resolves on the first SIGINT or SIGTERM (since [`install`], for the first caller).
 pub async fn signal() {
     let taken = EARLY.lock().stop.take();
     let (mut int, mut term) = match taken {
         Some(s) => s,
-        None => match (
-            watch(SignalKind::interrupt()),
-            watch(SignalKind::terminate()),
-        ) {
-            (Ok(int), Ok(term)) => (int, term),
-            (Err(e), _) | (_, Err(e)) => {
+        None => match watch_stop() {
+            Ok(stop) => stop,
+            Err(e) => {
                 tracing::warn!(error = %e, "cannot watch SIGINT and SIGTERM; only SIGINT stops the server");
                 let _ = tokio::signal::ctrl_c().await;
                 return;

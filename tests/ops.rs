@@ -1172,6 +1172,62 @@ async fn the_index_cache_keeps_to_its_size() {
     );
 }
 
+/// `vserve serve` on the Unix socket `sock` with `args`, no state directory or admin port, its output
+/// to `out` (a daemon spawned by hand: these tests need what the harness's log reading cannot take).
+fn serve_by_hand(
+    sock: &std::path::Path,
+    args: &[&str],
+    out: std::process::Stdio,
+    err: std::process::Stdio,
+) -> std::process::Child {
+    Command::new(vserve_bin())
+        .args(["serve", "--listen", &format!("unix:{}", sock.display())])
+        .args(args)
+        .args(["--state-dir", "none", "--admin-listen", "none"])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("spawn vserve")
+}
+
+/// A client of `child` once its socket answers (within 30 s); fails the test if `child` exits first.
+async fn connect_when_up(
+    child: &mut std::process::Child,
+    sock: &std::path::Path,
+    what: &str,
+) -> Client {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(child.try_wait().unwrap().is_none(), "{what}: vserve exited");
+        if sock.exists() {
+            if let Ok(c) = Client::connect(&format!("unix:{}", sock.display())).await {
+                return c;
+            }
+        }
+        assert!(std::time::Instant::now() < until, "{what}: never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends `sig` to `child`.
+fn signal(child: &std::process::Child, sig: i32) {
+    // SAFETY: kill(2) on the child's pid.
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+/// `child`'s exit status, once it has exited (within 30 s).
+async fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(std::time::Instant::now() < until, "vserve did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A daemon whose stderr cannot be written (its log's reader gone, a full disk: here `/dev/full`) serves
 /// on: refusals keep their status, reloads work, frames are right, and SIGTERM exits 0. Every thread that
 /// logged panicked in tracing's fallback `eprintln!` (requests reset instead of NOT_FOUND, every reload
@@ -1184,30 +1240,13 @@ async fn a_daemon_whose_log_cannot_be_written_serves_on_and_stops_cleanly() {
         .write(true)
         .open("/dev/full")
         .expect("/dev/full");
-    let mut child = Command::new(vserve_bin())
-        .args(["serve", "--listen", &format!("unix:{}", sock.display())])
-        .args(["--dataset", &format!("{MEDIA}={}", media_dir().display())])
-        .args(["--state-dir", "none", "--admin-listen", "none"])
-        .stdin(std::process::Stdio::null())
-        .stdout(full.try_clone().unwrap())
-        .stderr(full)
-        .spawn()
-        .expect("spawn vserve");
-    let addr = format!("unix:{}", sock.display());
-    let until = std::time::Instant::now() + Duration::from_secs(30);
-    let mut c = loop {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "vserve exited at start"
-        );
-        if sock.exists() {
-            if let Ok(c) = Client::connect(&addr).await {
-                break c;
-            }
-        }
-        assert!(std::time::Instant::now() < until, "never ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut child = serve_by_hand(
+        &sock,
+        &["--dataset", &format!("{MEDIA}={}", media_dir().display())],
+        full.try_clone().unwrap().into(),
+        full.into(),
+    );
+    let mut c = connect_when_up(&mut child, &sock, "stderr on /dev/full").await;
     for _ in 0..5 {
         let res = c
             .get_clips(clips_req(
@@ -1234,16 +1273,8 @@ async fn a_daemon_whose_log_cannot_be_written_serves_on_and_stops_cleanly() {
     }
     .frames(&media_path(CONTROL_VIDEO), 50, 50, Some(&[0, 1, 2, 3]));
     assert_frames_eq(&b, &[0, 1, 2, 3], &want, (50, 50), "control video");
-    // SAFETY: kill(2) on the child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(std::time::Instant::now() < until, "no exit after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    signal(&child, libc::SIGTERM);
+    let status = exited(&mut child).await;
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
 
@@ -1264,51 +1295,23 @@ async fn signals_during_start_up_wait_for_the_daemon() {
     for (name, sig) in [("SIGHUP", libc::SIGHUP), ("SIGTERM", libc::SIGTERM)] {
         let sock = dir.path().join("s.sock");
         let _ = std::fs::remove_file(&sock);
-        let mut child = Command::new(vserve_bin())
-            .args(["serve", "--listen", &format!("unix:{}", sock.display())])
-            .args([
-                "--dataset",
-                &format!("d={}:manifest={}", root.display(), manifest.display()),
-            ])
-            .args(["--state-dir", "none", "--admin-listen", "none"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn vserve");
+        let quiet = || std::process::Stdio::null();
+        let dataset = format!("d={}:manifest={}", root.display(), manifest.display());
+        let mut child = serve_by_hand(&sock, &["--dataset", &dataset], quiet(), quiet());
         // Past the loader (a process not yet in main takes the default action whatever it asks for).
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
             !sock.exists(),
             "{name}: up before the signal; nothing tested"
         );
-        // SAFETY: kill(2) on the child's pid.
-        unsafe { libc::kill(child.id() as i32, sig) };
-        let until = std::time::Instant::now() + Duration::from_secs(30);
+        signal(&child, sig);
         if sig == libc::SIGTERM {
-            let status = loop {
-                if let Some(s) = child.try_wait().unwrap() {
-                    break s;
-                }
-                assert!(std::time::Instant::now() < until, "no exit after SIGTERM");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
+            let status = exited(&mut child).await;
             assert_eq!(status.code(), Some(0), "{name} at start-up: {status:?}");
             continue;
         }
-        let mut c = loop {
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "{name} at start-up killed the daemon"
-            );
-            if sock.exists() {
-                if let Ok(c) = Client::connect(&format!("unix:{}", sock.display())).await {
-                    break c;
-                }
-            }
-            assert!(std::time::Instant::now() < until, "never ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let what = format!("{name} at start-up");
+        let mut c = connect_when_up(&mut child, &sock, &what).await;
         get(
             &mut c,
             clips_req("d", vec![frames_clip("v.mov", &[0], None)], None),

